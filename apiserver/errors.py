@@ -1,0 +1,110 @@
+"""Errors as HTTP: typed exceptions, OpenAI-style bodies, and the Starlette handlers that map them."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from engine_client import EngineError, EngineUnavailable
+
+logger = logging.getLogger("poolserve.api")
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """An error with its HTTP status, as the client will see it."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """Keep msgspec's message, which names the path (`... - at $.input[2]`); lift the path into `param`."""
+    message = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        param = None
+        if " - at `$." in message:
+            param = message.rsplit(" - at `$.", 1)[1].rstrip("`")
+        return bad_request(message, param=param)
+    return bad_request(f"The request body is not valid JSON: {message}")
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> Response:
+    body = ErrorBody(ErrorDetail(message, ERROR_TYPES.get(status, "server_error"), param, code))
+    headers = {"retry-after": "1"} if status in (429, 503) else None
+    return Response(_encoder.encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def request_id(request: Request) -> str:
+    return str(getattr(request.state, "request_id", "-"))
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.param, exc.code)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = exc.detail or HTTPStatus(exc.status_code).phrase
+    if exc.status_code == 404:
+        message = f"No route for {request.method} {request.url.path}."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}."
+    return error_response(exc.status_code, message)
+
+
+async def handle_engine_unavailable(request: Request, exc: Exception) -> Response:
+    logger.warning("request %s: engine unavailable: %s", request_id(request), exc)
+    return error_response(503, f"The model engine is unavailable: {exc}.", code="engine_unavailable")
+
+
+async def handle_engine_error(request: Request, exc: Exception) -> Response:
+    logger.error("request %s failed in the engine: %s", request_id(request), exc)
+    return error_response(500, f"The model engine failed this request: {exc}", code="engine_error")
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: handle_api_error,
+    HTTPException: handle_http_exception,
+    EngineUnavailable: handle_engine_unavailable,
+    EngineError: handle_engine_error,
+}

@@ -1,0 +1,15 @@
+"""Routes that exist only when tests ask (POOLSERVE_TEST_HOOKS=1), to look inside a live process."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+async def loaded_modules(request: Request) -> Response:
+    body = {"pid": os.getpid(), "modules": sorted(sys.modules)}
+    return Response(msgspec.json.encode(body), media_type="application/json")

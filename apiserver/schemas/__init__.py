@@ -1,0 +1,1 @@
+"""msgspec types of every HTTP endpoint: they decode requests and encode responses."""

@@ -1,0 +1,26 @@
+"""Everything a route needs, built once per API-server process after the engine handshake."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apiserver.preprocess import Preprocessor
+from apiserver.tokenizer import TextTokenizer
+from engine_client import EngineClient
+from engine_core.config import Config
+from engine_core.protocol import ModelCard
+
+
+@dataclass(frozen=True, slots=True)
+class AppState:
+    config: Config
+    card: ModelCard
+    engine: EngineClient
+    tokenizer: TextTokenizer
+    preprocess: Preprocessor
+    server_index: int
+    started_at: int
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_names[0]

@@ -1,0 +1,6 @@
+"""Client side of the engine wire, used by every API server."""
+
+from engine_client.client import EngineClient, PooledResult
+from engine_client.errors import EngineError, EngineUnavailable
+
+__all__ = ["EngineClient", "EngineError", "EngineUnavailable", "PooledResult"]

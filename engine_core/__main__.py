@@ -1,0 +1,72 @@
+"""Entry point of the engine-core process, started by the supervisor: `python -m engine_core`."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from types import FrameType
+
+from engine_core.boot import EXIT_BOOT_ERROR, BootReport, exit_with_parent, read_child_spec, report_boot
+from engine_core.logs import configure_logging
+
+logger = logging.getLogger("poolserve.engine")
+
+
+def main() -> int:
+    spec = read_child_spec()
+    exit_with_parent(spec)
+    # Ctrl-C reaches the whole process group; the supervisor decides when the engine stops,
+    # after the API servers have drained.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(spec.name, spec.config.log_level)
+    started = time.perf_counter()
+    # Imported here so that the boot report above is possible even if torch itself fails to import.
+    try:
+        from engine_core.engine import EngineCore
+        from engine_core.loader import LoadError, load_model
+    except Exception as exc:
+        report_boot(spec, BootReport(status="failed", message=f"cannot import the engine: {exc}"))
+        raise
+    try:
+        loaded = load_model(spec.config)
+        engine = EngineCore(loaded, spec.engine_endpoint)
+    except LoadError as exc:
+        report_boot(spec, BootReport(status="failed", message=str(exc)))
+        return EXIT_BOOT_ERROR
+    except Exception as exc:
+        logger.exception("engine failed to start")
+        report_boot(spec, BootReport(status="failed", message=f"{type(exc).__name__}: {exc}"))
+        return EXIT_BOOT_ERROR
+
+    def handle_term(signum: int, frame: FrameType | None) -> None:
+        engine.request_exit()
+
+    signal.signal(signal.SIGTERM, handle_term)
+    card = loaded.card
+    logger.info(
+        "model %s loaded in %.1fs: %s pooling%s, %d dims, max %d tokens, %s %s, "
+        "batches of <= %d inputs / %d tokens",
+        card.path,
+        time.perf_counter() - started,
+        card.pooling,
+        " + normalize" if card.normalize else "",
+        card.hidden_size,
+        card.max_model_len,
+        card.device,
+        card.dtype,
+        loaded.max_batch_size,
+        loaded.max_batch_tokens,
+    )
+    summary = (
+        f"{card.architecture}, {card.pooling} pooling, {card.hidden_size} dims, on {card.device} {card.dtype}"
+    )
+    report_boot(spec, BootReport(status="ready", message=summary))
+    engine.run()
+    logger.info("engine stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

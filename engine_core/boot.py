@@ -1,0 +1,88 @@
+"""What the supervisor hands a child process, and what the child reports back while it boots."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from typing import Literal
+
+import msgspec
+
+from engine_core.config import Config
+
+CHILD_SPEC_ENV = "POOLSERVE_CHILD_SPEC"
+TEST_HOOKS_ENV = "POOLSERVE_TEST_HOOKS"
+
+# Exit code of a child that could not boot (gunicorn's WORKER_BOOT_ERROR): the supervisor halts
+# instead of respawning it.
+EXIT_BOOT_ERROR = 3
+
+Role = Literal["engine", "api"]
+
+
+class ChildSpec(msgspec.Struct, kw_only=True, frozen=True):
+    role: Role
+    config: Config
+    runtime_dir: str
+    boot_fd: int
+    supervisor_pid: int
+    index: int = 0
+    listen_fd: int = -1
+
+    @property
+    def engine_endpoint(self) -> str:
+        return engine_endpoint(self.runtime_dir)
+
+    @property
+    def name(self) -> str:
+        return "engine" if self.role == "engine" else f"api-{self.index}"
+
+
+class BootReport(msgspec.Struct, kw_only=True, frozen=True):
+    """One line on the boot pipe: `ready`, or `failed` with a sentence saying why."""
+
+    status: Literal["ready", "failed"]
+    message: str = ""
+
+
+def engine_endpoint(runtime_dir: str) -> str:
+    return f"ipc://{os.path.join(runtime_dir, 'engine.sock')}"
+
+
+def encode_child_spec(spec: ChildSpec) -> str:
+    return msgspec.json.encode(spec).decode()
+
+
+def read_child_spec() -> ChildSpec:
+    """The only place a child reads its spec from the environment."""
+    raw = os.environ.get(CHILD_SPEC_ENV)
+    if raw is None:
+        raise RuntimeError(f"{CHILD_SPEC_ENV} is not set: this module is started by `launch`, not by hand.")
+    return msgspec.json.decode(raw, type=ChildSpec)
+
+
+def test_hooks_enabled() -> bool:
+    return os.environ.get(TEST_HOOKS_ENV) == "1"
+
+
+def report_boot(spec: ChildSpec, report: BootReport) -> None:
+    """Write one report to the supervisor; a supervisor that is gone is not an error here."""
+    with contextlib.suppress(OSError):
+        os.write(spec.boot_fd, msgspec.json.encode(report) + b"\n")
+    if report.status == "ready":
+        with contextlib.suppress(OSError):
+            os.close(spec.boot_fd)
+
+
+def exit_with_parent(spec: ChildSpec) -> None:
+    """Ask the kernel to SIGTERM this process when the supervisor dies, so no child outlives it."""
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != spec.supervisor_pid:
+        # The supervisor died before the request above took effect.
+        os._exit(EXIT_BOOT_ERROR)

@@ -1,0 +1,114 @@
+"""The engine loop: takes requests from the I/O thread, runs batches, sends each request's result back."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections import defaultdict
+
+import numpy as np
+import zmq
+
+from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
+from engine_core.loader import LoadedModel
+from engine_core.pooling import truncate_dimensions
+from engine_core.protocol import OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
+from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
+
+logger = logging.getLogger("poolserve.engine")
+
+IDLE_WAIT_S = 0.2
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, endpoint: str):
+        self.card = loaded.card
+        self.runner = loaded.runner
+        self.scheduler = Scheduler(loaded.max_batch_tokens, loaded.max_batch_size)
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.io = EngineIO(self._context, endpoint, loaded.card)
+        self._outbox = self._context.socket(zmq.PUSH)
+        self._outbox.setsockopt(zmq.LINGER, 0)
+        self._outbox.connect(OUTBOX_ENDPOINT)
+        self._encoder = make_encoder()
+        self._requests: dict[tuple[bytes, int], PendingRequest] = {}
+        self.should_exit = False
+
+    def run(self) -> None:
+        self.io.start()
+        try:
+            while not self.should_exit:
+                self._drain(block=not self.scheduler.has_work())
+                if not self.scheduler.has_work():
+                    continue
+                for batch in self.scheduler.next_batches():
+                    # Aborts that arrived since the window was cut still save their compute.
+                    self._drain(block=False)
+                    self._run_batch(batch)
+        finally:
+            self.io.stop()
+            self._outbox.close()
+            self._context.term()
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.io.inbox.get(timeout=IDLE_WAIT_S) if block else self.io.inbox.get_nowait()
+            while True:
+                self._accept(item)
+                item = self.io.inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def _accept(self, item: InboxItem) -> None:
+        if isinstance(item, PendingRequest):
+            self._requests[item.key] = item
+            self.scheduler.add(item)
+            return
+        identity, abort = item
+        for request_id in abort.ids:
+            request = self._requests.pop((identity, request_id), None)
+            if request is not None:
+                request.is_cancelled = True
+
+    def _run_batch(self, batch: list[WorkItem]) -> None:
+        live = [item for item in batch if not item.request.is_cancelled]
+        if not live:
+            return
+        try:
+            vectors = self.runner.embed([item.request.input_ids(item.index) for item in live])
+        except Exception as exc:
+            failed = list({id(item.request): item.request for item in live}.values())
+            logger.exception("forward pass failed for requests %s", [r.id for r in failed])
+            for request in failed:
+                request.is_cancelled = True
+            self._reply([], failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
+            return
+        finished: list[PendingRequest] = []
+        for row, item in enumerate(live):
+            request = item.request
+            if request.output is None:
+                request.output = np.empty((len(request.lengths), vectors.shape[1]), dtype=np.float32)
+            request.output[item.index] = vectors[row]
+            request.remaining -= 1
+            if request.remaining == 0:
+                finished.append(request)
+        self._reply(finished, [], "")
+
+    def _reply(self, finished: list[PendingRequest], failed: list[PendingRequest], error: str) -> None:
+        """Send results and errors, one message per API server."""
+        by_server: dict[bytes, list[tuple[PooledOutput, bytes | memoryview]]] = defaultdict(list)
+        for request in finished:
+            self._requests.pop(request.key, None)
+            assert request.output is not None
+            vectors = truncate_dimensions(request.output, request.dimensions, self.card.normalize)
+            out = PooledOutput(request.id, vectors.shape[0], vectors.shape[1])
+            by_server[request.identity].append((out, np.ascontiguousarray(vectors, dtype=OUTPUT_DTYPE).data))
+        for request in failed:
+            self._requests.pop(request.key, None)
+            by_server[request.identity].append((PooledOutput(request.id, 0, 0, error), b""))
+        for identity, outputs in by_server.items():
+            header = self._encoder.encode(Outputs([out for out, _ in outputs]))
+            self._outbox.send_multipart([identity, header, *(data for _, data in outputs)], copy=False)

@@ -1,0 +1,153 @@
+"""The engine's I/O thread: owns the ROUTER socket that every API server talks to.
+
+It decodes what arrives (dropping anything malformed with a log line, never crashing), answers
+handshakes and pings itself so that they never wait behind a forward pass, hands requests to the
+scheduler thread through a queue, and forwards the scheduler's replies back out. ZeroMQ sockets
+are not thread-safe, so replies reach this thread over an inproc PUSH/PULL pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import msgspec
+import numpy as np
+import zmq
+
+from engine_core.protocol import (
+    TOKEN_DTYPE,
+    TOKEN_ITEMSIZE,
+    Abort,
+    Hello,
+    ModelCard,
+    Outputs,
+    Ping,
+    Pong,
+    PooledOutput,
+    PoolRequest,
+    Ready,
+    make_encoder,
+    make_engine_decoder,
+)
+from engine_core.scheduler import PendingRequest
+
+logger = logging.getLogger("poolserve.engine")
+
+OUTBOX_ENDPOINT = "inproc://engine-outbox"
+
+# What the scheduler thread receives: a request to run, or (identity, Abort).
+InboxItem = PendingRequest | tuple[bytes, Abort]
+
+
+class InvalidRequest(ValueError):
+    pass
+
+
+def admit_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: ModelCard) -> PendingRequest:
+    """Check a request against the model's limits; the API servers check first, this is the backstop."""
+    if len(frames) != 1:
+        raise InvalidRequest(f"expected 1 token frame, got {len(frames)}")
+    lengths = np.asarray(msg.lengths, dtype=np.int64)
+    if lengths.size == 0:
+        raise InvalidRequest("no inputs")
+    if lengths.min() < 1 or lengths.max() > card.max_model_len:
+        raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
+    if len(frames[0]) != int(lengths.sum()) * TOKEN_ITEMSIZE:
+        raise InvalidRequest("token frame size does not match the lengths")
+    tokens = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
+    if tokens.min() < 0 or tokens.max() >= card.vocab_size:
+        raise InvalidRequest(f"token ids must be within 0..{card.vocab_size - 1}")
+    if not 0 <= msg.dimensions <= card.hidden_size:
+        raise InvalidRequest(f"dimensions must be within 0..{card.hidden_size}")
+    return PendingRequest(
+        identity=identity, id=msg.id, lengths=lengths, tokens=tokens, dimensions=msg.dimensions
+    )
+
+
+class EngineIO:
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str, card: ModelCard):
+        self.card = card
+        self.inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
+        self._encoder = make_encoder()
+        self._decoder = make_engine_decoder()
+        self._ready = self._encoder.encode(Ready(card=card))
+        self._router = context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.bind(endpoint)
+        self._outbox = context.socket(zmq.PULL)
+        self._outbox.setsockopt(zmq.LINGER, 0)
+        self._outbox.bind(OUTBOX_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-io", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._router.close()
+        self._outbox.close()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._outbox, zmq.POLLIN)
+        while not self._stop.is_set():
+            events = dict(poller.poll(100))
+            if self._outbox in events:
+                self._forward_outputs()
+            if self._router in events:
+                self._receive()
+
+    def _forward_outputs(self) -> None:
+        while True:
+            try:
+                frames = self._outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._router.send_multipart(frames, copy=False)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(frames)
+            except Exception:
+                # Whatever a peer sends must not take the engine down.
+                logger.exception("dropped a message the engine could not handle")
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            logger.warning("dropped a message of %d frame(s) with no body", len(frames))
+            return
+        identity = frames[0]
+        try:
+            msg = self._decoder.decode(frames[1])
+        except msgspec.DecodeError as exc:
+            logger.warning("dropped an undecodable message from %r: %s", identity, exc)
+            return
+        match msg:
+            case PoolRequest():
+                try:
+                    self.inbox.put(admit_request(identity, msg, frames[2:], self.card))
+                except InvalidRequest as exc:
+                    logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
+                    self._send(
+                        identity, Outputs([PooledOutput(msg.id, 0, 0, f"invalid request: {exc}")]), b""
+                    )
+            case Abort():
+                self.inbox.put((identity, msg))
+            case Ping():
+                self._send(identity, Pong(msg.nonce))
+            case Hello():
+                logger.info("API server %d (pid %d) connected", msg.server_index, msg.pid)
+                self._router.send_multipart([identity, self._ready])
+
+    def _send(self, identity: bytes, msg: Outputs | Pong, *data: bytes) -> None:
+        self._router.send_multipart([identity, self._encoder.encode(msg), *data])

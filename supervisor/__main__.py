@@ -1,0 +1,5 @@
+"""`python -m supervisor` is `launch`."""
+
+from supervisor.cli import main
+
+main()

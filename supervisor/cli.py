@@ -1,0 +1,153 @@
+"""The `launch` command: flags to a Config, then the supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import typing
+
+from engine_core.config import Config, ConfigError, Device, DType, LogLevel, Pooling, default_api_server_count
+from engine_core.logs import configure_logging
+from supervisor.arbiter import Supervisor
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="launch",
+        description=(
+            "Serve a pooling model (embeddings) over HTTP: N API-server processes share one listening "
+            "socket and feed one engine-core process that owns the model and batches across all of them."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default="",
+        help="Model folder (a Hugging Face layout) or hub id. Empty: the bundled all-MiniLM-L6-v2.",
+    )
+    model.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="Name(s) clients use in the `model` field; the first is reported in responses. "
+        "Default: --model as given, or sentence-transformers/all-MiniLM-L6-v2 for the bundled model.",
+    )
+    model.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="Longest input in tokens; longer inputs get 400 unless the request asks for truncation. "
+        "0: the model's own limit (Sentence-Transformers' max_seq_length when the folder has one).",
+    )
+    model.add_argument(
+        "--pooling",
+        choices=typing.get_args(Pooling),
+        default="auto",
+        help="How token states become one vector. auto: the folder's Sentence-Transformers Pooling config, "
+        "else last-token for decoder models and mean for encoders.",
+    )
+    model.add_argument(
+        "--trust-remote-code", action="store_true", help="Allow model code shipped in the folder."
+    )
+
+    server = parser.add_argument_group("HTTP")
+    server.add_argument(
+        "--host", default="127.0.0.1", help="Address to listen on. Binding wider is explicit."
+    )
+    server.add_argument(
+        "--port", type=int, default=8000, help="TCP port; 0 picks a free one (the ready line says which)."
+    )
+    server.add_argument(
+        "--api-server-count",
+        type=int,
+        default=default_api_server_count(),
+        help="API-server processes sharing the listening socket (default: half the usable cores, 1 to 8).",
+    )
+    server.add_argument(
+        "--preprocess-workers",
+        type=int,
+        default=1,
+        help="Threads per API server that parse and tokenize requests; 0 runs that inline on the event loop.",
+    )
+    server.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds in-flight requests get to finish after SIGTERM before the processes are stopped.",
+    )
+
+    engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--device", choices=typing.get_args(Device), default="auto", help="auto: CUDA when visible, else CPU."
+    )
+    engine.add_argument(
+        "--dtype",
+        choices=typing.get_args(DType),
+        default="auto",
+        help="Weights' precision. auto: float16 on CUDA, float32 on CPU.",
+    )
+    engine.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=0,
+        help="Token budget of one forward pass, padding included. 0: 8192 on CPU, 32768 on CUDA.",
+    )
+    engine.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=0,
+        help="Most inputs in one forward pass. 0: 32 on CPU, 256 on CUDA.",
+    )
+    engine.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads in the engine; 0: torch's default.",
+    )
+    engine.add_argument(
+        "--engine-start-timeout",
+        type=float,
+        default=300.0,
+        help="Seconds the engine gets to load the model before start-up is abandoned.",
+    )
+    parser.add_argument(
+        "--log-level", choices=typing.get_args(LogLevel), default="info", help="Log verbosity."
+    )
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return Config(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            host=args.host,
+            port=args.port,
+            api_server_count=args.api_server_count,
+            max_batch_tokens=args.max_batch_tokens,
+            max_batch_size=args.max_batch_size,
+            max_model_len=args.max_model_len,
+            preprocess_workers=args.preprocess_workers,
+            device=args.device,
+            dtype=args.dtype,
+            pooling=args.pooling,
+            torch_threads=args.torch_threads,
+            trust_remote_code=args.trust_remote_code,
+            engine_start_timeout=args.engine_start_timeout,
+            shutdown_timeout=args.shutdown_timeout,
+            log_level=args.log_level,
+        )
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_config(argv)
+    configure_logging("supervisor", config.log_level)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    sys.exit(Supervisor(config).run())

@@ -1,0 +1,155 @@
+"""The process model itself: torch only in the engine, a clean stop, clear start-up failures, no hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.utils import LaunchedServer, child_pids, is_alive, mapped_libraries, wait_until
+
+HEAVY_MODULES = ("torch", "transformers")
+
+
+def test_api_servers_and_supervisor_import_neither_torch_nor_transformers(server: LaunchedServer) -> None:
+    api_pids = server.child_pid("apiserver")
+    assert len(api_pids) == 2
+    seen: dict[int, list[str]] = {}
+    deadline = time.monotonic() + 30
+    while set(seen) != set(api_pids) and time.monotonic() < deadline:
+        with httpx.Client(base_url=server.url, timeout=10) as client:  # new connection, any process
+            body = client.get("/_test/modules").json()
+        seen[body["pid"]] = body["modules"]
+    assert set(seen) == set(api_pids)
+    for pid, modules in seen.items():
+        loaded = [m for m in modules if m.split(".")[0] in HEAVY_MODULES]
+        assert loaded == [], f"API server {pid} imported {loaded[:5]}"
+        assert "tokenizers" in modules
+        assert "libtorch" not in mapped_libraries(pid)
+    assert "libtorch" not in mapped_libraries(server.pid)
+    engine_pids = server.child_pid("engine_core")
+    assert len(engine_pids) == 1
+    assert "libtorch" in mapped_libraries(engine_pids[0])
+
+
+def test_ready_within_10_seconds_and_sigterm_leaves_nothing_behind() -> None:
+    launched = LaunchedServer("--api-server-count", "2")
+    try:
+        launched.wait_ready()
+        assert launched.ready_after < 10, f"ready after {launched.ready_after:.1f}s"
+        children = launched.children()
+        assert len(children) == 3
+        runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
+        assert len(runtime_dirs) == 1
+        with launched.client() as client:
+            assert client.post("/v1/embeddings", json={"input": "bye"}).status_code == 200
+        launched.proc.send_signal(signal.SIGTERM)
+        assert launched.wait_exit(30) == 0, launched.log()
+        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
+        assert not any(Path(d).exists() for d in runtime_dirs)
+    finally:
+        launched.stop()
+
+
+def test_sigint_stops_cleanly_too() -> None:
+    launched = LaunchedServer("--api-server-count", "1")
+    try:
+        launched.wait_ready()
+        children = launched.children()
+        launched.proc.send_signal(signal.SIGINT)
+        assert launched.wait_exit(30) == 0, launched.log()
+        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
+    finally:
+        launched.stop()
+
+
+def test_a_model_that_cannot_load_fails_start_up_with_one_clear_line(tmp_path: Path) -> None:
+    launched = LaunchedServer("--model", str(tmp_path / "no-such-model"), "--api-server-count", "1")
+    try:
+        code = launched.wait_exit(60)
+        assert code == 3, launched.log()
+        lines = [
+            line for line in launched.stderr().splitlines() if line.startswith("poolserve: could not start")
+        ]
+        assert len(lines) == 1, launched.log()
+        assert "no-such-model" in lines[0]
+        assert "ready" not in launched.stdout()
+    finally:
+        launched.stop()
+
+
+def test_a_port_in_use_fails_start_up_with_one_clear_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        launched = LaunchedServer("--port", str(port), "--api-server-count", "1")
+        try:
+            assert launched.wait_exit(30) == 3, launched.log()
+            assert f"cannot listen on 127.0.0.1:{port}" in launched.stderr()
+            assert launched.children() == []
+        finally:
+            launched.stop()
+
+
+def test_engine_death_gives_503_not_a_hang_and_the_supervisor_exits_nonzero() -> None:
+    launched = LaunchedServer("--api-server-count", "1")
+    try:
+        launched.wait_ready()
+        api_pids, engine_pids = launched.child_pid("apiserver"), launched.child_pid("engine_core")
+        # Enough work to keep the engine busy for seconds on this machine.
+        heavy = {"input": ["a long sentence about vector search and embeddings " * 20] * 1500}
+        result: dict[str, httpx.Response] = {}
+
+        def send() -> None:
+            with launched.client() as client:
+                result["heavy"] = client.post("/v1/embeddings", json=heavy)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        time.sleep(1.0)
+        os.kill(engine_pids[0], signal.SIGKILL)
+        sender.join(15)
+        assert not sender.is_alive(), "the in-flight request hung after the engine died"
+        assert result["heavy"].status_code == 503, result["heavy"].text
+        assert result["heavy"].json()["error"]["code"] == "engine_unavailable"
+        assert launched.wait_exit(30) == 1, launched.log()
+        assert "engine" in launched.stderr() and "exited" in launched.stderr()
+        assert wait_until(lambda: not any(is_alive(pid) for pid in api_pids), 5)
+    finally:
+        launched.stop()
+
+
+def test_children_exit_when_the_supervisor_is_killed() -> None:
+    launched = LaunchedServer("--api-server-count", "1")
+    try:
+        launched.wait_ready()
+        children = child_pids(launched.pid)
+        launched.proc.send_signal(signal.SIGKILL)
+        launched.proc.wait(5)
+        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
+    finally:
+        launched.stop()
+
+
+def runtime_dirs_of(pid: int) -> set[str]:
+    """Runtime folders a process has open ipc sockets in, read from /proc/net/unix via its fds."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    dirs = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and "poolserve-" in fields[7]:
+            dirs.add(str(Path(fields[7]).parent))
+    return dirs

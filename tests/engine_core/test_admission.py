@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine_core.io_thread import InvalidRequest, admit_request
+from engine_core.protocol import PoolRequest
+from tests.engine_core.test_protocol import CARD
+
+
+def tokens(*ids: int) -> bytes:
+    return np.asarray(ids, dtype="<i4").tobytes()
+
+
+def test_a_valid_request_is_admitted() -> None:
+    request = admit_request(b"api-0", PoolRequest(1, [2, 1], 8), [tokens(101, 7, 102)], CARD)
+    assert request.input_ids(0).tolist() == [101, 7]
+    assert request.input_ids(1).tolist() == [102]
+    assert request.dimensions == 8
+
+
+@pytest.mark.parametrize(
+    ("message", "frames", "reason"),
+    [
+        (PoolRequest(1, []), [b""], "no inputs"),
+        (PoolRequest(1, [0]), [b""], "lengths"),
+        (PoolRequest(1, [300]), [tokens(*[1] * 300)], "lengths"),
+        (PoolRequest(1, [3]), [tokens(1, 2)], "frame size"),
+        (PoolRequest(1, [2]), [tokens(1, 30522)], "token ids"),
+        (PoolRequest(1, [2]), [tokens(1, -5)], "token ids"),
+        (PoolRequest(1, [1], 385), [tokens(1)], "dimensions"),
+        (PoolRequest(1, [1]), [], "frame"),
+    ],
+)
+def test_malformed_requests_are_refused_not_run(
+    message: PoolRequest, frames: list[bytes], reason: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=reason):
+        admit_request(b"api-0", message, frames, CARD)

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import numpy as np
+
+from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
+
+
+def make_request(request_id: int, lengths: list[int], identity: bytes = b"api-0") -> PendingRequest:
+    lengths_array = np.asarray(lengths, dtype=np.int64)
+    tokens = np.arange(int(lengths_array.sum()), dtype=np.int32)
+    return PendingRequest(
+        identity=identity, id=request_id, lengths=lengths_array, tokens=tokens, dimensions=0
+    )
+
+
+def drain(scheduler: Scheduler) -> list[list[WorkItem]]:
+    batches = []
+    while scheduler.has_work():
+        batches.extend(scheduler.next_batches())
+    return batches
+
+
+def test_every_input_is_scheduled_exactly_once() -> None:
+    scheduler = Scheduler(max_batch_tokens=64, max_batch_size=4)
+    requests = [make_request(i, [1 + (7 * i + j) % 13 for j in range(i % 5 + 1)]) for i in range(30)]
+    for request in requests:
+        scheduler.add(request)
+    seen = [(item.request.id, item.index) for batch in drain(scheduler) for item in batch]
+    expected = [(r.id, j) for r in requests for j in range(len(r.lengths))]
+    assert sorted(seen) == sorted(expected)
+    assert len(seen) == len(set(seen))
+
+
+def test_batches_respect_the_padded_token_budget_and_size_cap() -> None:
+    scheduler = Scheduler(max_batch_tokens=40, max_batch_size=3)
+    scheduler.add(make_request(0, [5, 17, 3, 9, 12, 20, 1, 8, 8, 14]))
+    for batch in drain(scheduler):
+        assert len(batch) <= 3
+        assert len(batch) * max(item.length for item in batch) <= 40
+
+
+def test_inputs_within_a_window_are_sorted_by_length() -> None:
+    scheduler = Scheduler(max_batch_tokens=1000, max_batch_size=2)
+    scheduler.add(make_request(0, [9, 1, 5]))
+    scheduler.add(make_request(1, [2, 8, 3]))
+    lengths = [item.length for batch in scheduler.next_batches() for item in batch]
+    assert lengths == sorted(lengths) == [1, 2, 3, 5, 8, 9]
+
+
+def test_a_request_bigger_than_a_window_is_split_and_later_requests_wait_behind_it() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=2, window_batches=2)
+    scheduler.add(make_request(0, [4] * 10))
+    scheduler.add(make_request(1, [4]))
+    first = [item.request.id for batch in scheduler.next_batches() for item in batch]
+    assert first == [0, 0, 0, 0]
+    order = [item.request.id for batch in drain(scheduler) for item in batch]
+    assert order == [0] * 6 + [1]
+
+
+def test_first_come_first_served_across_windows() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=1, window_batches=1)
+    for i in range(5):
+        scheduler.add(make_request(i, [10 - i]))
+    assert [batch[0].request.id for batch in drain(scheduler)] == [0, 1, 2, 3, 4]
+
+
+def test_cancelled_requests_are_never_scheduled() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=8)
+    kept, cancelled = make_request(0, [3, 3]), make_request(1, [3, 3])
+    scheduler.add(cancelled)
+    scheduler.add(kept)
+    cancelled.is_cancelled = True
+    ids = {item.request.id for batch in drain(scheduler) for item in batch}
+    assert ids == {0}
+
+
+def test_an_input_as_long_as_the_budget_gets_a_batch_of_its_own() -> None:
+    scheduler = Scheduler(max_batch_tokens=16, max_batch_size=8)
+    scheduler.add(make_request(0, [16, 1, 1]))
+    batches = drain(scheduler)
+    assert [[item.length for item in batch] for batch in batches] == [[1, 1], [16]]
+
+
+def test_pending_request_slices_its_inputs() -> None:
+    request = make_request(0, [2, 3, 1])
+    assert request.input_ids(0).tolist() == [0, 1]
+    assert request.input_ids(1).tolist() == [2, 3, 4]
+    assert request.input_ids(2).tolist() == [5]
+    assert request.remaining == 3
