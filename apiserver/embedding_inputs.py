@@ -44,38 +44,33 @@ def check_model(requested: str | None, served: list[str]) -> None:
         )
 
 
+# What each input kind is called in error messages: (what it must be, what an empty one is).
+INPUT_KINDS: dict[type, tuple[str, str]] = {
+    str: ("a string", "an empty string"),
+    list: ("a list of token ids", "an empty list of token ids"),
+}
+
+
 def split_input(value: str | list[str | int | list[int]]) -> tuple[list[str], list[list[int]]]:
     """Texts, or token-id rows: one of the two is empty. Mixed or empty input is a 400."""
     if isinstance(value, str):
         value = [value]
     if not value:
         raise bad_request("`input` must not be empty.", param="input")
-    first = value[0]
-    if isinstance(first, str):
-        texts: list[str] = []
-        for i, item in enumerate(value):
-            if not isinstance(item, str):
-                raise bad_request(
-                    f"`input[{i}]` must be a string like the other inputs.", param=f"input[{i}]"
-                )
-            if not item:
-                raise bad_request(f"`input[{i}]` is an empty string.", param=f"input[{i}]")
-            texts.append(item)
-        return texts, []
-    if isinstance(first, int):
+    if isinstance(value[0], int):
         if not all(isinstance(item, int) for item in value):
             raise bad_request("`input` mixes token ids with other kinds of input.", param="input")
         return [], [value]  # type: ignore[list-item]
-    rows: list[list[int]] = []
+    kind = type(value[0])
+    noun, empty = INPUT_KINDS[kind]
     for i, item in enumerate(value):
-        if not isinstance(item, list):
-            raise bad_request(
-                f"`input[{i}]` must be a list of token ids like the other inputs.", param=f"input[{i}]"
-            )
+        if not isinstance(item, kind):
+            raise bad_request(f"`input[{i}]` must be {noun} like the other inputs.", param=f"input[{i}]")
         if not item:
-            raise bad_request(f"`input[{i}]` is an empty list of token ids.", param=f"input[{i}]")
-        rows.append(item)
-    return [], rows
+            raise bad_request(f"`input[{i}]` is {empty}.", param=f"input[{i}]")
+    if kind is str:
+        return value, []  # type: ignore[return-value]
+    return [], value  # type: ignore[return-value]
 
 
 def resolve_token_limit(truncate_prompt_tokens: int | None, card: ModelCard) -> int | None:
