@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
+from apiserver.endpoints import ENDPOINTS
 from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.middleware import ResponseHeaders
-from apiserver.routes.embeddings import create_embeddings
-from apiserver.routes.health import health
-from apiserver.routes.models import list_models
+from apiserver.openapi import encode_openapi
 from apiserver.routes.test_hooks import loaded_modules
 from apiserver.state import AppState
 
 
 def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
-    routes = [
-        Route("/v1/embeddings", create_embeddings, methods=["POST"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/ping", health, methods=["GET"]),
-    ]
+    routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
+    document = encode_openapi(ENDPOINTS, version("poolserve"))
+
+    async def openapi(request: Request) -> Response:
+        return Response(document, media_type="application/json")
+
+    routes.append(Route("/openapi.json", openapi, methods=["GET"]))
     if test_hooks:
         routes.append(Route("/_test/modules", loaded_modules, methods=["GET"]))
     app = Starlette(

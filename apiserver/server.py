@@ -13,6 +13,8 @@ import uvicorn
 import uvloop
 
 from apiserver.app import build_app
+from apiserver.inputs.image_sources import ImageLoader
+from apiserver.media import MediaFetcher
 from apiserver.preprocess import Preprocessor
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
@@ -63,12 +65,18 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         await engine.close()
         return EXIT_BOOT_ERROR
     preprocess = Preprocessor(config.preprocess_workers)
+    media = MediaFetcher(
+        max_bytes=config.max_image_bytes,
+        timeout=config.image_fetch_timeout,
+        allowed_local_path=config.allowed_local_media_path,
+    )
     state = AppState(
         config=config,
         card=card,
         engine=engine,
         tokenizer=TextTokenizer(card.tokenizer_json),
         preprocess=preprocess,
+        images=ImageLoader(media, card.image, config.max_image_pixels),
         server_index=spec.index,
         started_at=int(time.time()),
     )
@@ -94,5 +102,6 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         await serving
     finally:
         preprocess.close()
+        await media.aclose()
         await engine.close()
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apiserver.inputs.image_sources import ImageLoader
 from apiserver.preprocess import Preprocessor
 from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineClient
@@ -18,9 +19,14 @@ class AppState:
     engine: EngineClient
     tokenizer: TextTokenizer
     preprocess: Preprocessor
+    images: ImageLoader
     server_index: int
     started_at: int
 
     @property
     def model_name(self) -> str:
         return self.config.model_names[0]
+
+    @property
+    def model_names(self) -> list[str]:
+        return self.config.model_names

@@ -13,6 +13,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -75,9 +76,7 @@ class EngineClient:
             if remaining <= 0:
                 raise EngineUnavailable(f"no engine at {self.endpoint} after {timeout:.0f}s")
             with contextlib.suppress(TimeoutError):
-                event = parse_monitor_message(
-                    await asyncio.wait_for(self._monitor.recv_multipart(), remaining)
-                )
+                event = parse_monitor_message(await asyncio.wait_for(self._monitor.recv_multipart(), remaining))
                 self.is_connected = event["event"] == zmq.EVENT_CONNECTED
         await self._socket.send(self._encoder.encode(Hello(self.server_index, os.getpid())))
         while True:
@@ -107,13 +106,14 @@ class EngineClient:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    async def pool(self, lengths: list[int], tokens: bytes, dimensions: int = 0) -> PooledResult:
-        """Send one request (all its inputs in one message) and wait for its vectors."""
+    async def pool(self, request: PoolRequest, frames: list[bytes]) -> PooledResult:
+        """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here."""
         request_id = next(self._ids)
         future: asyncio.Future[PooledResult] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            await self._send([self._encoder.encode(PoolRequest(request_id, lengths, dimensions)), tokens])
+            header = self._encoder.encode(msgspec.structs.replace(request, id=request_id))
+            await self._send([header, *frames])
             return await future
         except asyncio.CancelledError:
             # The caller went away (client disconnect, timeout): the engine need not compute it.

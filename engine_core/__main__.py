@@ -45,22 +45,17 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, handle_term)
     card = loaded.card
+    shape = f"{len(card.labels)} labels" if card.labels else f"{card.pooling} pooling, {card.output_size} dims"
+    summary = f"{card.architecture} ({card.kind}), {shape}, on {card.device} {card.dtype}"
     logger.info(
-        "model %s loaded in %.1fs: %s pooling%s, %d dims, max %d tokens, %s %s, "
-        "batches of <= %d inputs / %d tokens",
+        "model %s loaded in %.1fs: %s%s, max %d tokens, batches of <= %d inputs / %d tokens",
         card.path,
         time.perf_counter() - started,
-        card.pooling,
-        " + normalize" if card.normalize else "",
-        card.hidden_size,
+        summary,
+        ", normalized" if card.normalize else "",
         card.max_model_len,
-        card.device,
-        card.dtype,
-        loaded.max_batch_size,
-        loaded.max_batch_tokens,
-    )
-    summary = (
-        f"{card.architecture}, {card.pooling} pooling, {card.hidden_size} dims, on {card.device} {card.dtype}"
+        card.max_batch_size,
+        card.max_batch_tokens,
     )
     report_boot(spec, BootReport(status="ready", message=summary))
     engine.run()

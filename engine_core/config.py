@@ -42,6 +42,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     pooling: Pooling = "auto"
     torch_threads: int = 0
     trust_remote_code: bool = False
+    max_inputs_per_request: int = 2048
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    image_fetch_timeout: float = 10.0
+    allowed_local_media_path: str = ""
     engine_start_timeout: float = 300.0
     shutdown_timeout: float = 30.0
     log_level: LogLevel = "info"
@@ -54,10 +59,13 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-model-len", self.max_model_len, 0, 1 << 20)
         check_range("--preprocess-workers", self.preprocess_workers, 0, 64)
         check_range("--torch-threads", self.torch_threads, 0, 1024)
+        check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
+        check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
+        check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)
+        if self.image_fetch_timeout <= 0:
+            raise ConfigError(f"--image-fetch-timeout has value {self.image_fetch_timeout!r}; it must be > 0.")
         if self.engine_start_timeout <= 0:
-            raise ConfigError(
-                f"--engine-start-timeout has value {self.engine_start_timeout!r}; it must be > 0."
-            )
+            raise ConfigError(f"--engine-start-timeout has value {self.engine_start_timeout!r}; it must be > 0.")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout has value {self.shutdown_timeout!r}; it must be >= 0.")
         if not self.host:

@@ -7,11 +7,12 @@ import queue
 from collections import defaultdict
 
 import numpy as np
+import numpy.typing as npt
 import zmq
 
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
-from engine_core.pooling import truncate_dimensions
+from engine_core.postprocess import finish_rows
 from engine_core.protocol import OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
 from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
 
@@ -24,7 +25,7 @@ class EngineCore:
     def __init__(self, loaded: LoadedModel, endpoint: str):
         self.card = loaded.card
         self.runner = loaded.runner
-        self.scheduler = Scheduler(loaded.max_batch_tokens, loaded.max_batch_size)
+        self.scheduler = Scheduler(loaded.card.max_batch_tokens, loaded.card.max_batch_size)
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.io = EngineIO(self._context, endpoint, loaded.card)
         self._outbox = self._context.socket(zmq.PUSH)
@@ -78,7 +79,7 @@ class EngineCore:
         if not live:
             return
         try:
-            vectors = self.runner.embed([item.request.input_ids(item.index) for item in live])
+            rows = self._forward(live)
         except Exception as exc:
             failed = list({id(item.request): item.request for item in live}.values())
             logger.exception("forward pass failed for requests %s", [r.id for r in failed])
@@ -90,12 +91,22 @@ class EngineCore:
         for row, item in enumerate(live):
             request = item.request
             if request.output is None:
-                request.output = np.empty((len(request.lengths), vectors.shape[1]), dtype=np.float32)
-            request.output[item.index] = vectors[row]
+                request.output = np.empty((request.count, rows.shape[1]), dtype=np.float32)
+            request.output[item.index] = rows[row]
             request.remaining -= 1
             if request.remaining == 0:
                 finished.append(request)
         self._reply(finished, [], "")
+
+    def _forward(self, batch: list[WorkItem]) -> npt.NDArray[np.float32]:
+        """One forward pass; the scheduler never mixes texts and images in a batch."""
+        if batch[0].is_image:
+            return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
+        rows = [item.request.input_ids(item.index) for item in batch]
+        type_rows = None
+        if any(item.request.token_types is not None for item in batch):
+            type_rows = [item.request.input_token_types(item.index) for item in batch]
+        return self.runner.run_texts(rows, type_rows)
 
     def _reply(self, finished: list[PendingRequest], failed: list[PendingRequest], error: str) -> None:
         """Send results and errors, one message per API server."""
@@ -103,7 +114,13 @@ class EngineCore:
         for request in finished:
             self._requests.pop(request.key, None)
             assert request.output is not None
-            vectors = truncate_dimensions(request.output, request.dimensions, self.card.normalize)
+            vectors = finish_rows(
+                request.output,
+                self.card,
+                normalize=request.normalize,
+                activation=request.activation,
+                dimensions=request.dimensions,
+            )
             out = PooledOutput(request.id, vectors.shape[0], vectors.shape[1])
             by_server[request.identity].append((out, np.ascontiguousarray(vectors, dtype=OUTPUT_DTYPE).data))
         for request in failed:

@@ -47,22 +47,46 @@ class InvalidRequest(ValueError):
 
 def admit_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: ModelCard) -> PendingRequest:
     """Check a request against the model's limits; the API servers check first, this is the backstop."""
-    if len(frames) != 1:
-        raise InvalidRequest(f"expected 1 token frame, got {len(frames)}")
-    lengths = np.asarray(msg.lengths, dtype=np.int64)
-    if lengths.size == 0:
+    expected = 1 + int(msg.token_types) + int(msg.images > 0)
+    if len(frames) != expected:
+        raise InvalidRequest(f"expected {expected} data frame(s), got {len(frames)}")
+    if msg.count == 0:
         raise InvalidRequest("no inputs")
-    if lengths.min() < 1 or lengths.max() > card.max_model_len:
+    lengths = np.asarray(msg.lengths, dtype=np.int64)
+    if lengths.size and (lengths.min() < 1 or lengths.max() > card.max_model_len):
         raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
-    if len(frames[0]) != int(lengths.sum()) * TOKEN_ITEMSIZE:
+    size = int(lengths.sum()) * TOKEN_ITEMSIZE
+    if len(frames[0]) != size:
         raise InvalidRequest("token frame size does not match the lengths")
     tokens = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
-    if tokens.min() < 0 or tokens.max() >= card.vocab_size:
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= card.vocab_size):
         raise InvalidRequest(f"token ids must be within 0..{card.vocab_size - 1}")
-    if not 0 <= msg.dimensions <= card.hidden_size:
-        raise InvalidRequest(f"dimensions must be within 0..{card.hidden_size}")
+    token_types = None
+    if msg.token_types:
+        if not card.uses_token_types or len(frames[1]) != size:
+            raise InvalidRequest("this model takes no token types, or their frame does not match the tokens")
+        token_types = np.frombuffer(frames[1], dtype=TOKEN_DTYPE)
+    pixels = None
+    if msg.images:
+        if card.image is None:
+            raise InvalidRequest("this model takes no images")
+        height, width = card.image.output_size
+        if len(frames[-1]) != msg.images * height * width * 3:
+            raise InvalidRequest(f"the pixel frame must hold {msg.images} images of {height}x{width}x3 bytes")
+        pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(msg.images, height, width, 3)
+    if not 0 <= msg.dimensions <= card.output_size:
+        raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
     return PendingRequest(
-        identity=identity, id=msg.id, lengths=lengths, tokens=tokens, dimensions=msg.dimensions
+        identity=identity,
+        id=msg.id,
+        lengths=lengths,
+        tokens=tokens,
+        dimensions=msg.dimensions,
+        normalize=card.normalize if msg.normalize < 0 else bool(msg.normalize),
+        activation=msg.activation,
+        token_types=token_types,
+        pixels=pixels,
+        image_cost=max(card.image_tokens, 1),
     )
 
 
@@ -138,9 +162,7 @@ class EngineIO:
                     self.inbox.put(admit_request(identity, msg, frames[2:], self.card))
                 except InvalidRequest as exc:
                     logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
-                    self._send(
-                        identity, Outputs([PooledOutput(msg.id, 0, 0, f"invalid request: {exc}")]), b""
-                    )
+                    self._send(identity, Outputs([PooledOutput(msg.id, 0, 0, f"invalid request: {exc}")]), b"")
             case Abort():
                 self.inbox.put((identity, msg))
             case Ping():

@@ -10,12 +10,30 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+)
 
 from engine_core.config import Config
+from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.pooling import POOLING_MODES
-from engine_core.protocol import ModelCard
-from engine_core.runner import ModelRunner
+from engine_core.protocol import (
+    CLASSIFIER,
+    CLIP,
+    EMBEDDING,
+    TASK_CLASSIFY,
+    TASK_EMBED,
+    TASK_POOL,
+    TASK_SCORE,
+    TASK_TOKENIZE,
+    ImageProcessing,
+    ModelCard,
+)
+from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
 from engine_core.st_metadata import MetadataError, read_pooling_metadata
 
 logger = logging.getLogger("poolserve.engine")
@@ -33,8 +51,6 @@ class LoadError(RuntimeError):
 class LoadedModel:
     card: ModelCard
     runner: ModelRunner
-    max_batch_tokens: int
-    max_batch_size: int
 
 
 def bundled_model_folder() -> Path:
@@ -55,9 +71,7 @@ def resolve_model_folder(model: str) -> Path:
         return Path(snapshot_download(model))
     except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LoadError(
-            f"--model {model!r} is not a folder and could not be fetched from the hub: {reason}"
-        ) from exc
+        raise LoadError(f"--model {model!r} is not a folder and could not be fetched from the hub: {reason}") from exc
 
 
 def select_device(requested: str) -> torch.device:
@@ -74,9 +88,7 @@ def select_dtype(requested: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
 
 
-def choose_pooling(
-    requested: str, folder: Path, model_config: PretrainedConfig
-) -> tuple[str, bool, int | None]:
+def choose_pooling(requested: str, folder: Path, model_config: PretrainedConfig) -> tuple[str, bool, int | None]:
     """Pooling mode, whether to normalize, and Sentence-Transformers' max length, from the folder."""
     try:
         metadata = read_pooling_metadata(folder)
@@ -97,21 +109,79 @@ def choose_pooling(
     return pooling, normalize, metadata.max_seq_length
 
 
-def choose_max_model_len(
-    requested: int, tokenizer_max: int, model_config: PretrainedConfig, st_max: int | None
-) -> int:
-    limits = [n for n in (tokenizer_max, getattr(model_config, "max_position_embeddings", None)) if n]
-    limits = [int(n) for n in limits if 0 < int(n) < 10_000_000]
+def model_kind(model_config: PretrainedConfig) -> str:
+    if model_config.model_type == "clip":
+        return CLIP
+    if any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or [])):
+        return CLASSIFIER
+    return EMBEDDING
+
+
+def text_config_of(model_config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the text tower (CLIP keeps it apart), else the config itself."""
+    return getattr(model_config, "text_config", None) or model_config
+
+
+def classifier_activation(model_config: PretrainedConfig) -> str:
+    """The activation a classifier's scores get: the Sentence-Transformers CrossEncoder's own choice
+    when the config records one, else sigmoid for one label or multi-label problems, softmax otherwise."""
+    st_config = getattr(model_config, "sentence_transformers", None)
+    named = str(st_config.get("activation_fn", "")) if isinstance(st_config, dict) else ""
+    for marker, activation in (("Identity", "none"), ("Sigmoid", "sigmoid"), ("Softmax", "softmax")):
+        if marker in named:
+            return activation
+    if model_config.num_labels == 1 or model_config.problem_type == "multi_label_classification":
+        return "sigmoid"
+    return "softmax"
+
+
+def tasks_of(kind: str, num_labels: int) -> list[str]:
+    if kind == CLASSIFIER:
+        # A one-label classifier is a cross-encoder: it scores pairs.
+        return (
+            [TASK_CLASSIFY, TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
+            if num_labels == 1
+            else [
+                TASK_CLASSIFY,
+                TASK_POOL,
+                TASK_TOKENIZE,
+            ]
+        )
+    return [TASK_EMBED, TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
+
+
+def choose_max_model_len(requested: int, tokenizer_max: int, model_config: PretrainedConfig, st_max: int | None) -> int:
+    positions = getattr(text_config_of(model_config), "max_position_embeddings", None)
+    limits = [int(n) for n in (tokenizer_max, positions) if n and 0 < int(n) < 10_000_000]
     if not limits:
         raise LoadError("the model states no maximum length; set --max-model-len.")
     model_limit = min(limits)
     if requested:
         if requested > model_limit:
-            raise LoadError(
-                f"--max-model-len {requested} exceeds the model's maximum of {model_limit} tokens."
-            )
+            raise LoadError(f"--max-model-len {requested} exceeds the model's maximum of {model_limit} tokens.")
         return requested
     return min(model_limit, st_max) if st_max else model_limit
+
+
+def load_image_processing(folder: Path, model_config: PretrainedConfig) -> tuple[ImageProcessing, int]:
+    """Preprocessing of an image model, and how many vision tokens one image costs."""
+    try:
+        image = read_image_processing(folder)
+    except (ImageConfigError, OSError, ValueError) as exc:
+        raise LoadError(f"cannot use the image preprocessing in {folder}: {exc}") from exc
+    if image is None:
+        raise LoadError(f"{folder} holds an image model but no preprocessor_config.json.")
+    vision = model_config.vision_config
+    return image, (vision.image_size // vision.patch_size) ** 2 + 1
+
+
+def load_weights(kind: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
+    auto = AutoModelForSequenceClassification if kind == CLASSIFIER else AutoModel
+    try:
+        model = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
+    except Exception as exc:
+        raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
+    return model  # type: ignore[no-any-return]
 
 
 def load_model(config: Config) -> LoadedModel:
@@ -130,55 +200,68 @@ def load_model(config: Config) -> LoadedModel:
         raise LoadError(f"cannot load a model from {folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
-    pooling, normalize, st_max = choose_pooling(config.pooling, folder, model_config)
-    max_model_len = choose_max_model_len(
-        config.max_model_len, tokenizer.model_max_length, model_config, st_max
-    )
-    try:
-        model = AutoModel.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
-    except Exception as exc:
-        raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
-    model = model.to(device).eval()
+    kind = model_kind(model_config)
+    text_config = text_config_of(model_config)
+    pooling, normalize, st_max = ("", False, None)
+    if kind != CLASSIFIER:
+        pooling, normalize, st_max = choose_pooling(config.pooling, folder, model_config)
+    if kind == CLIP:
+        pooling = "projection"
+    max_model_len = choose_max_model_len(config.max_model_len, tokenizer.model_max_length, model_config, st_max)
+    image, image_tokens = load_image_processing(folder, model_config) if kind == CLIP else (None, 0)
+    model = load_weights(kind, folder, dtype, trust).to(device).eval()
 
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
-        pad_token_id = getattr(model_config, "pad_token_id", None) or 0
+        pad_token_id = getattr(text_config, "pad_token_id", None) or 0
     backend = tokenizer.backend_tokenizer
     backend.no_padding()
     backend.no_truncation()
-    runner = ModelRunner(
-        model, pooling=pooling, normalize=normalize, pad_token_id=pad_token_id, device=device
-    )
+    runner: ModelRunner
+    if kind == CLASSIFIER:
+        runner = ClassifierRunner(model, pad_token_id=pad_token_id, device=device)
+    elif kind == CLIP:
+        assert image is not None
+        runner = ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
+    else:
+        runner = EmbeddingRunner(model, pooling=pooling, pad_token_id=pad_token_id, device=device)
     warm_up = np.asarray(backend.encode("warm up").ids, dtype=np.int32)
-    hidden_size = int(runner.embed([warm_up]).shape[1])
+    output_size = int(runner.run_texts([warm_up], None).shape[1])
+    if image is not None:
+        runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
 
     default_size, default_tokens = DEFAULT_BATCH[device.type]
-    max_batch_tokens = config.max_batch_tokens or max(default_tokens, max_model_len)
-    if max_batch_tokens < max_model_len:
+    max_batch_tokens = config.max_batch_tokens or max(default_tokens, max_model_len, image_tokens)
+    if max_batch_tokens < max(max_model_len, image_tokens):
         raise LoadError(
             f"--max-batch-tokens {max_batch_tokens} is below the max model length of {max_model_len}: "
             "the longest input would never fit a batch."
         )
+    max_batch_size = config.max_batch_size or default_size
+    num_labels = int(model_config.num_labels) if kind == CLASSIFIER else 0
     card = ModelCard(
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
-        tasks=["embed"],
+        kind=kind,
+        tasks=tasks_of(kind, num_labels),
         max_model_len=max_model_len,
-        hidden_size=hidden_size,
-        vocab_size=int(model.get_input_embeddings().num_embeddings),
+        output_size=output_size,
+        vocab_size=int(text_config.vocab_size),
         pooling=pooling,
         normalize=normalize,
         pad_token_id=int(pad_token_id),
         tokenizer_json=backend.to_str(),
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
-    )
-    return LoadedModel(
-        card=card,
-        runner=runner,
+        labels=[str(model_config.id2label[i]) for i in range(num_labels)],
+        activation=classifier_activation(model_config) if kind == CLASSIFIER else "none",
+        uses_token_types=int(getattr(text_config, "type_vocab_size", 0) or 0) > 1,
+        image=image,
+        image_tokens=image_tokens,
         max_batch_tokens=max_batch_tokens,
-        max_batch_size=config.max_batch_size or default_size,
+        max_batch_size=max_batch_size,
     )
+    return LoadedModel(card=card, runner=runner)
 
 
 def first_line(exc: BaseException) -> str:

@@ -16,14 +16,62 @@ TOKEN_ITEMSIZE = 4
 OUTPUT_ITEMSIZE = 4
 
 
+class ImageProcessing(msgspec.Struct, kw_only=True, frozen=True):
+    """How an image becomes model input, from the model's preprocessor_config.json.
+
+    API servers do the part that shrinks the data (decode, convert to RGB, resize, center crop)
+    and send uint8 height x width x 3 pixels; the engine rescales and normalizes them into float
+    channels-first tensors. Every image of a model ends at the same size, so images batch.
+    """
+
+    do_convert_rgb: bool = True
+    do_resize: bool = True
+    # Resize so the shorter side is `resize_shortest_edge` (aspect ratio kept), or, when that is
+    # 0, to exactly `resize_height` x `resize_width`.
+    resize_shortest_edge: int = 0
+    resize_height: int = 0
+    resize_width: int = 0
+    resample: int = 3  # a PIL.Image.Resampling value; 3 is BICUBIC
+    do_center_crop: bool = True
+    crop_height: int = 0
+    crop_width: int = 0
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0])
+    image_std: list[float] = msgspec.field(default_factory=lambda: [1.0, 1.0, 1.0])
+
+    @property
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) of the pixels an API server sends."""
+        if self.do_center_crop:
+            return (self.crop_height, self.crop_width)
+        return (self.resize_height, self.resize_width)
+
+
+# Model kinds, and what each kind's output row is.
+EMBEDDING = "embedding"  # AutoModel + pooling: one vector per input
+CLASSIFIER = "classifier"  # AutoModelForSequenceClassification: one logit per label (cross-encoders: 1 label)
+CLIP = "clip"  # text and image towers projected into one space
+
+# Tasks a model card may list; each endpoint needs one of them.
+TASK_EMBED = "embed"
+TASK_CLASSIFY = "classify"
+TASK_SCORE = "score"
+TASK_POOL = "pool"
+TASK_TOKENIZE = "tokenize"
+
+
 class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     """What an API server needs to know of the model, told by the engine in its handshake."""
 
     path: str
     architecture: str
+    kind: str
     tasks: list[str]
     max_model_len: int
-    hidden_size: int
+    # Length of each output row: the embedding size, or the number of labels of a classifier.
+    output_size: int
     vocab_size: int
     pooling: str
     normalize: bool
@@ -33,6 +81,21 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     tokenizer_json: str
     device: str
     dtype: str
+    # Classifiers: label names in output order, and the activation their config calls for
+    # ("sigmoid", "softmax" or "none").
+    labels: list[str] = msgspec.field(default_factory=list)
+    activation: str = "none"
+    # Whether the model takes token type ids (BERT-style pairs).
+    uses_token_types: bool = False
+    # Image models: how to preprocess, and what one image costs in the token budget.
+    image: ImageProcessing | None = None
+    image_tokens: int = 0
+    # The engine's batch limits, as resolved for this device.
+    max_batch_tokens: int = 0
+    max_batch_size: int = 0
+
+    def supports(self, task: str) -> bool:
+        return task in self.tasks
 
 
 # API server -> engine ---------------------------------------------------------------------
@@ -44,15 +107,28 @@ class Hello(msgspec.Struct, tag="hello", array_like=True):
 
 
 class PoolRequest(msgspec.Struct, tag="pool", array_like=True):
-    """Pool `len(lengths)` inputs whose token ids follow, concatenated, in frame 1.
+    """Run `len(lengths)` text inputs and `images` images through the model, as one unit.
 
-    A request travels and is batched as one unit however many inputs it has; `dimensions` 0
-    means the model's full hidden size.
+    Frames after the header: the token ids of every text input, concatenated (int32); then,
+    when `token_types`, their token type ids in the same layout (int32); then, when `images`,
+    the images' uint8 pixels (images x height x width x 3, the card's output size). Output rows
+    come back text inputs first, then images, each in the order sent.
+
+    `dimensions` 0 means the full output size. `normalize` -1 means the model's own choice.
+    `activation` applies a classifier's activation (sigmoid/softmax) to its logits.
     """
 
     id: int
     lengths: list[int]
     dimensions: int = 0
+    normalize: int = -1
+    activation: bool = True
+    token_types: bool = False
+    images: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths) + self.images
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True):

@@ -1,47 +1,128 @@
-"""Runs the model on one batch of token-id rows and returns one pooled float32 vector per row."""
+"""Runs the model on one batch (texts or images) and returns one raw float32 row per input.
+
+Raw means before the per-request steps (normalization, Matryoshka truncation, a classifier's
+activation), which engine_core.postprocess applies once a request is complete.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from engine_core.pooling import POOLERS, normalize
+from engine_core.pixels import normalize_pixels
+from engine_core.pooling import POOLERS
+from engine_core.protocol import ImageProcessing
+
+Rows = Sequence[npt.NDArray[np.int32]]
 
 
-class ModelRunner:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        pooling: str,
-        normalize: bool,
-        pad_token_id: int,
-        device: torch.device,
-    ):
-        self.model = model
-        self.pooler = POOLERS[pooling]
-        self.normalize = normalize
-        self.pad_token_id = pad_token_id
-        self.device = device
+class ModelRunner(Protocol):
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]: ...
 
-    def embed(self, rows: Sequence[npt.NDArray[np.int32]]) -> npt.NDArray[np.float32]:
-        """Pool each row of token ids (right-padded into one batch) into one vector."""
+    def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]: ...
+
+
+class TextBatch:
+    """Rows of token ids right-padded into tensors on the model's device."""
+
+    def __init__(self, rows: Rows, type_rows: Rows | None, pad_token_id: int, device: torch.device):
         count = len(rows)
         lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=count)
         width = int(lengths.max())
-        input_ids = np.full((count, width), self.pad_token_id, dtype=np.int64)
+        input_ids = np.full((count, width), pad_token_id, dtype=np.int64)
         for i, row in enumerate(rows):
             input_ids[i, : len(row)] = row
         mask = np.arange(width)[None, :] < lengths[:, None]
+        self.input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
+        self.mask = torch.from_numpy(mask).to(device, non_blocking=True)
+        self.attention_mask = self.mask.long()
+        self.lengths = torch.from_numpy(lengths).to(device, non_blocking=True)
+        self.token_type_ids: torch.Tensor | None = None
+        if type_rows is not None:
+            token_types = np.zeros((count, width), dtype=np.int64)
+            for i, row in enumerate(type_rows):
+                token_types[i, : len(row)] = row
+            self.token_type_ids = torch.from_numpy(token_types).to(device, non_blocking=True)
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            inputs["token_type_ids"] = self.token_type_ids
+        return inputs
+
+
+def to_numpy(rows: torch.Tensor) -> npt.NDArray[np.float32]:
+    return rows.float().cpu().numpy()
+
+
+class EmbeddingRunner:
+    """An encoder or decoder (AutoModel) whose token states are pooled into one vector."""
+
+    def __init__(self, model: torch.nn.Module, *, pooling: str, pad_token_id: int, device: torch.device):
+        self.model = model
+        self.pooler = POOLERS[pooling]
+        self.pad_token_id = pad_token_id
+        self.device = device
+
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]:
         with torch.inference_mode():
-            ids_t = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-            mask_t = torch.from_numpy(mask).to(self.device, non_blocking=True)
-            lengths_t = torch.from_numpy(lengths).to(self.device, non_blocking=True)
-            hidden = self.model(input_ids=ids_t, attention_mask=mask_t.long()).last_hidden_state
-            pooled = self.pooler(hidden.float(), mask_t, lengths_t)
-            if self.normalize:
-                pooled = normalize(pooled)
-            return pooled.cpu().numpy()
+            batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
+            hidden = self.model(**batch.model_inputs()).last_hidden_state
+            return to_numpy(self.pooler(hidden.float(), batch.mask, batch.lengths))
+
+    def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+        raise TypeError("this model takes no images")
+
+
+class ClassifierRunner:
+    """A sequence-classification head (classifiers, cross-encoders): one logit per label."""
+
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, device: torch.device):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.device = device
+
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]:
+        with torch.inference_mode():
+            batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
+            return to_numpy(self.model(**batch.model_inputs()).logits)
+
+    def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+        raise TypeError("this model takes no images")
+
+
+class ClipRunner:
+    """Text and image towers projected into one space (CLIP's get_text_features / get_image_features)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_token_id: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        image: ImageProcessing,
+    ):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.device = device
+        self.dtype = dtype
+        self.image = image
+
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]:
+        with torch.inference_mode():
+            batch = TextBatch(rows, None, self.pad_token_id, self.device)
+            features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            return to_numpy(features.pooler_output)
+
+    def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+        with torch.inference_mode():
+            # uint8 travels to the device: a quarter of the bytes of float32.
+            on_device = torch.from_numpy(pixels).to(self.device, non_blocking=True)
+            pixel_values = normalize_pixels(on_device, self.image, self.dtype)
+            features = self.model.get_image_features(pixel_values=pixel_values)
+            return to_numpy(features.pooler_output)

@@ -20,14 +20,25 @@ WINDOW_BATCHES = 4
 
 @dataclass(eq=False, slots=True)
 class PendingRequest:
-    """One request from one API server, batched as a unit however many inputs it holds."""
+    """One request from one API server, batched as a unit however many inputs it holds.
+
+    Inputs 0 .. len(lengths)-1 are texts; the `len(pixels)` inputs after them are images.
+    """
 
     identity: bytes
     id: int
     lengths: npt.NDArray[np.int64]
     tokens: npt.NDArray[np.int32]
-    dimensions: int
+    dimensions: int = 0
+    normalize: bool = False
+    activation: bool = False
+    token_types: npt.NDArray[np.int32] | None = None
+    pixels: npt.NDArray[np.uint8] | None = None
+    # What one image costs in the padded-token budget (its vision tokens).
+    image_cost: int = 1
     offsets: npt.NDArray[np.int64] = field(init=False)
+    texts: int = field(init=False)
+    count: int = field(init=False)
     remaining: int = field(init=False)
     is_cancelled: bool = False
     output: npt.NDArray[np.float32] | None = None
@@ -35,14 +46,33 @@ class PendingRequest:
     def __post_init__(self) -> None:
         self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
-        self.remaining = len(self.lengths)
+        self.texts = len(self.lengths)
+        self.count = self.texts + (0 if self.pixels is None else len(self.pixels))
+        self.remaining = self.count
 
     @property
     def key(self) -> tuple[bytes, int]:
         return (self.identity, self.id)
 
+    def is_image(self, index: int) -> bool:
+        return index >= self.texts
+
+    def cost(self, index: int) -> int:
+        return self.image_cost if index >= self.texts else int(self.lengths[index])
+
     def input_ids(self, index: int) -> npt.NDArray[np.int32]:
         return self.tokens[self.offsets[index] : self.offsets[index + 1]]
+
+    def input_token_types(self, index: int) -> npt.NDArray[np.int32]:
+        """Token type ids of a text input; all zeros (the first segment) when none were sent."""
+        if self.token_types is None:
+            return np.zeros(int(self.lengths[index]), dtype=np.int32)
+        return self.token_types[self.offsets[index] : self.offsets[index + 1]]
+
+    def image(self, index: int) -> npt.NDArray[np.uint8]:
+        assert self.pixels is not None
+        image: npt.NDArray[np.uint8] = self.pixels[index - self.texts]
+        return image
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +80,7 @@ class WorkItem:
     request: PendingRequest
     index: int
     length: int
+    is_image: bool = False
 
 
 class Scheduler:
@@ -75,9 +106,9 @@ class Scheduler:
         return len(self._waiting)
 
     def next_batches(self) -> list[list[WorkItem]]:
-        """Take the next window of inputs, oldest first, and cut it into batches."""
+        """Take the next window of inputs, oldest first, and cut it into batches of one modality."""
         window = self._take_window()
-        window.sort(key=lambda item: item.length)
+        window.sort(key=lambda item: (item.is_image, item.length))
         return self._pack(window)
 
     def _take_window(self) -> list[WorkItem]:
@@ -89,11 +120,11 @@ class Scheduler:
                 self._waiting.popleft()
                 self._cursor = 0
                 continue
-            lengths = request.lengths
-            count = len(lengths)
+            count = request.count
             while self._cursor < count and len(window) < self.window_items and tokens < self.window_tokens:
-                length = int(lengths[self._cursor])
-                window.append(WorkItem(request, self._cursor, length))
+                index = self._cursor
+                length = request.cost(index)
+                window.append(WorkItem(request, index, length, request.is_image(index)))
                 tokens += length
                 self._cursor += 1
             if self._cursor == count:
@@ -108,7 +139,8 @@ class Scheduler:
         for item in window:
             # Sorted ascending, so this item is the longest of the batch it joins.
             padded = (len(batch) + 1) * item.length
-            if batch and (len(batch) == self.max_batch_size or padded > self.max_batch_tokens):
+            is_full = len(batch) == self.max_batch_size or padded > self.max_batch_tokens
+            if batch and (is_full or item.is_image != batch[-1].is_image):
                 batches.append(batch)
                 batch = []
             batch.append(item)

@@ -125,9 +125,7 @@ class Supervisor:
                     elif report is not None:
                         raise StartFailed(f"{child.name} failed: {report.message}")
                     elif code is not None:
-                        raise StartFailed(
-                            f"{child.name} (pid {child.pid}) exited with code {code} while starting"
-                        )
+                        raise StartFailed(f"{child.name} (pid {child.pid}) exited with code {code} while starting")
                 remaining = deadline - time.monotonic()
                 if waiting and remaining <= 0:
                     names = ", ".join(child.name for child in waiting.values())
@@ -149,9 +147,7 @@ class Supervisor:
             for child in self.children:
                 code = child.poll()
                 if code is not None:
-                    logger.error(
-                        "%s (pid %d) exited with code %s; stopping poolserve", child.name, child.pid, code
-                    )
+                    logger.error("%s (pid %d) exited with code %s; stopping poolserve", child.name, child.pid, code)
                     return EXIT_CHILD_DIED
             self._wait(1.0)
 

@@ -49,14 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="How token states become one vector. auto: the folder's Sentence-Transformers Pooling config, "
         "else last-token for decoder models and mean for encoders.",
     )
-    model.add_argument(
-        "--trust-remote-code", action="store_true", help="Allow model code shipped in the folder."
-    )
+    model.add_argument("--trust-remote-code", action="store_true", help="Allow model code shipped in the folder.")
 
     server = parser.add_argument_group("HTTP")
-    server.add_argument(
-        "--host", default="127.0.0.1", help="Address to listen on. Binding wider is explicit."
-    )
+    server.add_argument("--host", default="127.0.0.1", help="Address to listen on. Binding wider is explicit.")
     server.add_argument(
         "--port", type=int, default=8000, help="TCP port; 0 picks a free one (the ready line says which)."
     )
@@ -73,10 +69,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="Threads per API server that parse and tokenize requests; 0 runs that inline on the event loop.",
     )
     server.add_argument(
+        "--max-inputs-per-request",
+        type=int,
+        default=2048,
+        help="Most inputs (texts, images, pairs, documents) one request may carry; more gets 400.",
+    )
+    server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
         help="Seconds in-flight requests get to finish after SIGTERM before the processes are stopped.",
+    )
+
+    images = parser.add_argument_group("images")
+    images.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=20 * 1024 * 1024,
+        help="Largest encoded image accepted, inline or fetched; larger gets 413.",
+    )
+    images.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=40_000_000,
+        help="Most pixels (width x height) an image may declare; more is refused before decoding (400).",
+    )
+    images.add_argument(
+        "--image-fetch-timeout",
+        type=float,
+        default=10.0,
+        help="Seconds to fetch an http(s) image URL, connection to last byte.",
+    )
+    images.add_argument(
+        "--allowed-local-media-path",
+        default="",
+        metavar="DIR",
+        help="Folder whose files requests may name as images (file:// URLs or paths); empty: no local files.",
     )
 
     engine = parser.add_argument_group("engine")
@@ -113,9 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="Seconds the engine gets to load the model before start-up is abandoned.",
     )
-    parser.add_argument(
-        "--log-level", choices=typing.get_args(LogLevel), default="info", help="Log verbosity."
-    )
+    parser.add_argument("--log-level", choices=typing.get_args(LogLevel), default="info", help="Log verbosity.")
     return parser
 
 
@@ -138,6 +164,11 @@ def parse_config(argv: list[str] | None = None) -> Config:
             pooling=args.pooling,
             torch_threads=args.torch_threads,
             trust_remote_code=args.trust_remote_code,
+            max_inputs_per_request=args.max_inputs_per_request,
+            max_image_bytes=args.max_image_bytes,
+            max_image_pixels=args.max_image_pixels,
+            image_fetch_timeout=args.image_fetch_timeout,
+            allowed_local_media_path=args.allowed_local_media_path,
             engine_start_timeout=args.engine_start_timeout,
             shutdown_timeout=args.shutdown_timeout,
             log_level=args.log_level,

@@ -1,59 +1,44 @@
-"""POST /v1/embeddings: OpenAI's embeddings API."""
+"""POST /v1/embeddings: OpenAI's embeddings API, for text and (CLIP-style models) images."""
 
 from __future__ import annotations
 
-import base64
-
 import msgspec
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.embedding_inputs import (
-    TokenizedInputs,
-    check_model,
-    decode_embedding_request,
-    tokenize_embedding_request,
-)
-from apiserver.schemas.embeddings import EmbeddingData, EmbeddingResponse, Usage
+from apiserver.inputs.prepare import PreparedJob, finish_job, prepare_items_request
+from apiserver.pipeline import F32, encode_rows, run_job
+from apiserver.responses import encode_json
+from apiserver.schemas.common import Usage
+from apiserver.schemas.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse
 from apiserver.state import AppState
-from engine_client import PooledResult
+from apiserver.validation import decode_body
+from engine_core.protocol import TASK_EMBED
 
-_encoder = msgspec.json.Encoder()
-
-
-def prepare(body: bytes, state: AppState) -> tuple[TokenizedInputs, str]:
-    request = decode_embedding_request(body)
-    check_model(request.model, state.config.model_names)
-    return tokenize_embedding_request(request, state.tokenizer, state.card), request.encoding_format
+_decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 
-def encode_response(result: PooledResult, inputs: TokenizedInputs, encoding_format: str, model: str) -> bytes:
-    vectors = np.frombuffer(result.data, dtype=result.dtype).reshape(result.rows, result.dim)
-    data: list[EmbeddingData]
-    if encoding_format == "base64":
-        # float32 little-endian bytes, as OpenAI's clients decode them.
-        row_bytes = result.dim * vectors.itemsize
-        data = [
-            EmbeddingData(
-                index=i, embedding=base64.b64encode(result.data[i * row_bytes : (i + 1) * row_bytes]).decode()
-            )
-            for i in range(result.rows)
-        ]
-    else:
-        data = [EmbeddingData(index=i, embedding=row) for i, row in enumerate(vectors.tolist())]
-    response = EmbeddingResponse(
-        data=data,
-        model=model,
-        usage=Usage(prompt_tokens=inputs.prompt_tokens, total_tokens=inputs.prompt_tokens),
+def prepare(body: bytes, state: AppState) -> tuple[EmbeddingRequest, PreparedJob]:
+    request = decode_body(body, _decoder)
+    return request, prepare_items_request(state, request, task=TASK_EMBED, endpoint="/v1/embeddings", activation=True)
+
+
+def encode_response(rows: F32, request: EmbeddingRequest, prompt_tokens: int, model: str) -> bytes:
+    embeddings = encode_rows(rows, request.encoding_format)
+    return encode_json(
+        EmbeddingResponse(
+            data=[EmbeddingData(index=i, embedding=vector) for i, vector in enumerate(embeddings)],
+            model=model,
+            usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        )
     )
-    return _encoder.encode(response)
 
 
 async def create_embeddings(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     body = await request.body()
-    inputs, encoding_format = await state.preprocess.run(prepare, body, state)
-    result = await state.engine.pool(inputs.lengths, inputs.tokens, inputs.dimensions)
-    content = await state.preprocess.run(encode_response, result, inputs, encoding_format, state.model_name)
+    parsed, prepared = await state.preprocess.run(prepare, body, state)
+    job = await finish_job(state, prepared)
+    rows = await run_job(state.engine, job)
+    content = await state.preprocess.run(encode_response, rows, parsed, job.prompt_tokens, state.model_name)
     return Response(content, media_type="application/json")

@@ -1,34 +1,36 @@
-"""Request and response types of POST /v1/embeddings (OpenAI's shape, plus vLLM's truncate_prompt_tokens)."""
+"""POST /v1/embeddings (OpenAI's shape, plus vLLM's messages, normalize and truncate_prompt_tokens)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
-from msgspec import Meta
+
+from apiserver.schemas.common import (
+    ChatMessage,
+    Dimensions,
+    EncodingFormat,
+    Input,
+    TruncatePromptTokens,
+    Usage,
+)
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
-    # A string, a list of strings, a list of token ids, or a list of lists of token ids. msgspec
-    # allows one array type in a union, so the element types are checked for sameness after decoding.
-    input: str | list[str | int | list[int]]
+    input: Input | None = None
+    messages: list[ChatMessage] | None = None
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    encoding_format: EncodingFormat = "float"
+    dimensions: Dimensions | None = None
     user: str | None = None
-    # -1: truncate to the model's maximum length; k >= 1: keep at most k tokens.
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    normalize: bool | None = None
 
 
 class EmbeddingData(msgspec.Struct, kw_only=True):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
-
-
-class Usage(msgspec.Struct, kw_only=True):
-    prompt_tokens: int
-    total_tokens: int
 
 
 class EmbeddingResponse(msgspec.Struct, kw_only=True):

@@ -31,9 +31,7 @@ def test_long_text_is_not_truncated_unless_asked(tokenizer: TextTokenizer) -> No
 
 
 @pytest.mark.parametrize("limit", [3, 10, 256])
-def test_truncation_keeps_special_tokens_like_transformers(
-    tokenizer: TextTokenizer, hf_tokenizer, limit: int
-) -> None:  # type: ignore[no-untyped-def]
+def test_truncation_keeps_special_tokens_like_transformers(tokenizer: TextTokenizer, hf_tokenizer, limit: int) -> None:  # type: ignore[no-untyped-def]
     text = " ".join(SENTENCES * 2)
     expected = hf_tokenizer(text, truncation=True, max_length=limit)["input_ids"]
     assert tokenizer.encode_truncated(text, limit) == expected

@@ -55,9 +55,7 @@ def assert_same_embeddings(got: npt.NDArray[np.float32], want: npt.NDArray[np.fl
     assert cosine.min() >= MIN_COSINE, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
 
 
-def test_one_request_with_every_sentence_equals_sentence_transformers(
-    http: httpx.Client, reference: Any
-) -> None:
+def test_one_request_with_every_sentence_equals_sentence_transformers(http: httpx.Client, reference: Any) -> None:
     assert len(SENTENCES) >= 50
     assert_same_embeddings(embed(http, input=SENTENCES), reference)
 

@@ -73,9 +73,7 @@ def test_a_model_that_cannot_load_fails_start_up_with_one_clear_line(tmp_path: P
     try:
         code = launched.wait_exit(60)
         assert code == 3, launched.log()
-        lines = [
-            line for line in launched.stderr().splitlines() if line.startswith("poolserve: could not start")
-        ]
+        lines = [line for line in launched.stderr().splitlines() if line.startswith("poolserve: could not start")]
         assert len(lines) == 1, launched.log()
         assert "no-such-model" in lines[0]
         assert "ready" not in launched.stdout()

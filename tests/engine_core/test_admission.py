@@ -32,8 +32,6 @@ def test_a_valid_request_is_admitted() -> None:
         (PoolRequest(1, [1]), [], "frame"),
     ],
 )
-def test_malformed_requests_are_refused_not_run(
-    message: PoolRequest, frames: list[bytes], reason: str
-) -> None:
+def test_malformed_requests_are_refused_not_run(message: PoolRequest, frames: list[bytes], reason: str) -> None:
     with pytest.raises(InvalidRequest, match=reason):
         admit_request(b"api-0", message, frames, CARD)

@@ -21,9 +21,10 @@ from engine_core.protocol import (
 CARD = ModelCard(
     path="/models/m",
     architecture="BertModel",
-    tasks=["embed"],
+    kind="embedding",
+    tasks=["embed", "score", "pool", "tokenize"],
     max_model_len=256,
-    hidden_size=384,
+    output_size=384,
     vocab_size=30522,
     pooling="mean",
     normalize=True,
@@ -35,7 +36,16 @@ CARD = ModelCard(
 
 
 @pytest.mark.parametrize(
-    "message", [Hello(1, 1234), PoolRequest(7, [3, 4, 1], 64), PoolRequest(8, [2]), Abort([1, 2]), Ping(5)]
+    "message",
+    [
+        Hello(1, 1234),
+        PoolRequest(7, [3, 4, 1], 64),
+        PoolRequest(8, [2]),
+        PoolRequest(9, [], normalize=0, activation=False, images=3),
+        PoolRequest(10, [4], token_types=True),
+        Abort([1, 2]),
+        Ping(5),
+    ],
 )
 def test_messages_to_the_engine_round_trip(message: object) -> None:
     assert make_engine_decoder().decode(make_encoder().encode(message)) == message
@@ -52,7 +62,7 @@ def test_messages_from_the_engine_round_trip(message: object) -> None:
 def test_a_new_trailing_field_keeps_old_peers_compatible() -> None:
     # An older sender without `dimensions` still decodes: new fields get defaults and go last.
     old = msgspec.msgpack.encode(["pool", 3, [5]])
-    assert make_engine_decoder().decode(old) == PoolRequest(3, [5], 0)
+    assert make_engine_decoder().decode(old) == PoolRequest(3, [5], 0, normalize=-1, activation=True)
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,7 @@ from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
 def make_request(request_id: int, lengths: list[int], identity: bytes = b"api-0") -> PendingRequest:
     lengths_array = np.asarray(lengths, dtype=np.int64)
     tokens = np.arange(int(lengths_array.sum()), dtype=np.int32)
-    return PendingRequest(
-        identity=identity, id=request_id, lengths=lengths_array, tokens=tokens, dimensions=0
-    )
+    return PendingRequest(identity=identity, id=request_id, lengths=lengths_array, tokens=tokens, dimensions=0)
 
 
 def drain(scheduler: Scheduler) -> list[list[WorkItem]]:

@@ -8,17 +8,13 @@ import pytest
 from engine_core.st_metadata import MetadataError, PoolingMetadata, pooling_mode, read_pooling_metadata
 
 
-def write_st_folder(
-    folder: Path, pooling: dict[str, object], normalize: bool, max_seq_length: int | None
-) -> Path:
+def write_st_folder(folder: Path, pooling: dict[str, object], normalize: bool, max_seq_length: int | None) -> Path:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
     if normalize:
-        modules.append(
-            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-        )
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
@@ -36,9 +32,7 @@ def test_a_folder_without_sentence_transformers_files_says_nothing(tmp_path: Pat
 
 
 def test_cls_pooling_without_normalize(tmp_path: Path) -> None:
-    write_st_folder(
-        tmp_path, {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, False, None
-    )
+    write_st_folder(tmp_path, {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, False, None)
     assert read_pooling_metadata(tmp_path) == PoolingMetadata("cls", False, None)
 
 

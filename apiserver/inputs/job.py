@@ -1,0 +1,90 @@
+"""An engine job: the token rows, token types and images of one request, and how to send them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from apiserver.errors import bad_request
+from apiserver.inputs.items import ImageSource, Item
+from apiserver.inputs.text import check_token_rows, tokenize_texts
+from apiserver.tokenizer import Direction, TextTokenizer
+from engine_core.protocol import TOKEN_DTYPE, ModelCard, PoolRequest
+
+Pixels = npt.NDArray[np.uint8]
+
+
+@dataclass(slots=True)
+class EngineJob:
+    rows: list[list[int]]
+    type_rows: list[list[int]] | None = None
+    images: list[Pixels] = field(default_factory=list)
+    # Output row of each request input, when texts and images were interleaved (the engine
+    # answers texts first, then images).
+    order: list[int] | None = None
+    dimensions: int = 0
+    normalize: int = -1
+    activation: bool = True
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(row) for row in self.rows)
+
+    def to_wire(self) -> tuple[PoolRequest, list[bytes]]:
+        lengths = [len(row) for row in self.rows]
+        total = sum(lengths)
+        frames = [np.fromiter(itertools.chain.from_iterable(self.rows), dtype=TOKEN_DTYPE, count=total).tobytes()]
+        if self.type_rows is not None:
+            types = itertools.chain.from_iterable(self.type_rows)
+            frames.append(np.fromiter(types, dtype=TOKEN_DTYPE, count=total).tobytes())
+        if self.images:
+            frames.append(np.stack(self.images).tobytes())
+        request = PoolRequest(
+            id=0,
+            lengths=lengths,
+            dimensions=self.dimensions,
+            normalize=self.normalize,
+            activation=self.activation,
+            token_types=self.type_rows is not None,
+            images=len(self.images),
+        )
+        return request, frames
+
+
+def build_job(
+    items: list[Item],
+    card: ModelCard,
+    tokenizer: TextTokenizer,
+    *,
+    limit: int | None,
+    load_image: Callable[[ImageSource], Pixels] | None = None,
+    params: Sequence[str] | None = None,
+    direction: Direction = "right",
+    option: str = "truncate_prompt_tokens",
+) -> EngineJob:
+    """Tokenize the texts, check the token rows, decode the images of a request's items."""
+    params = params or [f"input[{k}]" for k in range(len(items))]
+    texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
+    token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
+    sources = [item for item in items if isinstance(item, ImageSource)]
+    if token_rows:
+        rows = check_token_rows([row for _, row in token_rows], [params[k] for k, _ in token_rows], limit, card)
+    else:
+        text_params = [params[k] for k, _ in texts]
+        text_list = [text for _, text in texts]
+        rows = tokenize_texts(text_list, text_params, limit, tokenizer, card, direction=direction, option=option)
+    images: list[Pixels] = []
+    if sources:
+        if card.image is None or load_image is None:
+            raise bad_request(f"This model takes no images, but `{sources[0].param}` is one.", param=sources[0].param)
+        images = [load_image(source) for source in sources]
+    job = EngineJob(rows=rows, images=images)
+    if texts and sources:
+        text_rank = itertools.count()
+        image_rank = itertools.count(len(texts))
+        job.order = [next(text_rank) if isinstance(item, str) else next(image_rank) for item in items]
+    return job

@@ -1,0 +1,74 @@
+"""From a request's items to its engine job, fetching remote images in between when there are any.
+
+Everything synchronous (tokenizing, decoding inline images) runs on the preprocessing pool; only
+http(s) fetches run on the event loop, where waiting on the network costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from apiserver.inputs.items import ImageSource, Item, request_items
+from apiserver.inputs.job import EngineJob, Pixels, build_job
+from apiserver.inputs.text import resolve_token_limit
+from apiserver.schemas.common import ChatMessage, Input
+from apiserver.state import AppState
+from apiserver.validation import check_dimensions, check_model, require_task
+
+JobBuilder = Callable[[Callable[[ImageSource], Pixels]], EngineJob]
+
+
+@dataclass(slots=True)
+class PreparedJob:
+    """A job, or what is still needed to build it: the remote images and the builder."""
+
+    job: EngineJob | None
+    remote: list[ImageSource]
+    build: JobBuilder
+
+
+def prepare_job(state: AppState, items: list[Item], build: JobBuilder) -> PreparedJob:
+    """Build the job now unless it needs images from the network. Runs on the preprocessing pool."""
+    remote = [item for item in items if isinstance(item, ImageSource) and state.images.is_remote(item.source)]
+    if remote:
+        return PreparedJob(job=None, remote=remote, build=build)
+    return PreparedJob(job=build(state.images.load), remote=[], build=build)
+
+
+async def finish_job(state: AppState, prepared: PreparedJob) -> EngineJob:
+    if prepared.job is not None:
+        return prepared.job
+    fetched = await state.images.fetch_all(prepared.remote)
+    return await state.preprocess.run(prepared.build, lambda source: state.images.load(source, fetched))
+
+
+class ItemsRequest(Protocol):
+    """What /v1/embeddings and /pooling requests share."""
+
+    input: Input | None
+    messages: list[ChatMessage] | None
+    model: str | None
+    dimensions: int | None
+    truncate_prompt_tokens: int | None
+    normalize: bool | None
+
+
+def prepare_items_request(
+    state: AppState, request: ItemsRequest, *, task: str, endpoint: str, activation: bool = True
+) -> PreparedJob:
+    """Validate a request that carries `input` or `messages` and prepare its job."""
+    check_model(request.model, state.model_names)
+    require_task(state.card, task, endpoint)
+    dimensions = check_dimensions(request.dimensions, state.card)
+    items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
+    limit = resolve_token_limit(request.truncate_prompt_tokens, state.card)
+    normalize = -1 if request.normalize is None else int(request.normalize)
+
+    def build(load_image: Callable[[ImageSource], Pixels]) -> EngineJob:
+        job = build_job(items, state.card, state.tokenizer, limit=limit, load_image=load_image)
+        job.dimensions, job.normalize, job.activation = dimensions, normalize, activation
+        return job
+
+    return prepare_job(state, items, build)

@@ -1,0 +1,62 @@
+"""/openapi.json, generated from the msgspec types that decode the requests and encode the answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from apiserver.endpoints import Endpoint
+from apiserver.errors import ErrorBody
+
+REF = "#/components/schemas/{name}"
+
+
+def openapi_document(endpoints: Sequence[Endpoint], version: str) -> dict[str, Any]:
+    types: list[Any] = [ErrorBody]
+    for endpoint in endpoints:
+        types.extend(t for t in (endpoint.request, endpoint.response) if t is not None)
+    schemas, components = msgspec.json.schema_components(types, ref_template=REF)
+    schema_of = dict(zip(map(id, types), schemas, strict=True))
+    error = {
+        "description": "An OpenAI-style error.",
+        "content": {"application/json": {"schema": schema_of[id(ErrorBody)]}},
+    }
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in endpoints:
+        operation: dict[str, Any] = {
+            "summary": endpoint.summary,
+            "operationId": f"{endpoint.method.lower()}_{endpoint.path.strip('/').replace('/', '_') or 'root'}",
+            "tags": [endpoint.tag],
+            "responses": {"default": error},
+        }
+        if endpoint.request is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": schema_of[id(endpoint.request)]}},
+            }
+        if endpoint.response is not None:
+            operation["responses"]["200"] = {
+                "description": "Success.",
+                "content": {"application/json": {"schema": schema_of[id(endpoint.response)]}},
+            }
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
+    paths["/openapi.json"] = {
+        "get": {
+            "summary": "This document.",
+            "operationId": "get_openapi",
+            "tags": ["server"],
+            "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {}}}},
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "poolserve", "version": version},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+def encode_openapi(endpoints: Sequence[Endpoint], version: str) -> bytes:
+    return msgspec.json.encode(openapi_document(endpoints, version))

@@ -1,0 +1,48 @@
+"""POST /pooling (vLLM): the model's pooled output, whatever the model kind."""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from apiserver.inputs.prepare import PreparedJob, finish_job, prepare_items_request
+from apiserver.pipeline import F32, encode_rows, run_job
+from apiserver.responses import encode_json, now, response_id
+from apiserver.schemas.common import Usage
+from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse
+from apiserver.state import AppState
+from apiserver.validation import decode_body
+from engine_core.protocol import TASK_POOL
+
+_decoder = msgspec.json.Decoder(PoolingRequest)
+
+
+def prepare(body: bytes, state: AppState) -> tuple[PoolingRequest, PreparedJob]:
+    request = decode_body(body, _decoder)
+    return request, prepare_items_request(
+        state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation
+    )
+
+
+def encode_response(rows: F32, request: PoolingRequest, prompt_tokens: int, model: str) -> bytes:
+    vectors = encode_rows(rows, request.encoding_format)
+    return encode_json(
+        PoolingResponse(
+            id=response_id("pool"),
+            created=now(),
+            model=model,
+            data=[PoolingData(index=i, data=vector) for i, vector in enumerate(vectors)],
+            usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        )
+    )
+
+
+async def create_pooling(request: Request) -> Response:
+    state: AppState = request.app.state.poolserve
+    body = await request.body()
+    parsed, prepared = await state.preprocess.run(prepare, body, state)
+    job = await finish_job(state, prepared)
+    rows = await run_job(state.engine, job)
+    content = await state.preprocess.run(encode_response, rows, parsed, job.prompt_tokens, state.model_name)
+    return Response(content, media_type="application/json")

@@ -1,0 +1,168 @@
+"""HuggingFace text-embeddings-inference's POST /embed, POST /predict and GET /info."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import msgspec
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from apiserver.errors import bad_request
+from apiserver.inputs.items import items_from_input
+from apiserver.inputs.job import EngineJob, build_job
+from apiserver.inputs.text import tokenize_pairs, tokenize_texts
+from apiserver.pipeline import run_job
+from apiserver.responses import encode_json, json_response
+from apiserver.schemas.tei import (
+    ClassifierModelType,
+    EmbeddingModelType,
+    EmbedRequest,
+    InfoResponse,
+    ModelType,
+    Prediction,
+    PredictRequest,
+)
+from apiserver.state import AppState
+from apiserver.tokenizer import Direction
+from apiserver.validation import check_dimensions, decode_body, require_task
+from engine_core.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
+
+_embed_decoder = msgspec.json.Decoder(EmbedRequest)
+_predict_decoder = msgspec.json.Decoder(PredictRequest)
+
+
+def direction_of(value: str) -> Direction:
+    return "left" if value.lower() == "left" else "right"
+
+
+def prepare_embed(body: bytes, state: AppState) -> EngineJob:
+    request = decode_body(body, _embed_decoder)
+    require_task(state.card, TASK_EMBED, "/embed")
+    if request.prompt_name is not None:
+        raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param="prompt_name")
+    items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
+    limit = state.card.max_model_len if request.truncate else None
+    job = build_job(
+        items,
+        state.card,
+        state.tokenizer,
+        limit=limit,
+        params=[f"inputs[{k}]" for k in range(len(items))],
+        direction=direction_of(request.truncation_direction),
+        option="truncate",
+    )
+    job.dimensions = check_dimensions(request.dimensions, state.card)
+    job.normalize = int(request.normalize)
+    return job
+
+
+async def create_embed(request: Request) -> Response:
+    state: AppState = request.app.state.poolserve
+    job = await state.preprocess.run(prepare_embed, await request.body(), state)
+    rows = await run_job(state.engine, job)
+    return Response(await state.preprocess.run(encode_json, rows.tolist()), media_type="application/json")
+
+
+Sequence = str | tuple[str, str]
+
+
+def predict_sequences(inputs: str | list[str | list[str]]) -> tuple[list[Sequence], bool]:
+    """TEI's reading of `inputs`: a text, a [text, text] pair, or a batch of texts and pairs.
+    Returns the sequences and whether the request was a batch."""
+    if isinstance(inputs, str):
+        return [inputs], False
+    if len(inputs) == 2 and all(isinstance(item, str) for item in inputs):
+        return [(inputs[0], inputs[1])], False  # type: ignore[list-item]
+    if not inputs:
+        raise bad_request("`inputs` must not be empty.", param="inputs")
+    sequences: list[Sequence] = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            sequences.append(item)
+        elif len(item) == 1:
+            sequences.append(item[0])
+        elif len(item) == 2:
+            sequences.append((item[0], item[1]))
+        else:
+            raise bad_request(f"`inputs[{i}]` must be a text or a pair of texts.", param=f"inputs[{i}]")
+    return sequences, True
+
+
+def prepare_predict(body: bytes, state: AppState) -> tuple[EngineJob, bool]:
+    request = decode_body(body, _predict_decoder)
+    require_task(state.card, TASK_CLASSIFY, "/predict")
+    sequences, is_batch = predict_sequences(request.inputs)
+    if len(sequences) > state.config.max_inputs_per_request:
+        raise bad_request(f"`inputs` has {len(sequences)} sequences; at most {state.config.max_inputs_per_request}.")
+    for i, sequence in enumerate(sequences):
+        if not all(sequence if isinstance(sequence, tuple) else (sequence,)):
+            raise bad_request(f"`inputs[{i}]` holds an empty string.", param=f"inputs[{i}]")
+    limit = state.card.max_model_len if request.truncate else None
+    direction = direction_of(request.truncation_direction)
+    singles = [(i, s) for i, s in enumerate(sequences) if isinstance(s, str)]
+    pairs = [(i, s) for i, s in enumerate(sequences) if isinstance(s, tuple)]
+    rows: list[list[int]] = [[] for _ in sequences]
+    type_rows: list[list[int]] = [[] for _ in sequences]
+    if singles:
+        single_rows = tokenize_texts(
+            [s for _, s in singles], [f"inputs[{i}]" for i, _ in singles], limit, state.tokenizer, state.card,
+            direction=direction, option="truncate",
+        )  # fmt: skip
+        for (i, _), row in zip(singles, single_rows, strict=True):
+            rows[i], type_rows[i] = row, [0] * len(row)
+    if pairs:
+        pair_rows, pair_types = tokenize_pairs(
+            [p for _, p in pairs], [f"inputs[{i}]" for i, _ in pairs], limit, state.tokenizer, state.card,
+            direction=direction, option="truncate",
+        )  # fmt: skip
+        for (i, _), row, types in zip(pairs, pair_rows, pair_types, strict=True):
+            rows[i], type_rows[i] = row, types
+    use_types = bool(pairs) and state.card.uses_token_types
+    job = EngineJob(rows=rows, type_rows=type_rows if use_types else None, activation=not request.raw_scores)
+    return job, is_batch
+
+
+async def create_prediction(request: Request) -> Response:
+    state: AppState = request.app.state.poolserve
+    job, is_batch = await state.preprocess.run(prepare_predict, await request.body(), state)
+    rows = await run_job(state.engine, job)
+    labels = state.card.labels
+    predictions = [
+        [Prediction(score=float(row[j]), label=labels[j]) for j in np.argsort(-row, kind="stable")] for row in rows
+    ]
+    return json_response(predictions if is_batch else predictions[0])
+
+
+def model_type(state: AppState) -> ModelType:
+    card = state.card
+    if card.kind != CLASSIFIER:
+        return ModelType(embedding=EmbeddingModelType(pooling=card.pooling))
+    labels = ClassifierModelType(
+        id2label={str(i): label for i, label in enumerate(card.labels)},
+        label2id={label: i for i, label in enumerate(card.labels)},
+    )
+    return ModelType(reranker=labels) if card.supports(TASK_SCORE) else ModelType(classifier=labels)
+
+
+async def get_info(request: Request) -> Response:
+    state: AppState = request.app.state.poolserve
+    config, card = state.config, state.card
+    return json_response(
+        InfoResponse(
+            model_id=state.model_name,
+            model_sha=None,
+            model_dtype=card.dtype,
+            model_type=model_type(state),
+            # poolserve sets no cap on concurrent requests; 0 says so.
+            max_concurrent_requests=0,
+            max_input_length=card.max_model_len,
+            max_batch_tokens=card.max_batch_tokens,
+            max_batch_requests=card.max_batch_size,
+            max_client_batch_size=config.max_inputs_per_request,
+            auto_truncate=False,
+            tokenization_workers=config.preprocess_workers * config.api_server_count,
+            version=version("poolserve"),
+        )
+    )

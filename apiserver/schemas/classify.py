@@ -1,0 +1,34 @@
+"""POST /classify (vLLM's shape)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from apiserver.schemas.common import TruncatePromptTokens, Usage
+
+
+class ClassifyRequest(msgspec.Struct, kw_only=True):
+    input: str | list[str | int | list[int]]
+    model: str | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # Apply the model's activation; without it, probs are the raw logits.
+    activation: bool = True
+    user: str | None = None
+
+
+class ClassifyData(msgspec.Struct, kw_only=True):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassifyResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassifyData]
+    usage: Usage

@@ -1,0 +1,56 @@
+"""Types several endpoints share: input items, chat-style messages, usage, errors."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+
+class ImageInput(msgspec.Struct, forbid_unknown_fields=True):
+    """An image as one input item: a data: URL, an http(s) URL, or an allowed local file."""
+
+    image: str
+
+
+# An OpenAI-style `input`: a string, a list of token ids, or a list whose items are strings,
+# token-id lists or image items. msgspec allows one array type in a union, so the items' kinds
+# are checked for sameness after decoding.
+InputItem = str | int | list[int] | ImageInput
+Input = str | list[InputItem]
+
+
+class TextPart(msgspec.Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImageUrl(msgspec.Struct):
+    url: str
+    detail: str | None = None
+
+
+class ImageUrlPart(msgspec.Struct, tag="image_url", tag_field="type"):
+    image_url: ImageUrl
+
+
+ContentPart = TextPart | ImageUrlPart
+
+
+class ChatMessage(msgspec.Struct):
+    """vLLM's chat-style input: the messages together make one input."""
+
+    role: str
+    content: str | list[ContentPart]
+
+
+EncodingFormat = Literal["float", "base64"]
+Dimensions = Annotated[int, Meta(ge=1)]
+# -1: cut to the model's maximum length; k >= 1: keep at most k tokens.
+TruncatePromptTokens = Annotated[int, Meta(ge=-1)]
+TruncationDirection = Literal["Left", "Right", "left", "right"]
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int

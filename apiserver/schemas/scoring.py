@@ -1,0 +1,84 @@
+"""POST /score (vLLM), /rerank, /v1/rerank, /v2/rerank (Jina/Cohere/vLLM, and TEI's `texts` form)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from apiserver.schemas.common import TruncatePromptTokens, TruncationDirection, Usage
+
+
+class ScoreRequest(msgspec.Struct, kw_only=True):
+    text_1: str | list[str]
+    text_2: str | list[str]
+    model: str | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # Cross-encoders: apply the model's activation to the logit (scores in 0..1 for one label).
+    activation: bool = True
+    user: str | None = None
+
+
+class ScoreData(msgspec.Struct, kw_only=True):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: Usage
+
+
+class RerankDocument(msgspec.Struct):
+    text: str
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """Jina/Cohere/vLLM rerank; TEI's form sends `texts` instead of `documents` and gets TEI's answer."""
+
+    query: str
+    documents: list[str | RerankDocument] | None = None
+    texts: list[str] | None = None
+    model: str | None = None
+    top_n: Annotated[int, Meta(ge=0)] | None = None
+    return_documents: bool = True
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # TEI's options.
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool = False
+    truncation_direction: TruncationDirection = "Right"
+    user: str | None = None
+
+
+class RerankResult(msgspec.Struct, kw_only=True):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(msgspec.Struct, kw_only=True):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class TeiRank(msgspec.Struct, kw_only=True, omit_defaults=True):
+    index: int
+    score: float
+    text: str | None = None
+
+
+TeiRerankResponse = list[TeiRank]

@@ -1,0 +1,70 @@
+"""HuggingFace text-embeddings-inference's POST /embed, /predict and GET /info."""
+
+from __future__ import annotations
+
+import msgspec
+
+from apiserver.schemas.common import Dimensions, TruncationDirection
+
+
+class EmbedRequest(msgspec.Struct, kw_only=True):
+    # A text, texts, or token ids (one list, or a list of lists).
+    inputs: str | list[str | int | list[int]]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+    dimensions: Dimensions | None = None
+    prompt_name: str | None = None
+
+
+EmbedResponse = list[list[float]]
+
+
+class PredictRequest(msgspec.Struct, kw_only=True):
+    """`inputs`: a text, a [text, text] pair, or a list of texts and/or pairs (TEI's rules)."""
+
+    inputs: str | list[str | list[str]]
+    raw_scores: bool = False
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+
+
+class Prediction(msgspec.Struct, kw_only=True):
+    score: float
+    label: str
+
+
+# One input: its predictions; several: a list of those (msgspec allows one array type per union).
+PredictResponse = list[Prediction | list[Prediction]]
+
+
+class EmbeddingModelType(msgspec.Struct):
+    pooling: str
+
+
+class ClassifierModelType(msgspec.Struct):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
+class ModelType(msgspec.Struct, omit_defaults=True):
+    """Exactly one field is set, as in TEI: embedding, classifier, or reranker."""
+
+    embedding: EmbeddingModelType | None = None
+    classifier: ClassifierModelType | None = None
+    reranker: ClassifierModelType | None = None
+
+
+class InfoResponse(msgspec.Struct, kw_only=True):
+    model_id: str
+    model_sha: str | None
+    model_dtype: str
+    model_type: ModelType
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str

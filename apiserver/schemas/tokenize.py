@@ -1,0 +1,42 @@
+"""POST /tokenize and /detokenize: vLLM's shapes, and TEI's /tokenize (`inputs`)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """vLLM sends `prompt`; TEI sends `inputs` and gets TEI's answer."""
+
+    prompt: str | None = None
+    inputs: str | list[str] | None = None
+    model: str | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class TeiToken(msgspec.Struct, kw_only=True):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+TeiTokenizeResponse = list[list[TeiToken]]
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    tokens: list[int]
+    model: str | None = None
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str

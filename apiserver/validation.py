@@ -1,0 +1,46 @@
+"""Checks every endpoint makes before any work: the body decodes, the model name and the task fit."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+
+from apiserver.errors import ApiError, bad_request, from_validation_error
+from engine_core.protocol import ModelCard
+
+T = TypeVar("T")
+
+
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
+    try:
+        return decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise from_validation_error(exc) from None
+
+
+def check_model(requested: str | None, served: list[str]) -> None:
+    if requested is not None and requested not in served:
+        raise ApiError(
+            404,
+            f"The model {requested!r} does not exist; this server serves {', '.join(map(repr, served))}.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def require_task(card: ModelCard, task: str, endpoint: str) -> None:
+    if not card.supports(task):
+        raise bad_request(
+            f"{endpoint} needs a model that can {task}; this model ({card.architecture}, a {card.kind} model) "
+            f"serves: {', '.join(card.tasks)}.",
+            code="task_not_supported",
+        )
+
+
+def check_dimensions(dimensions: int | None, card: ModelCard) -> int:
+    if dimensions is not None and dimensions > card.output_size:
+        raise bad_request(
+            f"`dimensions` is {dimensions}; this model's vectors have {card.output_size}.", param="dimensions"
+        )
+    return dimensions or 0

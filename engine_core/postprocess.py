@@ -1,0 +1,50 @@
+"""What happens to a request's raw rows once all are computed: normalization, Matryoshka, activations."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_core.protocol import CLASSIFIER, ModelCard
+
+F32 = npt.NDArray[np.float32]
+
+
+def l2_normalize(rows: F32) -> F32:
+    """As torch.nn.functional.normalize: divide by the norm, clamped away from zero."""
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)
+    normalized: F32 = (rows / norms).astype(np.float32, copy=False)
+    return normalized
+
+
+def truncate_dimensions(rows: F32, dimensions: int, renormalize: bool) -> F32:
+    """Matryoshka truncation: keep the first `dimensions` values, re-normalized if the rows were."""
+    if dimensions <= 0 or dimensions >= rows.shape[1]:
+        return rows
+    head = np.ascontiguousarray(rows[:, :dimensions])
+    return l2_normalize(head) if renormalize else head
+
+
+def sigmoid(rows: F32) -> F32:
+    result: F32 = (1.0 / (1.0 + np.exp(-rows))).astype(np.float32, copy=False)
+    return result
+
+
+def softmax(rows: F32) -> F32:
+    shifted = np.exp(rows - rows.max(axis=1, keepdims=True))
+    result: F32 = (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32, copy=False)
+    return result
+
+
+ACTIVATIONS = {"sigmoid": sigmoid, "softmax": softmax}
+
+
+def finish_rows(rows: F32, card: ModelCard, *, normalize: bool, activation: bool, dimensions: int) -> F32:
+    """A complete request's output rows, as the client asked for them."""
+    if card.kind == CLASSIFIER:
+        function = ACTIVATIONS.get(card.activation)
+        return function(rows) if activation and function is not None else rows
+    if normalize:
+        rows = l2_normalize(rows)
+    return truncate_dimensions(rows, dimensions, renormalize=normalize)
