@@ -110,3 +110,38 @@ def decoder_model(tmp_path_factory: pytest.TempPathFactory, bundled_model: Path)
     torch.manual_seed(4)
     config = LlamaConfig(vocab_size=30522, max_position_embeddings=128, num_key_value_heads=4, **TINY)
     return save_with_tokenizer(LlamaModel(config).eval(), tmp_path_factory.mktemp("decoder"), bundled_model)
+
+
+def serve(*args: str) -> Iterator[LaunchedServer]:
+    launched = LaunchedServer(*args)
+    try:
+        yield launched.wait_ready()
+    finally:
+        launched.stop()
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_server(cross_encoder_model: Path) -> Iterator[LaunchedServer]:
+    yield from serve("--model", str(cross_encoder_model), "--api-server-count", "1")
+
+
+@pytest.fixture(scope="session")
+def classifier_server(classifier_model: Path) -> Iterator[LaunchedServer]:
+    yield from serve("--model", str(classifier_model), "--api-server-count", "1")
+
+
+CLIP_MAX_IMAGE_BYTES = 200_000
+
+
+@pytest.fixture(scope="session")
+def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the CLIP server may read images from (--allowed-local-media-path)."""
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="session")
+def clip_server(clip_model: Path, media_dir: Path) -> Iterator[LaunchedServer]:
+    yield from serve(
+        "--model", str(clip_model), "--api-server-count", "1", "--allowed-local-media-path", str(media_dir),
+        "--max-image-bytes", str(CLIP_MAX_IMAGE_BYTES), "--image-fetch-timeout", "1",
+    )  # fmt: skip

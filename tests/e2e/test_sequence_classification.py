@@ -43,24 +43,16 @@ def post(client: httpx.Client, path: str, body: dict[str, Any]) -> Any:
     return response.json()
 
 
-@pytest.fixture(scope="module")
-def cross_encoder(cross_encoder_model: Path) -> Iterator[httpx.Client]:
-    server = LaunchedServer("--model", str(cross_encoder_model), "--api-server-count", "1").wait_ready()
-    try:
-        with server.client() as client:
-            yield client
-    finally:
-        server.stop()
+@pytest.fixture
+def cross_encoder(cross_encoder_server: LaunchedServer) -> Iterator[httpx.Client]:
+    with cross_encoder_server.client() as client:
+        yield client
 
 
-@pytest.fixture(scope="module")
-def classifier(classifier_model: Path) -> Iterator[httpx.Client]:
-    server = LaunchedServer("--model", str(classifier_model), "--api-server-count", "1").wait_ready()
-    try:
-        with server.client() as client:
-            yield client
-    finally:
-        server.stop()
+@pytest.fixture
+def classifier(classifier_server: LaunchedServer) -> Iterator[httpx.Client]:
+    with classifier_server.client() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
