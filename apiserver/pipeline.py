@@ -1,16 +1,23 @@
-"""Running an engine job and turning the engine's rows back into the request's order."""
+"""Running an engine job, turning its rows back into the request's order, and the whole request cycle."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from starlette.requests import Request
+from starlette.responses import Response
 
 from apiserver.inputs.job import EngineJob
+from apiserver.inputs.prepare import PreparedJob, finish_job
+from apiserver.state import AppState
 from engine_client import EngineClient
 
 F32 = npt.NDArray[np.float32]
+Parsed = TypeVar("Parsed")
 
 
 async def run_job(engine: EngineClient, job: EngineJob) -> F32:
@@ -28,3 +35,17 @@ def encode_rows(rows: F32, encoding_format: str) -> list[list[float] | str]:
         return [base64.b64encode(row.tobytes()).decode() for row in data]
     floats: list[list[float] | str] = rows.tolist()
     return floats
+
+
+async def answer_items_request(
+    request: Request,
+    prepare: Callable[[bytes, AppState], tuple[Parsed, PreparedJob]],
+    encode: Callable[[F32, Parsed, int, str], bytes],
+) -> Response:
+    """Decode and prepare on the preprocessing pool, fetch remote images, run, encode on the pool."""
+    state: AppState = request.app.state.poolserve
+    parsed, prepared = await state.preprocess.run(prepare, await request.body(), state)
+    job = await finish_job(state, prepared)
+    rows = await run_job(state.engine, job)
+    content = await state.preprocess.run(encode, rows, parsed, job.prompt_tokens, state.model_name)
+    return Response(content, media_type="application/json")

@@ -6,8 +6,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.inputs.prepare import PreparedJob, finish_job, prepare_items_request
-from apiserver.pipeline import F32, encode_rows, run_job
+from apiserver.inputs.prepare import PreparedJob, prepare_items_request
+from apiserver.pipeline import F32, answer_items_request, encode_rows
 from apiserver.responses import encode_json, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse
@@ -39,10 +39,4 @@ def encode_response(rows: F32, request: PoolingRequest, prompt_tokens: int, mode
 
 
 async def create_pooling(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    body = await request.body()
-    parsed, prepared = await state.preprocess.run(prepare, body, state)
-    job = await finish_job(state, prepared)
-    rows = await run_job(state.engine, job)
-    content = await state.preprocess.run(encode_response, rows, parsed, job.prompt_tokens, state.model_name)
-    return Response(content, media_type="application/json")
+    return await answer_items_request(request, prepare, encode_response)
