@@ -14,7 +14,7 @@ from apiserver.endpoints import ENDPOINTS
 from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.middleware import ResponseHeaders
 from apiserver.openapi import encode_openapi
-from apiserver.routes.test_hooks import loaded_modules
+from apiserver.routes.test_hooks import block_event_loop, loaded_modules
 from apiserver.state import AppState
 
 
@@ -28,6 +28,7 @@ def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
     if test_hooks:
         routes.append(Route("/_test/modules", loaded_modules, methods=["GET"]))
+        routes.append(Route("/_test/block", block_event_loop, methods=["POST"]))
     app = Starlette(
         routes=routes,
         middleware=[Middleware(ResponseHeaders, server_index=state.server_index)],

@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from apiserver.routes.classify import create_classification
 from apiserver.routes.embeddings import create_embeddings
-from apiserver.routes.meta import get_version, health, list_models
+from apiserver.routes.meta import get_version, list_models, live, ready
 from apiserver.routes.pooling import create_pooling
 from apiserver.routes.scoring import create_rerank, create_score
 from apiserver.routes.tei import create_embed, create_prediction, get_info
@@ -87,7 +87,9 @@ ENDPOINTS = [
     ),
     Endpoint("/info", "GET", get_info, "The model and the server's limits (TEI).", "TEI", None, InfoResponse),
     Endpoint("/version", "GET", get_version, "poolserve's version.", "server", None, VersionResponse),
-    Endpoint("/health", "GET", health, "200 when this process and the engine answer, else 503.", "server", None,
+    Endpoint("/health", "GET", ready, "200 when the engine answers and is not hung, else 503.", "server", None,
              HealthResponse),
-    Endpoint("/ping", "GET", health, "The same as /health.", "server", None, HealthResponse),
+    Endpoint("/health/ready", "GET", ready, "The same as /health.", "server", None, HealthResponse),
+    Endpoint("/health/live", "GET", live, "200 while this process's event loop runs.", "server", None, HealthResponse),
+    Endpoint("/ping", "GET", ready, "The same as /health.", "server", None, HealthResponse),
 ]  # fmt: skip

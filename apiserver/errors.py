@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine_client import EngineError, EngineUnavailable
+from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
 
 logger = logging.getLogger("poolserve.api")
 
@@ -36,6 +36,10 @@ class ErrorDetail(msgspec.Struct):
 
 class ErrorBody(msgspec.Struct):
     error: ErrorDetail
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready; nobody reads what is sent."""
 
 
 class ApiError(Exception):
@@ -97,14 +101,27 @@ async def handle_engine_unavailable(request: Request, exc: Exception) -> Respons
     return error_response(503, f"The model engine is unavailable: {exc}.", code="engine_unavailable")
 
 
+async def handle_engine_overloaded(request: Request, exc: Exception) -> Response:
+    return error_response(429, f"The server is busy: {exc}. Retry shortly.", code="overloaded")
+
+
 async def handle_engine_error(request: Request, exc: Exception) -> Response:
     logger.error("request %s failed in the engine: %s", request_id(request), exc)
-    return error_response(500, f"The model engine failed this request: {exc}", code="engine_error")
+    code = "poison_pill" if isinstance(exc, PoisonPill) else "engine_error"
+    return error_response(500, f"The model engine failed this request: {exc}", code=code)
+
+
+async def handle_client_disconnected(request: Request, exc: Exception) -> Response:
+    # 499, as nginx logs it: the client closed the connection; this answer goes nowhere.
+    logger.info("request %s: client disconnected; its work was dropped", request_id(request))
+    return Response(status_code=499)
 
 
 EXCEPTION_HANDLERS = {
     ApiError: handle_api_error,
     HTTPException: handle_http_exception,
     EngineUnavailable: handle_engine_unavailable,
+    EngineOverloaded: handle_engine_overloaded,
     EngineError: handle_engine_error,
+    ClientDisconnected: handle_client_disconnected,
 }

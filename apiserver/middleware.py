@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,7 +24,9 @@ class ResponseHeaders:
         request_id = next((value for name, value in scope["headers"] if name == b"x-request-id"), b"")
         if not is_sane_request_id(request_id):
             request_id = uuid.uuid4().hex.encode()
-        scope.setdefault("state", {})["request_id"] = request_id.decode()
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id.decode()
+        state["started"] = time.monotonic()
         extra = [self.server_header, (b"x-request-id", request_id)]
 
         async def send_with_headers(message: Message) -> None:

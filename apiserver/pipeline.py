@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -11,21 +14,62 @@ import numpy.typing as npt
 from starlette.requests import Request
 from starlette.responses import Response
 
+from apiserver.errors import ApiError, ClientDisconnected
 from apiserver.inputs.job import EngineJob
 from apiserver.inputs.prepare import PreparedJob, finish_job
 from apiserver.state import AppState
-from engine_client import EngineClient
 
 F32 = npt.NDArray[np.float32]
 Parsed = TypeVar("Parsed")
 
 
-async def run_job(engine: EngineClient, job: EngineJob) -> F32:
-    """The job's output rows, one per request input, in the request's order."""
-    request, frames = job.to_wire()
-    result = await engine.pool(request, frames)
+async def run_job(request: Request, job: EngineJob) -> F32:
+    """The job's output rows, one per request input, in the request's order.
+
+    The engine drops the work (an Abort) when the client disconnects or the request's deadline
+    passes first: nobody would read the answer."""
+    state: AppState = request.app.state.poolserve
+    check_fits_queue(job, state)
+    pool_request, frames = job.to_wire()
+    work = asyncio.ensure_future(state.engine.pool(pool_request, frames))
+    disconnect = asyncio.ensure_future(wait_for_disconnect(request))
+    timeout = state.config.request_timeout
+    remaining = timeout - (time.monotonic() - request.state.started) if timeout else None
+    try:
+        done, _ = await asyncio.wait((work, disconnect), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+    if work not in done:
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await work
+        if disconnect in done:
+            raise ClientDisconnected
+        raise ApiError(
+            504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"
+        )
+    result = work.result()
     rows = np.frombuffer(result.data, dtype=result.dtype).reshape(result.rows, result.dim)
     return rows if job.order is None else rows[job.order]
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client goes away; the body was read already, so only http.disconnect can come."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def check_fits_queue(job: EngineJob, state: AppState) -> None:
+    """A request bigger than the whole queue would get 429 forever: it is a 413 instead."""
+    config = state.config
+    inputs = len(job.rows) + len(job.images)
+    tokens = job.prompt_tokens + len(job.images) * state.card.image_tokens
+    if inputs > config.max_queued_inputs or tokens > config.max_queued_tokens:
+        raise ApiError(
+            413,
+            f"The request holds {inputs} inputs and {tokens} tokens; the server's whole queue holds "
+            f"{config.max_queued_inputs} inputs and {config.max_queued_tokens} tokens. Split it.",
+        )
 
 
 def encode_rows(rows: F32, encoding_format: str) -> list[list[float] | str]:
@@ -46,6 +90,6 @@ async def answer_items_request(
     state: AppState = request.app.state.poolserve
     parsed, prepared = await state.preprocess.run(prepare, await request.body(), state)
     job = await finish_job(state, prepared)
-    rows = await run_job(state.engine, job)
+    rows = await run_job(request, job)
     content = await state.preprocess.run(encode, rows, parsed, job.prompt_tokens, state.model_name)
     return Response(content, media_type="application/json")

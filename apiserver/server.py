@@ -19,12 +19,19 @@ from apiserver.preprocess import Preprocessor
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineClient, EngineUnavailable
-from engine_core.boot import EXIT_BOOT_ERROR, BootReport, ChildSpec, report_boot, test_hooks_enabled
+from engine_core.boot import (
+    EXIT_BOOT_ERROR,
+    BootReport,
+    ChildSpec,
+    report_boot,
+    send_heartbeat,
+    test_hooks_enabled,
+)
 from engine_core.logs import configure_logging
 
 logger = logging.getLogger("poolserve.api")
 
-ENGINE_HANDSHAKE_TIMEOUT_S = 30.0
+HEARTBEAT_INTERVAL_S = 1.0
 
 
 class ExitRequest:
@@ -38,6 +45,25 @@ class ExitRequest:
         self.is_requested = True
         if self.server is not None:
             self.server.should_exit = True
+
+
+async def beat(spec: ChildSpec) -> None:
+    """The heartbeat comes from the event loop itself: a blocked loop stops it, and the supervisor
+    replaces this process after --worker-timeout."""
+    while True:
+        send_heartbeat(spec)
+        await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+
+async def fail_waiting_on_exit(server: uvicorn.Server, engine: EngineClient) -> None:
+    """Once asked to stop, requests waiting for an engine that is not there get their 503 now,
+    instead of holding the drain open until --shutdown-timeout."""
+    while not server.should_exit:
+        await asyncio.sleep(0.1)
+    while True:
+        if not engine.is_ready:
+            engine.fail_waiting("the API server is stopping and no engine is running")
+        await asyncio.sleep(0.1)
 
 
 def run(spec: ChildSpec) -> int:
@@ -54,9 +80,18 @@ def run(spec: ChildSpec) -> int:
 
 async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequest) -> int:
     config = spec.config
-    engine = EngineClient(spec.engine_endpoint, spec.index)
+    engine = EngineClient(spec.engine_endpoint, spec.index, wait_timeout=config.engine_wait_timeout)
+    # A replacement API server may start while the engine itself restarts: wait as long as an engine
+    # boot, but stop waiting at once when told to stop.
+    connecting = asyncio.create_task(engine.connect(config.engine_start_timeout))
+    while not connecting.done() and not exit_request.is_requested:
+        await asyncio.wait({connecting}, timeout=0.1)
+    if not connecting.done():
+        connecting.cancel()
+        await engine.close()
+        return 0
     try:
-        card = await engine.connect(ENGINE_HANDSHAKE_TIMEOUT_S)
+        card = connecting.result()
     except (EngineUnavailable, TimeoutError) as exc:
         report_boot(
             spec,
@@ -98,9 +133,12 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         await asyncio.sleep(0.005)
     if server.started:
         report_boot(spec, BootReport(status="ready"))
+    guards = [asyncio.create_task(beat(spec)), asyncio.create_task(fail_waiting_on_exit(server, engine))]
     try:
         await serving
     finally:
+        for guard in guards:
+            guard.cancel()
         preprocess.close()
         await media.aclose()
         await engine.close()

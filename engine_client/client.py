@@ -1,7 +1,11 @@
 """Asyncio client of the engine core over a ZeroMQ DEALER: one future per request id.
 
-The engine's death is noticed through the socket monitor (an ipc peer that exits disconnects at
-once), and every request then waiting fails with EngineUnavailable instead of hanging.
+The engine's death is seen through the socket monitor (an ipc peer that exits disconnects at
+once). Requests in flight are kept, with their frames, and resubmitted when the restarted
+engine answers the handshake: pooling is a pure function of its input, so a resubmission is
+safe, and clients see latency instead of errors. The new engine names the requests that were
+running in a forward pass when its predecessor died; one named twice is failed as the likely
+cause (a poison pill), so one bad input cannot crash-loop the server.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from engine_client.errors import EngineError, EngineUnavailable
+from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
 from engine_core.protocol import (
+    ERROR_OVERLOADED,
     OUTPUT_DTYPE,
     Abort,
     Hello,
@@ -35,6 +40,14 @@ from engine_core.protocol import (
 
 logger = logging.getLogger("poolserve.engine_client")
 
+# A request running in two forward passes that each killed the engine is failed as the cause.
+MAX_BLAMES = 2
+HELLO_RETRY_S = 1.0
+# The engine is pinged in the background this often; /health reads the latest answer, so a probe
+# never waits on the engine's GIL, and an answer older than PONG_STALE_S means a silent engine.
+PING_INTERVAL_S = 0.1
+PONG_STALE_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class PooledResult:
@@ -46,52 +59,67 @@ class PooledResult:
     dtype: str = OUTPUT_DTYPE
 
 
+@dataclass(slots=True)
+class InFlight:
+    request: PoolRequest
+    frames: list[bytes]
+    future: asyncio.Future[PooledResult]
+    blames: int = 0
+
+
 class EngineClient:
-    def __init__(self, endpoint: str, server_index: int):
+    def __init__(self, endpoint: str, server_index: int, *, wait_timeout: float = 30.0):
         self.endpoint = endpoint
         self.server_index = server_index
+        self.wait_timeout = wait_timeout
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.IDENTITY, f"api-{server_index}-{os.getpid()}".encode())
         self._socket.setsockopt(zmq.LINGER, 0)
         # Queue only on a live connection: a send with no engine fails at once instead of waiting.
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
-        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        # HANDSHAKE_SUCCEEDED, not CONNECTED: only after the ZMTP handshake does IMMEDIATE let a send through.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self._encoder = make_encoder()
         self._decoder = make_client_decoder()
         self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future[PooledResult]] = {}
-        self._pings: dict[int, asyncio.Future[None]] = {}
+        self._in_flight: dict[int, InFlight] = {}
+        self._pings: dict[int, asyncio.Future[Pong]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._hello: asyncio.Task[None] | None = None
+        # Set between the engine's Ready and its disconnection.
+        self._ready = asyncio.Event()
         self.card: ModelCard | None = None
-        self.is_connected = False
+        self.restarts_seen = 0
+        self.last_pong: Pong | None = None
+        self._last_pong_at = 0.0
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
 
     async def connect(self, timeout: float) -> ModelCard:
         """Connect and handshake; the engine answers Hello with its model card."""
-        self._socket.connect(self.endpoint)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not self.is_connected:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise EngineUnavailable(f"no engine at {self.endpoint} after {timeout:.0f}s")
-            with contextlib.suppress(TimeoutError):
-                event = parse_monitor_message(await asyncio.wait_for(self._monitor.recv_multipart(), remaining))
-                self.is_connected = event["event"] == zmq.EVENT_CONNECTED
-        await self._socket.send(self._encoder.encode(Hello(self.server_index, os.getpid())))
-        while True:
-            frames = await asyncio.wait_for(self._socket.recv_multipart(), max(deadline - loop.time(), 0.001))
-            msg = self._decoder.decode(frames[0])
-            if isinstance(msg, Ready):
-                self.card = msg.card
-                break
         self._tasks = [
             asyncio.create_task(self._read_replies(), name="engine-replies"),
             asyncio.create_task(self._watch_connection(), name="engine-monitor"),
+            asyncio.create_task(self._keep_pinging(), name="engine-pinger"),
         ]
-        return msg.card
+        self._socket.connect(self.endpoint)
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            raise EngineUnavailable(f"no engine answered at {self.endpoint} within {timeout:.0f}s") from None
+        assert self.card is not None
+        return self.card
 
     async def close(self) -> None:
+        if self._hello is not None:
+            self._tasks.append(self._hello)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -102,48 +130,77 @@ class EngineClient:
         self._socket.close()
         self._context.term()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
     async def pool(self, request: PoolRequest, frames: list[bytes]) -> PooledResult:
-        """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here."""
+        """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here.
+
+        While the engine restarts, a new request waits for it up to `wait_timeout` seconds."""
+        if not self._ready.is_set():
+            try:
+                await asyncio.wait_for(self._ready.wait(), self.wait_timeout)
+            except TimeoutError:
+                raise EngineUnavailable(f"no engine came back within {self.wait_timeout:g}s") from None
         request_id = next(self._ids)
-        future: asyncio.Future[PooledResult] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        entry = InFlight(
+            msgspec.structs.replace(request, id=request_id),
+            frames,
+            asyncio.get_running_loop().create_future(),
+        )
+        self._in_flight[request_id] = entry
         try:
-            header = self._encoder.encode(msgspec.structs.replace(request, id=request_id))
-            await self._send([header, *frames])
-            return await future
+            await self._submit(entry)
+            return await entry.future
         except asyncio.CancelledError:
             # The caller went away (client disconnect, timeout): the engine need not compute it.
-            if self._pending.pop(request_id, None) is not None:
+            if self._in_flight.pop(request_id, None) is not None and self._ready.is_set():
                 with contextlib.suppress(EngineUnavailable):
                     await self._send([self._encoder.encode(Abort([request_id]))])
             raise
         finally:
-            self._pending.pop(request_id, None)
+            self._in_flight.pop(request_id, None)
 
-    async def ping(self, timeout: float) -> bool:
-        """A timed round trip to the engine."""
+    async def ping(self, timeout: float) -> Pong | None:
+        """A timed round trip to the engine; None when it does not answer in time."""
+        if not self._ready.is_set():
+            return None
         nonce = next(self._ids)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        try:
-            await self._send([self._encoder.encode(Ping(nonce))])
-        except EngineUnavailable:
-            return False
+        future: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
         self._pings[nonce] = future
         try:
-            await asyncio.wait_for(future, timeout)
-            return True
+            await self._send([self._encoder.encode(Ping(nonce))])
+            return await asyncio.wait_for(future, timeout)
         except (TimeoutError, EngineUnavailable):
-            return False
+            return None
         finally:
             self._pings.pop(nonce, None)
 
+    def latest_pong(self) -> Pong | None:
+        """The engine's latest answer to the background ping, or None when it has not answered lately."""
+        loop = asyncio.get_running_loop()
+        if not self._ready.is_set() or loop.time() - self._last_pong_at > PONG_STALE_S:
+            return None
+        return self.last_pong
+
+    async def _keep_pinging(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            pong = await self.ping(PONG_STALE_S)
+            if pong is not None:
+                self.last_pong, self._last_pong_at = pong, loop.time()
+            await asyncio.sleep(PING_INTERVAL_S)
+
+    def fail_waiting(self, reason: str) -> None:
+        """Fail every request in flight now (the API server is stopping and no engine is there)."""
+        self._fail_all(EngineUnavailable(reason))
+
+    async def _submit(self, entry: InFlight) -> None:
+        try:
+            await self._send([self._encoder.encode(entry.request), *entry.frames])
+        except EngineUnavailable:
+            if self._ready.is_set():
+                raise
+            # The engine went away meanwhile: the request stays in flight and is resubmitted.
+
     async def _send(self, frames: list[bytes]) -> None:
-        if not self.is_connected:
-            raise EngineUnavailable("the engine is not running")
         try:
             await self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again as exc:
@@ -154,38 +211,82 @@ class EngineClient:
             frames = await self._socket.recv_multipart()
             try:
                 msg = self._decoder.decode(frames[0])
-            except Exception:
+            except msgspec.DecodeError:
                 logger.exception("dropped an undecodable reply from the engine")
                 continue
             if isinstance(msg, Outputs):
-                for i, out in enumerate(msg.outputs):
-                    future = self._pending.pop(out.id, None)
-                    if future is None or future.done():
-                        continue
-                    if out.error:
-                        future.set_exception(EngineError(out.error))
-                    else:
-                        future.set_result(PooledResult(out.rows, out.dim, frames[i + 1]))
+                self._resolve(msg, frames)
             elif isinstance(msg, Pong):
                 ping = self._pings.get(msg.nonce)
                 if ping is not None and not ping.done():
-                    ping.set_result(None)
+                    ping.set_result(msg)
+            elif isinstance(msg, Ready):
+                await self._on_ready(msg)
+
+    def _resolve(self, msg: Outputs, frames: list[bytes]) -> None:
+        for i, out in enumerate(msg.outputs):
+            entry = self._in_flight.pop(out.id, None)
+            if entry is None or entry.future.done():
+                continue
+            if out.code == ERROR_OVERLOADED:
+                entry.future.set_exception(EngineOverloaded(out.error))
+            elif out.error:
+                entry.future.set_exception(EngineError(out.error))
+            else:
+                entry.future.set_result(PooledResult(out.rows, out.dim, frames[i + 1]))
+
+    async def _on_ready(self, ready: Ready) -> None:
+        """A (new) engine answered the handshake: blame its suspects, resubmit what is in flight."""
+        first = self.card is None
+        self.card = ready.card
+        if not first:
+            self.restarts_seen += 1
+        suspects = set(ready.suspects)
+        resubmit = []
+        for request_id, entry in list(self._in_flight.items()):
+            if request_id in suspects:
+                entry.blames += 1
+            if entry.blames >= MAX_BLAMES:
+                del self._in_flight[request_id]
+                logger.error("request %d was running when the engine died twice; failing it as the cause", request_id)
+                entry.future.set_exception(PoisonPill(request_id))
+                continue
+            entry.request = msgspec.structs.replace(
+                entry.request, attempt=entry.request.attempt + 1, is_suspect=entry.blames > 0
+            )
+            resubmit.append(entry)
+        self._ready.set()
+        if resubmit:
+            logger.warning("engine is back; resubmitting %d request(s) that were in flight", len(resubmit))
+        for entry in resubmit:
+            await self._submit(entry)
 
     async def _watch_connection(self) -> None:
         while True:
             event = parse_monitor_message(await self._monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
-                self.is_connected = False
-                logger.error("lost the engine; failing %d request(s) in flight", len(self._pending))
-                self._fail_all(EngineUnavailable("the engine stopped while this request was in flight"))
-            elif event["event"] == zmq.EVENT_CONNECTED:
-                self.is_connected = True
+                self._ready.clear()
+                logger.error("lost the engine; %d request(s) in flight will be resubmitted", len(self._in_flight))
+                for ping in self._pings.values():
+                    if not ping.done():
+                        ping.set_exception(EngineUnavailable("the engine went away"))
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._hello = asyncio.create_task(self._say_hello(), name="engine-hello")
+
+    async def _say_hello(self) -> None:
+        """A connection is not a ready engine: Hello until Ready comes back (which resubmits)."""
+        hello = self._encoder.encode(Hello(self.server_index, os.getpid()))
+        while not self._ready.is_set():
+            with contextlib.suppress(EngineUnavailable):
+                await self._send([hello])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), HELLO_RETRY_S)
 
     def _fail_all(self, error: Exception) -> None:
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        in_flight, self._in_flight = self._in_flight, {}
+        for entry in in_flight.values():
+            if not entry.future.done():
+                entry.future.set_exception(error)
         for ping in self._pings.values():
             if not ping.done():
                 ping.set_exception(error)

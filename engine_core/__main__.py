@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
 from types import FrameType
 
-from engine_core.boot import EXIT_BOOT_ERROR, BootReport, exit_with_parent, read_child_spec, report_boot
+from engine_core.boot import (
+    EXIT_BOOT_ERROR,
+    BootReport,
+    exit_with_parent,
+    read_child_spec,
+    report_boot,
+    send_heartbeat,
+)
 from engine_core.logs import configure_logging
 
 logger = logging.getLogger("poolserve.engine")
@@ -24,14 +32,25 @@ def main() -> int:
     started = time.perf_counter()
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:
+        from engine_core.backlog import Backlog
         from engine_core.engine import EngineCore
+        from engine_core.fault_hooks import FaultHooks
+        from engine_core.flight_recorder import FlightRecorder
         from engine_core.loader import LoadError, load_model
     except Exception as exc:
         report_boot(spec, BootReport(status="failed", message=f"cannot import the engine: {exc}"))
         raise
     try:
-        loaded = load_model(spec.config)
-        engine = EngineCore(loaded, spec.engine_endpoint)
+        config = spec.config
+        loaded = load_model(config)
+        engine = EngineCore(
+            loaded,
+            spec.engine_endpoint,
+            backlog=Backlog(config.max_queued_inputs, config.max_queued_tokens),
+            recorder=FlightRecorder(os.path.join(spec.runtime_dir, "engine-flight")),
+            beat=lambda: send_heartbeat(spec),
+            hooks=FaultHooks.from_environment(),
+        )
     except LoadError as exc:
         report_boot(spec, BootReport(status="failed", message=str(exc)))
         return EXIT_BOOT_ERROR

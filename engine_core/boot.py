@@ -69,12 +69,20 @@ def test_hooks_enabled() -> bool:
 
 
 def report_boot(spec: ChildSpec, report: BootReport) -> None:
-    """Write one report to the supervisor; a supervisor that is gone is not an error here."""
+    """Write one report to the supervisor; a supervisor that is gone is not an error here.
+
+    The pipe stays open after `ready`: heartbeats follow on it, one byte each."""
     with contextlib.suppress(OSError):
         os.write(spec.boot_fd, msgspec.json.encode(report) + b"\n")
-    if report.status == "ready":
-        with contextlib.suppress(OSError):
-            os.close(spec.boot_fd)
+    with contextlib.suppress(OSError):
+        # Heartbeats must never block the process that beats.
+        os.set_blocking(spec.boot_fd, False)
+
+
+def send_heartbeat(spec: ChildSpec) -> None:
+    """One byte on the boot pipe: "still alive". A full or closed pipe is not the sender's problem."""
+    with contextlib.suppress(OSError):
+        os.write(spec.boot_fd, b".")
 
 
 def exit_with_parent(spec: ChildSpec) -> None:

@@ -47,6 +47,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_image_pixels: int = 40_000_000
     image_fetch_timeout: float = 10.0
     allowed_local_media_path: str = ""
+    max_queued_inputs: int = 4096
+    max_queued_tokens: int = 262_144
+    request_timeout: float = 300.0
+    engine_wait_timeout: float = 30.0
+    worker_timeout: float = 30.0
     engine_start_timeout: float = 300.0
     shutdown_timeout: float = 30.0
     log_level: LogLevel = "info"
@@ -64,6 +69,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)
         if self.image_fetch_timeout <= 0:
             raise ConfigError(f"--image-fetch-timeout has value {self.image_fetch_timeout!r}; it must be > 0.")
+        check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
+        check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
+        for flag, seconds in (
+            ("--request-timeout", self.request_timeout),
+            ("--engine-wait-timeout", self.engine_wait_timeout),
+            ("--worker-timeout", self.worker_timeout),
+        ):
+            if seconds < 0:
+                raise ConfigError(f"{flag} has value {seconds!r}; it must be >= 0.")
+        if self.worker_timeout and self.worker_timeout < 1:
+            raise ConfigError(f"--worker-timeout has value {self.worker_timeout!r}; use 0 (off) or >= 1.")
         if self.engine_start_timeout <= 0:
             raise ConfigError(f"--engine-start-timeout has value {self.engine_start_timeout!r}; it must be > 0.")
         if self.shutdown_timeout < 0:

@@ -4,30 +4,58 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 import zmq
 
+from engine_core.backlog import Backlog
+from engine_core.fault_hooks import FaultHooks
+from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
 from engine_core.postprocess import finish_rows
-from engine_core.protocol import OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
+from engine_core.protocol import ERROR_MODEL, OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
 from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
 
 logger = logging.getLogger("poolserve.engine")
 
 IDLE_WAIT_S = 0.2
+BEAT_INTERVAL_S = 1.0
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, endpoint: str):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        endpoint: str,
+        *,
+        backlog: Backlog,
+        recorder: FlightRecorder,
+        beat: Callable[[], None],
+        hooks: FaultHooks,
+    ):
         self.card = loaded.card
         self.runner = loaded.runner
         self.scheduler = Scheduler(loaded.card.max_batch_tokens, loaded.card.max_batch_size)
+        self.backlog = backlog
+        self.recorder = recorder
+        self.hooks = hooks
+        self._beat = beat
+        self._last_beat = 0.0
+        # Set while a forward pass runs; the I/O thread reports how long it has run (a hang).
+        self._step_started: float | None = None
+        suspects = recorder.read_suspects()
+        if suspects:
+            logger.warning("%d request(s) were running when the last engine died", sum(map(len, suspects.values())))
+        recorder.open()
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.io = EngineIO(self._context, endpoint, loaded.card)
+        self.io = EngineIO(
+            self._context, endpoint, loaded.card, backlog=backlog, suspects=suspects, stalled_for=self.stalled_for
+        )
         self._outbox = self._context.socket(zmq.PUSH)
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(OUTBOX_ENDPOINT)
@@ -39,6 +67,7 @@ class EngineCore:
         self.io.start()
         try:
             while not self.should_exit:
+                self._heartbeat()
                 self._drain(block=not self.scheduler.has_work())
                 if not self.scheduler.has_work():
                     continue
@@ -46,13 +75,26 @@ class EngineCore:
                     # Aborts that arrived since the window was cut still save their compute.
                     self._drain(block=False)
                     self._run_batch(batch)
+                    self._heartbeat()
         finally:
             self.io.stop()
             self._outbox.close()
             self._context.term()
+            self.recorder.close()
 
     def request_exit(self) -> None:
         self.should_exit = True
+
+    def stalled_for(self) -> float:
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    def _heartbeat(self) -> None:
+        """Beats come from this loop, so a forward pass that never returns stops them."""
+        now = time.monotonic()
+        if now - self._last_beat >= BEAT_INTERVAL_S:
+            self._last_beat = now
+            self._beat()
 
     def _drain(self, block: bool) -> None:
         try:
@@ -73,20 +115,32 @@ class EngineCore:
             request = self._requests.pop((identity, request_id), None)
             if request is not None:
                 request.is_cancelled = True
+                self._release(request)
+
+    def _release(self, request: PendingRequest) -> None:
+        if not request.is_released:
+            request.is_released = True
+            self.backlog.release(request.count, request.total_cost)
 
     def _run_batch(self, batch: list[WorkItem]) -> None:
         live = [item for item in batch if not item.request.is_cancelled]
         if not live:
             return
+        running = {item.request.key: item.request for item in live}
+        self.recorder.record(running)
+        self._step_started = time.monotonic()
         try:
             rows = self._forward(live)
         except Exception as exc:
-            failed = list({id(item.request): item.request for item in live}.values())
+            failed = list(running.values())
             logger.exception("forward pass failed for requests %s", [r.id for r in failed])
             for request in failed:
                 request.is_cancelled = True
             self._reply([], failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
             return
+        finally:
+            self._step_started = None
+            self.recorder.clear()
         finished: list[PendingRequest] = []
         for row, item in enumerate(live):
             request = item.request
@@ -103,6 +157,7 @@ class EngineCore:
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
         rows = [item.request.input_ids(item.index) for item in batch]
+        self.hooks.inspect(rows)
         type_rows = None
         if any(item.request.token_types is not None for item in batch):
             type_rows = [item.request.input_token_types(item.index) for item in batch]
@@ -113,6 +168,7 @@ class EngineCore:
         by_server: dict[bytes, list[tuple[PooledOutput, bytes | memoryview]]] = defaultdict(list)
         for request in finished:
             self._requests.pop(request.key, None)
+            self._release(request)
             assert request.output is not None
             vectors = finish_rows(
                 request.output,
@@ -125,7 +181,8 @@ class EngineCore:
             by_server[request.identity].append((out, np.ascontiguousarray(vectors, dtype=OUTPUT_DTYPE).data))
         for request in failed:
             self._requests.pop(request.key, None)
-            by_server[request.identity].append((PooledOutput(request.id, 0, 0, error), b""))
+            self._release(request)
+            by_server[request.identity].append((PooledOutput(request.id, 0, 0, error, ERROR_MODEL), b""))
         for identity, outputs in by_server.items():
             header = self._encoder.encode(Outputs([out for out, _ in outputs]))
             self._outbox.send_multipart([identity, header, *(data for _, data in outputs)], copy=False)

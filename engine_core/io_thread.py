@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
 import zmq
 
+from engine_core.backlog import Backlog
 from engine_core.protocol import (
+    ERROR_INVALID,
+    ERROR_OVERLOADED,
     TOKEN_DTYPE,
     TOKEN_ITEMSIZE,
     Abort,
@@ -87,16 +91,28 @@ def admit_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: 
         token_types=token_types,
         pixels=pixels,
         image_cost=max(card.image_tokens, 1),
+        is_suspect=msg.is_suspect,
     )
 
 
 class EngineIO:
-    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str, card: ModelCard):
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        card: ModelCard,
+        *,
+        backlog: Backlog,
+        suspects: dict[bytes, list[int]],
+        stalled_for: Callable[[], float],
+    ):
         self.card = card
+        self.backlog = backlog
         self.inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
         self._encoder = make_encoder()
         self._decoder = make_engine_decoder()
-        self._ready = self._encoder.encode(Ready(card=card))
+        self._suspects = suspects
+        self._stalled_for = stalled_for
         self._router = context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.bind(endpoint)
@@ -158,18 +174,42 @@ class EngineIO:
             return
         match msg:
             case PoolRequest():
-                try:
-                    self.inbox.put(admit_request(identity, msg, frames[2:], self.card))
-                except InvalidRequest as exc:
-                    logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
-                    self._send(identity, Outputs([PooledOutput(msg.id, 0, 0, f"invalid request: {exc}")]), b"")
+                self._admit(identity, msg, frames[2:])
             case Abort():
                 self.inbox.put((identity, msg))
             case Ping():
-                self._send(identity, Pong(msg.nonce))
+                backlog = self.backlog
+                self._send(identity, Pong(msg.nonce, self._stalled_for(), backlog.inputs, backlog.tokens))
             case Hello():
-                logger.info("API server %d (pid %d) connected", msg.server_index, msg.pid)
-                self._router.send_multipart([identity, self._ready])
+                suspects = self._suspects.pop(identity, [])
+                logger.info(
+                    "API server %d (pid %d) connected%s",
+                    msg.server_index,
+                    msg.pid,
+                    f"; {len(suspects)} of its requests were running when the last engine died" if suspects else "",
+                )
+                self._router.send_multipart([identity, self._encoder.encode(Ready(self.card, suspects))])
+
+    def _admit(self, identity: bytes, msg: PoolRequest, frames: list[bytes]) -> None:
+        try:
+            request = admit_request(identity, msg, frames, self.card)
+        except InvalidRequest as exc:
+            logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
+            self._refuse(identity, msg.id, f"invalid request: {exc}", ERROR_INVALID)
+            return
+        if not self.backlog.try_admit(request.count, request.total_cost, force=msg.attempt > 0):
+            self._refuse(
+                identity,
+                msg.id,
+                f"the server is at its queue limit ({self.backlog.max_inputs} inputs, "
+                f"{self.backlog.max_tokens} tokens waiting or running)",
+                ERROR_OVERLOADED,
+            )
+            return
+        self.inbox.put(request)
+
+    def _refuse(self, identity: bytes, request_id: int, error: str, code: str) -> None:
+        self._send(identity, Outputs([PooledOutput(request_id, 0, 0, error, code)]), b"")
 
     def _send(self, identity: bytes, msg: Outputs | Pong, *data: bytes) -> None:
         self._router.send_multipart([identity, self._encoder.encode(msg), *data])

@@ -116,6 +116,9 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True):
 
     `dimensions` 0 means the full output size. `normalize` -1 means the model's own choice.
     `activation` applies a classifier's activation (sigmoid/softmax) to its logits.
+    `attempt` counts resubmissions after engine crashes: a resubmitted request was admitted
+    already (no queue limit applies), and one that was running when an engine died runs in
+    batches of its own (`is_suspect`), so that a second crash names the culprit.
     """
 
     id: int
@@ -125,6 +128,8 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True):
     activation: bool = True
     token_types: bool = False
     images: int = 0
+    attempt: int = 0
+    is_suspect: bool = False
 
     @property
     def count(self) -> int:
@@ -146,7 +151,17 @@ ToEngine = Hello | PoolRequest | Abort | Ping
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
+    """The handshake's answer. `suspects`: ids of this API server's requests that were running
+    in a forward pass when the previous engine died."""
+
     card: ModelCard
+    suspects: list[int] = msgspec.field(default_factory=list)
+
+
+# Why the engine refused or failed a request (PooledOutput.code).
+ERROR_INVALID = "invalid"
+ERROR_OVERLOADED = "overloaded"
+ERROR_MODEL = "model_error"
 
 
 class PooledOutput(msgspec.Struct, array_like=True):
@@ -156,6 +171,7 @@ class PooledOutput(msgspec.Struct, array_like=True):
     rows: int
     dim: int
     error: str = ""
+    code: str = ""
 
 
 class Outputs(msgspec.Struct, tag="outputs", array_like=True):
@@ -165,7 +181,13 @@ class Outputs(msgspec.Struct, tag="outputs", array_like=True):
 
 
 class Pong(msgspec.Struct, tag="pong", array_like=True):
+    """The answer to a Ping, from the engine's I/O thread, with the scheduler's state: how long it
+    has been inside one step (a hung forward pass shows here), and what is waiting."""
+
     nonce: int
+    stalled_for: float = 0.0
+    queued_inputs: int = 0
+    queued_tokens: int = 0
 
 
 FromEngine = Ready | Outputs | Pong

@@ -36,11 +36,14 @@ class PendingRequest:
     pixels: npt.NDArray[np.uint8] | None = None
     # What one image costs in the padded-token budget (its vision tokens).
     image_cost: int = 1
+    # Running when an engine died: runs in batches of its own, so a second crash names it.
+    is_suspect: bool = False
     offsets: npt.NDArray[np.int64] = field(init=False)
     texts: int = field(init=False)
     count: int = field(init=False)
     remaining: int = field(init=False)
     is_cancelled: bool = False
+    is_released: bool = False
     output: npt.NDArray[np.float32] | None = None
 
     def __post_init__(self) -> None:
@@ -53,6 +56,11 @@ class PendingRequest:
     @property
     def key(self) -> tuple[bytes, int]:
         return (self.identity, self.id)
+
+    @property
+    def total_cost(self) -> int:
+        """What the request weighs in the token budget and the admission limit."""
+        return int(self.lengths.sum()) + (self.count - self.texts) * self.image_cost
 
     def is_image(self, index: int) -> bool:
         return index >= self.texts
@@ -92,21 +100,30 @@ class Scheduler:
         self.window_tokens = max_batch_tokens * window_batches
         self.window_items = max_batch_size * window_batches
         self._waiting: deque[PendingRequest] = deque()
+        self._suspects: deque[PendingRequest] = deque()
         # Index of the next unscheduled input of the request at the head of the queue.
         self._cursor = 0
 
     def add(self, request: PendingRequest) -> None:
-        self._waiting.append(request)
+        (self._suspects if request.is_suspect else self._waiting).append(request)
 
     def has_work(self) -> bool:
-        return bool(self._waiting)
+        return bool(self._waiting or self._suspects)
 
     @property
     def waiting_requests(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._suspects)
 
     def next_batches(self) -> list[list[WorkItem]]:
-        """Take the next window of inputs, oldest first, and cut it into batches of one modality."""
+        """Take the next window of inputs, oldest first, and cut it into batches of one modality.
+
+        Suspects go first (they have waited through a crash), each alone in its batches."""
+        while self._suspects:
+            request = self._suspects.popleft()
+            if not request.is_cancelled:
+                window = [WorkItem(request, i, request.cost(i), request.is_image(i)) for i in range(request.count)]
+                window.sort(key=lambda item: (item.is_image, item.length))
+                return self._pack(window)
         window = self._take_window()
         window.sort(key=lambda item: (item.is_image, item.length))
         return self._pack(window)

@@ -1,7 +1,9 @@
-"""The supervisor's loop: start the engine and the API servers, watch them, stop them all cleanly.
+"""The supervisor's loop: start the engine and the API servers, keep them alive, stop them cleanly.
 
-Signal handlers only queue the signal (gunicorn's arbiter); the loop, woken through
-`signal.set_wakeup_fd`, does the dispatching, reaping and logging.
+Signal handlers only queue the signal (gunicorn's arbiter); one loop, woken by
+`signal.set_wakeup_fd` and by the children's pipes, reads boot reports and heartbeats, reaps
+and restarts children (backing off when one crash-loops, giving up past a limit), kills the
+ones whose heartbeat went silent, and carries out rolling restarts and scaling.
 """
 
 from __future__ import annotations
@@ -16,26 +18,34 @@ import socket
 import sys
 import tempfile
 import time
-from collections import deque
+from collections import defaultdict, deque
 from types import FrameType
 
+from engine_core.boot import EXIT_BOOT_ERROR
 from engine_core.config import Config
 from supervisor.children import ChildProcess, spawn_child
+from supervisor.crash_history import CrashHistory
 from supervisor.sockets import bind_socket, bound_port
 
 logger = logging.getLogger("poolserve.supervisor")
 
 EXIT_OK = 0
-EXIT_CHILD_DIED = 1
+EXIT_GAVE_UP = 1
 EXIT_START_FAILED = 3
 
-API_SERVER_BOOT_TIMEOUT_S = 60.0
+# An API server's boot waits for the engine, which may itself be restarting.
+API_SERVER_BOOT_EXTRA_S = 60.0
 ENGINE_STOP_TIMEOUT_S = 10.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
 
 class StartFailed(Exception):
-    """A child could not boot; the message is the one line the operator sees."""
+    """A child could not boot; the message is the one line the operator sees. Halts at once."""
+
+
+class GaveUp(Exception):
+    """A child keeps crashing; the message says which and how often."""
 
 
 class StopRequested(Exception):
@@ -45,10 +55,20 @@ class StopRequested(Exception):
 class Supervisor:
     def __init__(self, config: Config):
         self.config = config
+        self.api_server_count = config.api_server_count
         self.engine: ChildProcess | None = None
-        self.api_servers: list[ChildProcess] = []
+        # The serving (or booting) API server of each index.
+        self.api_servers: dict[int, ChildProcess] = {}
+        # SIGHUP: the new process of an index, booting while the old one still serves.
+        self.replacements: dict[int, ChildProcess] = {}
+        # Told to stop and draining (SIGHUP, SIGTTOU).
+        self.retiring: list[ChildProcess] = []
+        self.rolling: deque[int] = deque()
+        self.respawn_at: dict[str, float] = {}
+        self.crashes: dict[str, CrashHistory] = defaultdict(CrashHistory)
         self.listener: socket.socket | None = None
         self.runtime_dir = ""
+        self._announced: set[int] = set()
         self._signals: deque[int] = deque()
         self._selector = selectors.DefaultSelector()
         self._wakeup_r, self._wakeup_w = os.pipe()
@@ -61,17 +81,19 @@ class Supervisor:
             os.set_blocking(fd, False)
         self._selector.register(self._wakeup_r, selectors.EVENT_READ)
         previous_wakeup_fd = signal.set_wakeup_fd(self._wakeup_w)
-        handled = (*STOP_SIGNALS, signal.SIGCHLD)
-        previous = {signum: signal.signal(signum, self.handle_signal) for signum in handled}
+        previous = {signum: signal.signal(signum, self.handle_signal) for signum in HANDLED_SIGNALS}
         try:
             self.start()
             return self.watch()
         except StopRequested:
-            logger.info("stop requested during start-up")
+            logger.info("stop requested")
             return EXIT_OK
         except StartFailed as exc:
             print(f"poolserve: could not start: {exc}", file=sys.stderr, flush=True)
             return EXIT_START_FAILED
+        except GaveUp as exc:
+            print(f"poolserve: giving up: {exc}", file=sys.stderr, flush=True)
+            return EXIT_GAVE_UP
         finally:
             self.stop()
             for signum, handler in previous.items():
@@ -81,6 +103,8 @@ class Supervisor:
             os.close(self._wakeup_r)
             os.close(self._wakeup_w)
 
+    # Start-up ----------------------------------------------------------------------------------
+
     def start(self) -> None:
         config = self.config
         started = time.perf_counter()
@@ -89,79 +113,227 @@ class Supervisor:
             self.listener = bind_socket(config.host, config.port)
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
-        self.engine = spawn_child("engine", config, self.runtime_dir)
-        engine_report = self.wait_for_boot([self.engine], config.engine_start_timeout)
-        self.api_servers = [
-            spawn_child("api", config, self.runtime_dir, index=i, listener=self.listener)
-            for i in range(config.api_server_count)
-        ]
-        self.wait_for_boot(self.api_servers, API_SERVER_BOOT_TIMEOUT_S)
+        self.engine = self._spawn("engine")
+        self._await_ready([self.engine], config.engine_start_timeout)
+        for index in range(self.api_server_count):
+            self.api_servers[index] = self._spawn("api", index)
+        self._await_ready(list(self.api_servers.values()), config.engine_start_timeout + API_SERVER_BOOT_EXTRA_S)
+        self._announced.update(child.pid for child in self.children)
         port = bound_port(self.listener)
         scope = " (listening beyond loopback)" if config.binds_beyond_loopback else ""
+        summary = self.engine.boot_report.message if self.engine.boot_report else ""
         print(
             f"poolserve ready in {time.perf_counter() - started:.1f}s on http://{config.host}:{port}{scope}: "
-            f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s)",
+            f"model {config.model_names[0]} ({summary}), {self.api_server_count} API server(s)",
             flush=True,
         )
 
-    def wait_for_boot(self, children: list[ChildProcess], timeout: float) -> str:
-        """Wait until every child reports ready; returns the last ready report's message."""
+    def _await_ready(self, children: list[ChildProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        waiting = {child.boot_fd: child for child in children}
-        for fd in waiting:
-            self._selector.register(fd, selectors.EVENT_READ)
-        message = ""
-        try:
-            while waiting:
-                self._dispatch_signals()
-                for fd, child in list(waiting.items()):
-                    report = child.read_boot_report()
-                    code = child.poll()
-                    if report is not None and report.status == "ready":
-                        message = report.message
-                        del waiting[fd]
-                        self._selector.unregister(fd)
-                        child.close_boot_pipe()
-                    elif report is not None:
-                        raise StartFailed(f"{child.name} failed: {report.message}")
-                    elif code is not None:
-                        raise StartFailed(f"{child.name} (pid {child.pid}) exited with code {code} while starting")
-                remaining = deadline - time.monotonic()
-                if waiting and remaining <= 0:
-                    names = ", ".join(child.name for child in waiting.values())
-                    raise StartFailed(f"{names} not ready after {timeout:.0f}s")
-                if waiting:
-                    self._wait(min(remaining, 0.5))
-        finally:
-            for fd in waiting:
-                self._selector.unregister(fd)
-        return message
+        while not all(child.is_ready for child in children):
+            self._wait(0.5)
+            self._read_pipes()
+            self._dispatch_signals()
+            for child in children:
+                if child.has_failed_boot:
+                    raise StartFailed(f"{child.name} failed: {child.boot_report.message}")  # type: ignore[union-attr]
+                code = child.poll()
+                if code is not None and not child.is_ready:
+                    raise StartFailed(f"{child.name} (pid {child.pid}) {child.describe_exit(code)} while starting")
+            if time.monotonic() > deadline:
+                names = ", ".join(child.name for child in children if not child.is_ready)
+                raise StartFailed(f"{names} not ready after {timeout:.0f}s")
+
+    # The loop ----------------------------------------------------------------------------------
 
     def watch(self) -> int:
-        """Serve until a stop signal (exit 0) or a child's death (exit 1)."""
         while True:
+            self._wait(self._seconds_to_next_event())
+            self._read_pipes()
             try:
                 self._dispatch_signals()
             except StopRequested:
                 return EXIT_OK
-            for child in self.children:
-                code = child.poll()
-                if code is not None:
-                    logger.error("%s (pid %d) exited with code %s; stopping poolserve", child.name, child.pid, code)
-                    return EXIT_CHILD_DIED
-            self._wait(1.0)
+            self._reap()
+            self._check_liveness()
+            self._spawn_due()
+            self._advance_rolling_restart()
+            self._announce_ready()
 
     @property
     def children(self) -> list[ChildProcess]:
-        return ([self.engine] if self.engine else []) + self.api_servers
+        engine = [self.engine] if self.engine is not None else []
+        return engine + list(self.api_servers.values()) + list(self.replacements.values()) + self.retiring
+
+    def _seconds_to_next_event(self) -> float:
+        now = time.monotonic()
+        due = [when - now for when in self.respawn_at.values()]
+        return max(0.0, min([1.0, *due]))
+
+    def _read_pipes(self) -> None:
+        for child in self.children:
+            if child.pipe_fd >= 0 and not child.read_pipe():
+                self._selector.unregister(child.pipe_fd)
+                child.close_pipe()
+
+    def _dispatch_signals(self) -> None:
+        for signum in self._take_signals():
+            if signum in STOP_SIGNALS:
+                logger.info("received %s; shutting down", signal.Signals(signum).name)
+                raise StopRequested
+            if signum == signal.SIGHUP:
+                self.rolling = deque(sorted(self.api_servers))
+                logger.info("SIGHUP: restarting %d API server(s) one by one", len(self.rolling))
+            elif signum == signal.SIGTTIN:
+                self.api_server_count += 1
+                logger.info("SIGTTIN: scaling up to %d API server(s)", self.api_server_count)
+            elif signum == signal.SIGTTOU:
+                self._scale_down()
+
+    def _scale_down(self) -> None:
+        if self.api_server_count <= 1:
+            logger.warning("SIGTTOU ignored: 1 API server is the minimum")
+            return
+        self.api_server_count -= 1
+        index = self.api_server_count
+        logger.info("SIGTTOU: scaling down to %d API server(s); api-%d drains and stops", self.api_server_count, index)
+        self.respawn_at.pop(f"api-{index}", None)
+        with contextlib.suppress(ValueError):
+            self.rolling.remove(index)
+        for child in (self.api_servers.pop(index, None), self.replacements.pop(index, None)):
+            if child is not None:
+                self._retire(child)
+
+    def _retire(self, child: ChildProcess) -> None:
+        child.stop()
+        self.retiring.append(child)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            code = child.poll()
+            if code is None:
+                continue
+            self._forget(child)
+            if child.is_stopping:
+                logger.info("%s (pid %d) stopped", child.name, child.pid)
+                continue
+            if child.has_failed_boot or code == EXIT_BOOT_ERROR:
+                message = child.boot_report.message if child.boot_report else "see its log above"
+                raise StartFailed(f"{child.name} failed to start again: {message}")
+            crashes = self.crashes[child.name].record(now)
+            if crashes > self.crashes[child.name].limit:
+                raise GaveUp(
+                    f"{child.name} stopped unexpectedly {crashes} times within "
+                    f"{self.crashes[child.name].window:.0f}s (last: pid {child.pid} {child.describe_exit(code)})"
+                )
+            delay = self.crashes[child.name].backoff(crashes)
+            consequence = "; the API servers keep what was in flight and resubmit it" if child.role == "engine" else ""
+            logger.error(
+                "%s (pid %d) %s; restarting it%s%s",
+                child.name,
+                child.pid,
+                child.describe_exit(code),
+                f" in {delay:.1f}s (crash {crashes} within {self.crashes[child.name].window:.0f}s)" if delay else "",
+                consequence,
+            )
+            if child.role == "api" and child.index in self.rolling:
+                self.rolling.remove(child.index)
+            self.respawn_at[child.name] = now + delay
+
+    def _forget(self, child: ChildProcess) -> None:
+        if child.pipe_fd >= 0:
+            self._selector.unregister(child.pipe_fd)
+            child.close_pipe()
+        if child is self.engine:
+            self.engine = None
+        elif self.api_servers.get(child.index) is child:
+            del self.api_servers[child.index]
+        elif self.replacements.get(child.index) is child:
+            del self.replacements[child.index]
+        elif child in self.retiring:
+            self.retiring.remove(child)
+
+    def _check_liveness(self) -> None:
+        """Kill what stopped beating, what boots too long, and what drains too long."""
+        now = time.monotonic()
+        config = self.config
+        for child in self.children:
+            if child.stopped_at is not None:
+                if now - child.stopped_at > config.shutdown_timeout + 5 and child.poll() is None:
+                    logger.warning("%s (pid %d) did not finish draining in time; killing it", child.name, child.pid)
+                    child.kill()
+            elif not child.is_ready:
+                limit = config.engine_start_timeout + (API_SERVER_BOOT_EXTRA_S if child.role == "api" else 0)
+                if now - child.started_at > limit:
+                    child.kill()
+                    raise StartFailed(f"{child.name} (pid {child.pid}) not ready after {limit:.0f}s")
+            elif config.worker_timeout and now - child.last_beat > config.worker_timeout and child.poll() is None:
+                logger.error(
+                    "%s (pid %d) sent no heartbeat for %.0fs (--worker-timeout %g): it is hung; killing it",
+                    child.name,
+                    child.pid,
+                    now - child.last_beat,
+                    config.worker_timeout,
+                )
+                child.kill()
+                child.last_beat = now  # one kill and one log line; the reap follows
+
+    def _spawn_due(self) -> None:
+        now = time.monotonic()
+        for slot, when in list(self.respawn_at.items()):
+            if when > now:
+                continue
+            del self.respawn_at[slot]
+            if slot == "engine":
+                self.engine = self._spawn("engine")
+        for index in range(self.api_server_count):
+            if index not in self.api_servers and f"api-{index}" not in self.respawn_at:
+                self.api_servers[index] = self._spawn("api", index)
+
+    def _advance_rolling_restart(self) -> None:
+        for index, new in list(self.replacements.items()):
+            if new.is_ready:
+                del self.replacements[index]
+                old = self.api_servers.get(index)
+                self.api_servers[index] = new
+                if old is not None:
+                    logger.info("api-%d: pid %d is ready; pid %d drains and stops", index, new.pid, old.pid)
+                    self._retire(old)
+        if not self.replacements and self.rolling:
+            index = self.rolling.popleft()
+            if index in self.api_servers:
+                self.replacements[index] = self._spawn("api", index)
+            if not self.rolling:
+                logger.info("SIGHUP: the last API server is being replaced")
+
+    def _announce_ready(self) -> None:
+        for child in self.children:
+            if child.is_ready and child.pid not in self._announced:
+                self._announced.add(child.pid)
+                logger.info("%s (pid %d) is ready", child.name, child.pid)
+
+    def _spawn(self, role: str, index: int = 0) -> ChildProcess:
+        if role == "engine":
+            child = spawn_child("engine", self.config, self.runtime_dir)
+        else:
+            child = spawn_child("api", self.config, self.runtime_dir, index=index, listener=self.listener)
+        self._selector.register(child.pipe_fd, selectors.EVENT_READ)
+        return child
+
+    # Stopping ----------------------------------------------------------------------------------
 
     def stop(self) -> None:
         """API servers first (they drain in-flight requests, which need the engine), then the engine."""
-        self._stop_group(self.api_servers, self.config.shutdown_timeout + 5)
+        api_servers = list(self.api_servers.values()) + list(self.replacements.values()) + self.retiring
+        self._stop_group(api_servers, self.config.shutdown_timeout + 5)
         if self.engine is not None:
             self._stop_group([self.engine], ENGINE_STOP_TIMEOUT_S)
-        for child in self.children:
-            child.close_boot_pipe()
+        for child in [*api_servers, *([self.engine] if self.engine else [])]:
+            if child.pipe_fd >= 0:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(child.pipe_fd)
+                child.close_pipe()
         if self.listener is not None:
             self.listener.close()
         if self.runtime_dir:
@@ -169,7 +341,7 @@ class Supervisor:
 
     def _stop_group(self, children: list[ChildProcess], timeout: float) -> None:
         for child in children:
-            child.send_signal(signal.SIGTERM)
+            child.stop()
         deadline = time.monotonic() + timeout
         while any(child.poll() is None for child in children) and time.monotonic() < deadline:
             if signal.SIGINT in self._take_signals():
@@ -187,15 +359,10 @@ class Supervisor:
         self._signals.clear()
         return taken
 
-    def _dispatch_signals(self) -> None:
-        for signum in self._take_signals():
-            if signum in STOP_SIGNALS:
-                logger.info("received %s; shutting down", signal.Signals(signum).name)
-                raise StopRequested
-
     def _wait(self, timeout: float) -> None:
-        """Sleep until a signal, a boot report, or the timeout."""
-        for key, _ in self._selector.select(timeout):
-            if key.fd == self._wakeup_r:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wakeup_r, 4096)
+        """Sleep until a signal, a child's pipe has something, or the timeout."""
+        with contextlib.suppress(OSError, ValueError):
+            for key, _ in self._selector.select(timeout):
+                if key.fd == self._wakeup_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wakeup_r, 4096)

@@ -1,8 +1,9 @@
-"""Starting child processes (`python -m engine_core`, `python -m apiserver`) and reading their boot reports.
+"""Starting child processes (`python -m engine_core`, `python -m apiserver`) and reading their pipes.
 
 Children are fresh interpreters started with subprocess, not multiprocessing: their spec travels
 as JSON in one environment variable and sockets travel as inherited file descriptors, so nothing
-is pickled between processes.
+is pickled between processes. Each child writes on its pipe one boot report line, then one byte
+per heartbeat.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import msgspec
 
@@ -21,11 +23,17 @@ from engine_core.config import Config
 
 
 class ChildProcess:
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], boot_fd: int):
-        self.name = name
+    def __init__(self, role: Role, index: int, popen: subprocess.Popen[bytes], pipe_fd: int):
+        self.role = role
+        self.index = index
+        self.name = "engine" if role == "engine" else f"api-{index}"
         self.popen = popen
-        self.boot_fd = boot_fd
+        self.pipe_fd = pipe_fd
+        self.started_at = time.monotonic()
+        self.last_beat = self.started_at
         self.boot_report: BootReport | None = None
+        # Told to stop (SIGTERM sent) at this time: its exit is expected, not a crash.
+        self.stopped_at: float | None = None
         self._buffer = b""
 
     @property
@@ -36,33 +44,63 @@ class ChildProcess:
     def is_ready(self) -> bool:
         return self.boot_report is not None and self.boot_report.status == "ready"
 
+    @property
+    def has_failed_boot(self) -> bool:
+        return self.boot_report is not None and self.boot_report.status == "failed"
+
     def poll(self) -> int | None:
         return self.popen.poll()
 
-    def read_boot_report(self) -> BootReport | None:
-        """Read what the child wrote on its boot pipe; the first full line is its report."""
+    def read_pipe(self) -> bool:
+        """Read what the child wrote: its boot report, then heartbeats. False at end of file."""
+        try:
+            data = os.read(self.pipe_fd, 65536)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        self.last_beat = time.monotonic()
         if self.boot_report is None:
-            with contextlib.suppress(BlockingIOError):
-                self._buffer += os.read(self.boot_fd, 65536)
+            self._buffer += data
             if b"\n" in self._buffer:
                 line = self._buffer.split(b"\n", 1)[0]
+                self._buffer = b""
                 try:
                     self.boot_report = msgspec.json.decode(line, type=BootReport)
                 except msgspec.DecodeError:
                     self.boot_report = BootReport(status="failed", message=f"unreadable boot report {line!r}")
-        return self.boot_report
+        return True
 
-    def close_boot_pipe(self) -> None:
+    def close_pipe(self) -> None:
         with contextlib.suppress(OSError):
-            os.close(self.boot_fd)
+            os.close(self.pipe_fd)
+        self.pipe_fd = -1
 
     def send_signal(self, signum: int) -> None:
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.popen.send_signal(signum)
 
+    @property
+    def is_stopping(self) -> bool:
+        return self.stopped_at is not None
+
+    def stop(self) -> None:
+        """Ask it to stop gracefully (an API server drains its in-flight requests first)."""
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+        self.send_signal(signal.SIGTERM)
+
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def describe_exit(self, code: int) -> str:
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
 
 
 def spawn_child(
@@ -94,6 +132,9 @@ def spawn_child(
     pass_fds = (write_fd,) if listen_fd < 0 else (write_fd, listen_fd)
     try:
         popen = subprocess.Popen([sys.executable, "-m", module], env=env, pass_fds=pass_fds)
+    except BaseException:
+        os.close(read_fd)
+        raise
     finally:
         os.close(write_fd)
-    return ChildProcess(spec.name, popen, read_fd)
+    return ChildProcess(role, index, popen, read_fd)

@@ -75,6 +75,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="Most inputs (texts, images, pairs, documents) one request may carry; more gets 400.",
     )
     server.add_argument(
+        "--max-queued-inputs",
+        type=int,
+        default=4096,
+        help="Admission limit for the whole server: inputs waiting or running in the engine, from every API "
+        "server. A request past it gets 429 with Retry-After at once.",
+    )
+    server.add_argument(
+        "--max-queued-tokens",
+        type=int,
+        default=262_144,
+        help="The same limit counted in tokens (an image counts its vision tokens).",
+    )
+    server.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="Seconds a request may take end to end before it gets 504 and the engine drops its work; 0: none.",
+    )
+    server.add_argument(
+        "--engine-wait-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds a new request waits for an engine that is restarting before it gets 503 with Retry-After.",
+    )
+    server.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=30.0,
+        help="A process whose heartbeat (beaten by its event loop or its scheduler loop) is silent this long is "
+        "killed and replaced; /health reports a forward pass running over a third of it. 0: off.",
+    )
+    server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -169,6 +201,11 @@ def parse_config(argv: list[str] | None = None) -> Config:
             max_image_pixels=args.max_image_pixels,
             image_fetch_timeout=args.image_fetch_timeout,
             allowed_local_media_path=args.allowed_local_media_path,
+            max_queued_inputs=args.max_queued_inputs,
+            max_queued_tokens=args.max_queued_tokens,
+            request_timeout=args.request_timeout,
+            engine_wait_timeout=args.engine_wait_timeout,
+            worker_timeout=args.worker_timeout,
             engine_start_timeout=args.engine_start_timeout,
             shutdown_timeout=args.shutdown_timeout,
             log_level=args.log_level,

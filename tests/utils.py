@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -132,3 +135,96 @@ def wait_until(predicate: object, timeout: float, interval: float = 0.05) -> boo
 
 def mapped_libraries(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
+
+
+class SteadyLoad:
+    """Concurrent clients sending requests back to back, counting every outcome, bounded by `stop()`.
+
+    Each client keeps one keep-alive connection (as real clients do) and remembers which API
+    server answered it last, so a failure can be traced to the process its connection was on.
+    """
+
+    def __init__(self, url: str, clients: int = 8, body: dict[str, object] | None = None, path: str = "/v1/embeddings"):
+        self.url = url
+        self.path = path
+        self.body = body or {"input": "a steady stream of short sentences"}
+        self.clients = clients
+        self.statuses: Counter[int] = Counter()
+        # (server the client's connection was last answered by, exception type name)
+        self.failures: list[tuple[str | None, str]] = []
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> SteadyLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    @property
+    def total(self) -> int:
+        return sum(self.statuses.values()) + len(self.failures)
+
+    def wait_for(self, count: int, timeout: float = 30) -> None:
+        """Wait until at least `count` responses came back (load is really flowing)."""
+        assert wait_until(lambda: sum(self.statuses.values()) >= count, timeout), f"only {self.statuses}"
+
+    def _client(self) -> None:
+        last_server: str | None = None
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    response = client.post(self.path, json=self.body)
+                except httpx.HTTPError as exc:
+                    with self._lock:
+                        self.failures.append((last_server, type(exc).__name__))
+                    continue
+                last_server = response.headers.get("x-poolserve-server", last_server)
+                with self._lock:
+                    self.statuses[response.status_code] += 1
+                    self.latencies.append(time.perf_counter() - started)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+PROBER = """
+import json, sys, time, httpx
+url, seconds = sys.argv[1], float(sys.argv[2])
+latencies, statuses = [], []
+with httpx.Client(base_url=url, timeout=10) as client:
+    client.get('/health/live')  # the connection is made before measuring
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        statuses.append(client.get(sys.argv[3]).status_code)
+        latencies.append(time.perf_counter() - started)
+        time.sleep(0.01)
+print(json.dumps({"latencies": latencies, "statuses": statuses}))
+"""
+
+
+class HealthProber:
+    """Probes a health path every 10 ms from its own process, so the test's threads cannot slow it."""
+
+    def __init__(self, url: str, seconds: float, path: str = "/health"):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PROBER, url, str(seconds), path], stdout=subprocess.PIPE, text=True
+        )
+
+    def result(self) -> tuple[list[float], list[int]]:
+        out, _ = self.proc.communicate(timeout=120)
+        data = json.loads(out)
+        return data["latencies"], data["statuses"]

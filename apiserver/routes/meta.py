@@ -9,10 +9,12 @@ from starlette.responses import Response
 
 from apiserver.errors import error_response
 from apiserver.responses import json_response
-from apiserver.schemas.meta import HealthResponse, ModelEntry, ModelList, VersionResponse
+from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
 from apiserver.state import AppState
 
-ENGINE_PING_TIMEOUT_S = 2.0
+# With --worker-timeout 0 (no killing), a forward pass this long still reads as hung.
+DEFAULT_STALL_LIMIT_S = 10.0
+LIVE = b'{"status":"ok"}'
 
 
 async def list_models(request: Request) -> Response:
@@ -28,9 +30,28 @@ async def get_version(request: Request) -> Response:
     return json_response(VersionResponse(version("poolserve")))
 
 
-async def health(request: Request) -> Response:
-    """200 when this process and the engine both answer (a timed round trip), 503 otherwise."""
+async def live(request: Request) -> Response:
+    """This process answers: its event loop runs. Nothing else is checked, so load cannot starve it."""
+    return Response(LIVE, media_type="application/json")
+
+
+async def ready(request: Request) -> Response:
+    """200 when the engine answered the background ping lately and is not stuck in one forward pass;
+    else 503. Reading the latest answer, not waiting for a new one, keeps probes fast under load."""
     state: AppState = request.app.state.poolserve
-    if await state.engine.ping(ENGINE_PING_TIMEOUT_S):
-        return json_response(HealthResponse("ok"))
-    return error_response(503, "The model engine is not answering.", code="engine_unavailable")
+    pong = state.engine.latest_pong()
+    if pong is None:
+        message = "The model engine is not answering (loading, restarting or down)."
+        return error_response(503, message, code="engine_unavailable")
+    timeout = state.config.worker_timeout
+    stall_limit = timeout / 3 if timeout else DEFAULT_STALL_LIMIT_S
+    if pong.stalled_for > stall_limit:
+        return error_response(
+            503,
+            f"The model engine has been inside one forward pass for {pong.stalled_for:.0f}s: it looks hung.",
+            code="engine_hung",
+        )
+    engine = EngineHealth(
+        queued_inputs=pong.queued_inputs, queued_tokens=pong.queued_tokens, busy_seconds=round(pong.stalled_for, 3)
+    )
+    return json_response(HealthResponse(status="ok", engine=engine))

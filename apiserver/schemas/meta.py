@@ -25,5 +25,15 @@ class VersionResponse(msgspec.Struct):
     version: str
 
 
-class HealthResponse(msgspec.Struct):
+class EngineHealth(msgspec.Struct, kw_only=True):
+    """What the engine's I/O thread said: inputs and tokens waiting or running, and how long the
+    current forward pass has run (0 when idle)."""
+
+    queued_inputs: int
+    queued_tokens: int
+    busy_seconds: float
+
+
+class HealthResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: str
+    engine: EngineHealth | None = None

@@ -149,7 +149,8 @@ def test_openapi_describes_every_endpoint_from_the_request_types(http: httpx.Cli
         ("/v1/embeddings", "post"), ("/v1/models", "get"), ("/pooling", "post"), ("/score", "post"),
         ("/rerank", "post"), ("/v1/rerank", "post"), ("/v2/rerank", "post"), ("/classify", "post"),
         ("/tokenize", "post"), ("/detokenize", "post"), ("/embed", "post"), ("/predict", "post"),
-        ("/info", "get"), ("/version", "get"), ("/health", "get"), ("/ping", "get"), ("/openapi.json", "get"),
+        ("/info", "get"), ("/version", "get"), ("/health", "get"), ("/health/ready", "get"), ("/health/live", "get"),
+        ("/ping", "get"), ("/openapi.json", "get"),
     }  # fmt: skip
     described = {(path, method) for path, methods in document["paths"].items() for method in methods}
     assert described == expected

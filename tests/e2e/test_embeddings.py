@@ -201,10 +201,13 @@ def test_unknown_route_and_wrong_method_get_json_errors(http: httpx.Client) -> N
 
 
 def test_health_ping_and_models(http: httpx.Client) -> None:
-    for path in ("/health", "/ping"):
+    for path in ("/health", "/health/ready", "/ping"):
         response = http.get(path)
         assert response.status_code == 200
-        assert response.json() == {"status": "ok"}
+        body = response.json()
+        assert body["status"] == "ok"
+        assert set(body["engine"]) == {"queued_inputs", "queued_tokens", "busy_seconds"}
+    assert http.get("/health/live").json() == {"status": "ok"}
     models = http.get("/v1/models").json()
     assert models["object"] == "list"
     assert models["data"][0]["id"] == BUNDLED_MODEL_NAME

@@ -1,0 +1,280 @@
+"""Fault injection on real processes under load: crashes, hangs, poison pills, signals, overload, disconnects."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.utils import HealthProber, LaunchedServer, SteadyLoad, is_alive, percentile, wait_until
+
+# Token ids in the bundled BERT vocabulary the test-only fault hooks watch for.
+CRASH_TOKEN = 29_999
+HANG_TOKEN = 29_998
+
+
+@contextlib.contextmanager
+def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[LaunchedServer]:
+    server = LaunchedServer(*args, env=env)
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def two_api_servers() -> Iterator[LaunchedServer]:
+    with launched("--api-server-count", "2") as server:
+        yield server
+
+
+def api_server_pids(server: LaunchedServer) -> dict[str, int]:
+    """Index -> pid of the live API servers, from the `[api-N pid]` prefix of their log lines."""
+    live = set(server.child_pid("apiserver"))
+    return {index: int(pid) for index, pid in re.findall(r"\[api-(\d+) (\d+)\]", server.stderr()) if int(pid) in live}
+
+
+def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float) -> float:
+    """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`."""
+    pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")
+    started = time.monotonic()
+    found = wait_until(
+        lambda: any(int(pid) != pid_not for pid in pattern.findall(server.stderr())), timeout, interval=0.02
+    )
+    assert found, f"{name} not back within {timeout}s\n{server.log()}"
+    return time.monotonic() - started
+
+
+def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
+    two_api_servers: LaunchedServer,
+) -> None:
+    server = two_api_servers
+    victim_index = "0"
+    victim = api_server_pids(server)[victim_index]
+    with SteadyLoad(server.url, clients=8) as load:
+        load.wait_for(40)
+        os.kill(victim, signal.SIGKILL)
+        back_after = ready_line_time(server, f"api-{victim_index}", victim, timeout=10)
+        served_before = sum(load.statuses.values())
+        load.wait_for(served_before + 40)
+    assert back_after < 2.0, f"api-{victim_index} back after {back_after:.2f}s\n{server.log()}"
+    assert set(load.statuses) == {200}
+    # Each client's one request in flight on the killed process may fail; nothing else.
+    on_victim = [failure for failure in load.failures if failure[0] == victim_index]
+    assert len(load.failures) == len(on_victim) <= load.clients, load.failures
+    assert len(server.child_pid("apiserver")) == 2
+
+
+def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: LaunchedServer) -> None:
+    server = two_api_servers
+    (engine,) = server.child_pid("engine_core")
+    body = {"input": [f"sentence number {i} about search and retrieval" for i in range(16)]}
+    with SteadyLoad(server.url, clients=6, body=body) as load:
+        load.wait_for(12)
+        os.kill(engine, signal.SIGKILL)
+        ready_line_time(server, "engine", engine, timeout=60)
+        served_after_restart = sum(load.statuses.values())
+        load.wait_for(served_after_restart + 12)
+    assert load.failures == [], load.failures
+    assert set(load.statuses) == {200}, load.statuses
+    assert "resubmitting" in server.stderr()
+
+
+def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on() -> None:
+    with launched("--api-server-count", "1", env={"POOLSERVE_TEST_CRASH_TOKEN": str(CRASH_TOKEN)}) as server:
+        with server.client() as client:
+            bystanders: list[int] = []
+
+            def innocent() -> None:
+                with server.client() as other:
+                    bystanders.append(other.post("/v1/embeddings", json={"input": ["harmless"] * 8}).status_code)
+
+            threads = [threading.Thread(target=innocent) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            poisoned = client.post("/v1/embeddings", json={"input": [[101, CRASH_TOKEN, 102]]})
+            for thread in threads:
+                thread.join(60)
+            assert poisoned.status_code == 500, poisoned.text
+            assert poisoned.json()["error"]["code"] == "poison_pill"
+            assert "likely cause" in poisoned.json()["error"]["message"]
+            assert bystanders == [200] * 4
+            assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
+        assert server.stderr().count("engine (pid") >= 2
+
+
+def test_a_hung_engine_reads_unhealthy_then_is_replaced() -> None:
+    env = {"POOLSERVE_TEST_HANG_TOKEN": str(HANG_TOKEN)}
+    with launched("--api-server-count", "1", "--worker-timeout", "3", env=env) as server:
+        (engine,) = server.child_pid("engine_core")
+        result: dict[str, httpx.Response] = {}
+
+        def hang() -> None:
+            with server.client() as client:
+                result["hung"] = client.post("/v1/embeddings", json={"input": [[101, HANG_TOKEN, 102]]})
+
+        sender = threading.Thread(target=hang)
+        sender.start()
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").status_code == 503, 5), "a hung engine read healthy"
+            body = client.get("/health").json()
+            assert body["error"]["code"] in ("engine_hung", "engine_unavailable")
+            assert client.get("/health/live").status_code == 200
+            ready_line_time(server, "engine", engine, timeout=30)
+            sender.join(90)
+            # The same input hung the restarted engine too: failed as the cause, not retried forever.
+            assert result["hung"].status_code == 500
+            assert wait_until(lambda: client.get("/health").status_code == 200, 30)
+            assert client.post("/v1/embeddings", json={"input": "fine"}).status_code == 200
+        assert "sent no heartbeat" in server.stderr()
+
+
+def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503() -> None:
+    with launched("--api-server-count", "1", "--engine-wait-timeout", "0.5") as server:
+        (engine,) = server.child_pid("engine_core")
+        os.kill(engine, signal.SIGKILL)
+        with server.client() as client:
+            # Sent before the API server saw the engine go, a request is in flight and is resubmitted
+            # (a 200); sent after, it is new and waits for the engine at most --engine-wait-timeout.
+            assert wait_until(lambda: "lost the engine" in server.stderr(), 5)
+            assert client.get("/health").status_code == 503
+            started = time.monotonic()
+            response = client.post("/v1/embeddings", json={"input": "during the restart"})
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "1"
+            assert time.monotonic() - started < 3
+            ready_line_time(server, "engine", engine, timeout=60)
+            assert wait_until(lambda: client.get("/health").status_code == 200, 10)
+            assert client.post("/v1/embeddings", json={"input": "after the restart"}).status_code == 200
+
+
+def test_sigterm_under_load_completes_every_accepted_request_and_exits_0() -> None:
+    with launched("--api-server-count", "2") as server:
+        children = server.children()
+        body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(16)]}
+        with SteadyLoad(server.url, clients=6, body=body) as load:
+            load.wait_for(12)
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.wait_exit(60) == 0, server.log()
+        # Whatever got an answer got a 200; what failed never reached a server (refused or closed idle).
+        assert set(load.statuses) == {200}, load.statuses
+        assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
+        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
+
+
+def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_servers: LaunchedServer) -> None:
+    server = two_api_servers
+    old = set(server.child_pid("apiserver"))
+    with SteadyLoad(server.url, clients=8) as load:
+        load.wait_for(40)
+        server.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: not old & set(server.child_pid("apiserver")), 60), server.log()
+        assert wait_until(lambda: len(server.child_pid("apiserver")) == 2, 30)
+        served = sum(load.statuses.values())
+        load.wait_for(served + 40)
+    assert load.failures == [], load.failures
+    assert set(load.statuses) == {200}
+
+
+def test_sigttin_and_sigttou_change_the_number_of_api_servers(two_api_servers: LaunchedServer) -> None:
+    server = two_api_servers
+    server.proc.send_signal(signal.SIGTTIN)
+    assert wait_until(lambda: len(server.child_pid("apiserver")) == 3, 30), server.log()
+    assert wait_until(lambda: "api-2 (pid" in server.stderr() and "is ready" in server.stderr(), 30)
+    for _ in range(3):  # the third is refused: one API server is the minimum
+        server.proc.send_signal(signal.SIGTTOU)
+        time.sleep(0.3)
+    assert wait_until(lambda: len(server.child_pid("apiserver")) == 1, 30), server.log()
+    assert "1 API server is the minimum" in server.stderr()
+    with server.client() as client:
+        assert client.post("/v1/embeddings", json={"input": "still serving"}).status_code == 200
+
+
+def test_an_api_server_with_a_blocked_event_loop_is_replaced() -> None:
+    with launched("--api-server-count", "1", "--worker-timeout", "2") as server:
+        (victim,) = server.child_pid("apiserver")
+        with httpx.Client(base_url=server.url, timeout=30) as client, pytest.raises(httpx.HTTPError):
+            client.post("/_test/block", params={"seconds": "60"})
+        ready_line_time(server, "api-0", victim, timeout=15)
+        assert not is_alive(victim)
+        assert "sent no heartbeat" in server.stderr()
+        with server.client() as client:
+            assert client.post("/v1/embeddings", json={"input": "replaced"}).status_code == 200
+
+
+def test_overload_gets_429_quickly_and_health_stays_fast() -> None:
+    with launched("--api-server-count", "2", "--max-queued-inputs", "32") as server:
+        body = {"input": [f"an overloading sentence number {i}" for i in range(16)]}
+        with SteadyLoad(server.url, clients=12, body=body) as load:
+            load.wait_for(10)
+            prober = HealthProber(server.url, seconds=4)
+            latencies, statuses = prober.result()
+        assert load.failures == []
+        assert set(load.statuses) == {200, 429}
+        assert load.statuses[429] >= 20, load.statuses
+        assert set(statuses) == {200}
+        p99 = percentile(latencies, 99)
+        assert p99 < 0.05, f"/health p99 {p99 * 1000:.1f} ms over {len(latencies)} probes under overload"
+        with server.client() as client:
+            started = time.monotonic()
+            refused = client.post("/v1/embeddings", json={"input": ["x"] * 33})
+            assert refused.status_code == 413  # bigger than the whole queue: retrying cannot help
+            assert time.monotonic() - started < 0.5
+            assert client.post("/v1/embeddings", json=body).status_code == 200
+
+
+def test_429s_come_back_at_once_with_retry_after() -> None:
+    with launched("--api-server-count", "1", "--max-queued-inputs", "16") as server:
+        big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(16)]}
+        answers: list[httpx.Response] = []
+
+        def send() -> None:
+            with server.client() as client:
+                answers.append(client.post("/v1/embeddings", json=big))
+
+        first = threading.Thread(target=send)
+        first.start()
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 16, 10)
+            started = time.monotonic()
+            refused = client.post("/v1/embeddings", json={"input": "one more"})
+            elapsed = time.monotonic() - started
+        first.join(60)
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert elapsed < 0.5
+        assert [a.status_code for a in answers] == [200]
+
+
+def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: LaunchedServer) -> None:
+    server = two_api_servers
+    big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
+    with httpx.Client(base_url=server.url, timeout=1.0) as client, pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/embeddings", json=big)
+    with server.client() as client:
+        assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 5), client.get(
+            "/health"
+        ).json()
+        started = time.monotonic()
+        assert client.post("/v1/embeddings", json={"input": "next"}).status_code == 200
+        assert time.monotonic() - started < 2
+
+
+def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped() -> None:
+    with launched("--api-server-count", "1", "--request-timeout", "1") as server:
+        big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
+        with server.client() as client:
+            started = time.monotonic()
+            response = client.post("/v1/embeddings", json=big)
+            assert response.status_code == 504, response.text
+            assert "--request-timeout" in response.json()["error"]["message"]
+            assert time.monotonic() - started < 4
+            assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 5)
