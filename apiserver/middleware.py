@@ -1,40 +1,97 @@
-"""ASGI middleware: every response names the API server that answered and carries a request id."""
+"""ASGI middleware that watches every request: ids, which server answered, timings, metrics, access log."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS
+
 MAX_REQUEST_ID_LENGTH = 128
+# Per-request timings that routes leave in the request state, sent back as TEI's headers (ms).
+TIMING_HEADERS = (
+    ("preprocess_s", b"x-tokenization-time"),
+    ("queue_s", b"x-queue-time"),
+    ("inference_s", b"x-inference-time"),
+)
+
+access_logger = logging.getLogger("poolserve.access")
 
 
-class ResponseHeaders:
-    """Adds `x-poolserve-server` and `x-request-id` (the client's, when it sent a sane one)."""
+class RequestTelemetry:
+    """Adds `x-poolserve-server`, `x-request-id` (the client's, when it sent a sane one), TEI's
+    timing headers; counts and times every request by endpoint; writes the access log when asked."""
 
-    def __init__(self, app: ASGIApp, server_index: int):
+    def __init__(self, app: ASGIApp, *, server_index: int, endpoints: Iterable[str], access_log: bool = False):
         self.app = app
-        self.server_header = (b"x-poolserve-server", str(server_index).encode())
+        self.server = str(server_index)
+        self.server_header = (b"x-poolserve-server", self.server.encode())
+        self.endpoints = frozenset(endpoints)
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.monotonic()
         request_id = next((value for name, value in scope["headers"] if name == b"x-request-id"), b"")
         if not is_sane_request_id(request_id):
             request_id = uuid.uuid4().hex.encode()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
-        state["started"] = time.monotonic()
-        extra = [self.server_header, (b"x-request-id", request_id)]
+        state["started"] = started
+        is_counted = False
+
+        def count(status: int) -> None:
+            """Counted as the answer starts, so a client that has its answer sees it in the next scrape."""
+            nonlocal is_counted
+            is_counted = True
+            elapsed = time.monotonic() - started
+            path = scope["path"]
+            endpoint = path if path in self.endpoints else "other"
+            REQUESTS.labels(endpoint=endpoint, status=str(status)).inc()
+            REQUEST_SECONDS.labels(endpoint=endpoint).observe(elapsed)
+            SERVER_REQUESTS.labels(server=self.server).inc()
+            if self.access_log:
+                access_logger.info(
+                    "request_id=%s method=%s path=%s status=%d duration_ms=%.1f tokens=%d",
+                    state["request_id"],
+                    scope["method"],
+                    path,
+                    status,
+                    elapsed * 1000,
+                    state.get("tokens", 0),
+                )
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *extra]
+                headers = [*message.get("headers", []), self.server_header, (b"x-request-id", request_id)]
+                headers.extend(timing_headers(state, time.monotonic() - started))
+                message["headers"] = headers
+                count(message["status"])
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if not is_counted:  # the app raised; Starlette's outermost handler answers 500
+                count(500)
+
+
+def timing_headers(state: dict[str, object], total: float) -> list[tuple[bytes, bytes]]:
+    headers = [(b"x-total-time", f"{total * 1000:.3f}".encode())]
+    for key, name in TIMING_HEADERS:
+        value = state.get(key)
+        if isinstance(value, float):
+            headers.append((name, f"{value * 1000:.3f}".encode()))
+    tokens = state.get("tokens")
+    if isinstance(tokens, int):
+        headers.append((b"x-compute-tokens", str(tokens).encode()))
+    return headers
 
 
 def is_sane_request_id(value: bytes) -> bool:

@@ -7,7 +7,7 @@ import base64
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -16,11 +16,26 @@ from starlette.responses import Response
 
 from apiserver.errors import ApiError, ClientDisconnected
 from apiserver.inputs.job import EngineJob
-from apiserver.inputs.prepare import PreparedJob, finish_job
+from apiserver.inputs.prepare import PreparedJob
+from apiserver.metrics import IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS
 from apiserver.state import AppState
 
 F32 = npt.NDArray[np.float32]
 Parsed = TypeVar("Parsed")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+async def preprocess(request: Request, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run synchronous work on the preprocessing pool, timed for the metrics and TEI's headers."""
+    state: AppState = request.app.state.poolserve
+    started = time.perf_counter()
+    try:
+        return await state.preprocess.run(fn, *args, **kwargs)
+    finally:
+        elapsed = time.perf_counter() - started
+        request.state.preprocess_s = getattr(request.state, "preprocess_s", 0.0) + elapsed
+        PREPROCESS_SECONDS.labels(endpoint=request.url.path).observe(elapsed)
 
 
 async def run_job(request: Request, job: EngineJob) -> F32:
@@ -49,6 +64,11 @@ async def run_job(request: Request, job: EngineJob) -> F32:
             504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"
         )
     result = work.result()
+    request.state.queue_s, request.state.inference_s = result.queue_time, result.inference_time
+    request.state.tokens = job.prompt_tokens
+    PROMPT_TOKENS.labels(endpoint=request.url.path).inc(job.prompt_tokens)
+    if job.images:
+        IMAGES.labels(endpoint=request.url.path).inc(len(job.images))
     rows = np.frombuffer(result.data, dtype=result.dtype).reshape(result.rows, result.dim)
     return rows if job.order is None else rows[job.order]
 
@@ -81,6 +101,15 @@ def encode_rows(rows: F32, encoding_format: str) -> list[list[float] | str]:
     return floats
 
 
+async def finish_job(request: Request, prepared: PreparedJob) -> EngineJob:
+    """The prepared job, after fetching its remote images (on the loop) and decoding them (on the pool)."""
+    if prepared.job is not None:
+        return prepared.job
+    state: AppState = request.app.state.poolserve
+    fetched = await state.images.fetch_all(prepared.remote)
+    return await preprocess(request, prepared.build, lambda source: state.images.load(source, fetched))
+
+
 async def answer_items_request(
     request: Request,
     prepare: Callable[[bytes, AppState], tuple[Parsed, PreparedJob]],
@@ -88,8 +117,8 @@ async def answer_items_request(
 ) -> Response:
     """Decode and prepare on the preprocessing pool, fetch remote images, run, encode on the pool."""
     state: AppState = request.app.state.poolserve
-    parsed, prepared = await state.preprocess.run(prepare, await request.body(), state)
-    job = await finish_job(state, prepared)
+    parsed, prepared = await preprocess(request, prepare, await request.body(), state)
+    job = await finish_job(request, prepared)
     rows = await run_job(request, job)
-    content = await state.preprocess.run(encode, rows, parsed, job.prompt_tokens, state.model_name)
+    content = await preprocess(request, encode, rows, parsed, job.prompt_tokens, state.model_name)
     return Response(content, media_type="application/json")

@@ -15,6 +15,7 @@ import uvloop
 from apiserver.app import build_app
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
+from apiserver.metrics import sample_loop_lag
 from apiserver.preprocess import Preprocessor
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
@@ -67,7 +68,7 @@ async def fail_waiting_on_exit(server: uvicorn.Server, engine: EngineClient) -> 
 
 
 def run(spec: ChildSpec) -> int:
-    configure_logging(spec.name, spec.config.log_level)
+    configure_logging(spec.name, spec.config.log_level, spec.config.log_format)
     exit_request = ExitRequest()
     # uvicorn re-raises the signal that stopped it once it restores these handlers; ours then
     # only records it, and the process exits 0.
@@ -133,7 +134,11 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         await asyncio.sleep(0.005)
     if server.started:
         report_boot(spec, BootReport(status="ready"))
-    guards = [asyncio.create_task(beat(spec)), asyncio.create_task(fail_waiting_on_exit(server, engine))]
+    guards = [
+        asyncio.create_task(beat(spec)),
+        asyncio.create_task(fail_waiting_on_exit(server, engine)),
+        asyncio.create_task(sample_loop_lag(spec.index)),
+    ]
     try:
         await serving
     finally:

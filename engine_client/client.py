@@ -57,6 +57,8 @@ class PooledResult:
     dim: int
     data: bytes
     dtype: str = OUTPUT_DTYPE
+    queue_time: float = 0.0
+    inference_time: float = 0.0
 
 
 @dataclass(slots=True)
@@ -233,7 +235,10 @@ class EngineClient:
             elif out.error:
                 entry.future.set_exception(EngineError(out.error))
             else:
-                entry.future.set_result(PooledResult(out.rows, out.dim, frames[i + 1]))
+                result = PooledResult(
+                    out.rows, out.dim, frames[i + 1], queue_time=out.queue_time, inference_time=out.inference_time
+                )
+                entry.future.set_result(result)
 
     async def _on_ready(self, ready: Ready) -> None:
         """A (new) engine answered the handshake: blame its suspects, resubmit what is in flight."""

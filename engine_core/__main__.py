@@ -28,7 +28,7 @@ def main() -> int:
     # Ctrl-C reaches the whole process group; the supervisor decides when the engine stops,
     # after the API servers have drained.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_logging(spec.name, spec.config.log_level)
+    configure_logging(spec.name, spec.config.log_level, spec.config.log_format)
     started = time.perf_counter()
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:
@@ -76,6 +76,9 @@ def main() -> int:
         card.max_batch_size,
         card.max_batch_tokens,
     )
+    from engine_core.metrics import publish_model_info
+
+    publish_model_info(card)
     report_boot(spec, BootReport(status="ready", message=summary))
     engine.run()
     logger.info("engine stopped")

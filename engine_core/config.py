@@ -13,6 +13,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     engine_start_timeout: float = 300.0
     shutdown_timeout: float = 30.0
     log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)

@@ -17,6 +17,15 @@ from engine_core.fault_hooks import FaultHooks
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
+from engine_core.metrics import (
+    BATCH_INPUTS,
+    BATCH_TOKENS,
+    FORWARD_SECONDS,
+    INPUTS_QUEUED,
+    QUEUE_SECONDS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+)
 from engine_core.postprocess import finish_rows
 from engine_core.protocol import ERROR_MODEL, OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
 from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
@@ -61,6 +70,7 @@ class EngineCore:
         self._outbox.connect(OUTBOX_ENDPOINT)
         self._encoder = make_encoder()
         self._requests: dict[tuple[bytes, int], PendingRequest] = {}
+        self._running = 0
         self.should_exit = False
 
     def run(self) -> None:
@@ -95,6 +105,9 @@ class EngineCore:
         if now - self._last_beat >= BEAT_INTERVAL_S:
             self._last_beat = now
             self._beat()
+        REQUESTS_WAITING.set(len(self._requests) - self._running)
+        REQUESTS_RUNNING.set(self._running)
+        INPUTS_QUEUED.set(self.backlog.inputs)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -121,6 +134,8 @@ class EngineCore:
         if not request.is_released:
             request.is_released = True
             self.backlog.release(request.count, request.total_cost)
+            if request.started_at is not None:
+                self._running -= 1
 
     def _run_batch(self, batch: list[WorkItem]) -> None:
         live = [item for item in batch if not item.request.is_cancelled]
@@ -128,7 +143,12 @@ class EngineCore:
             return
         running = {item.request.key: item.request for item in live}
         self.recorder.record(running)
-        self._step_started = time.monotonic()
+        self._step_started = started = time.monotonic()
+        for request in running.values():
+            if request.started_at is None:
+                request.started_at = started
+                self._running += 1
+                QUEUE_SECONDS.observe(started - request.admitted_at)
         try:
             rows = self._forward(live)
         except Exception as exc:
@@ -141,6 +161,10 @@ class EngineCore:
         finally:
             self._step_started = None
             self.recorder.clear()
+        is_image = live[0].is_image
+        FORWARD_SECONDS.labels(modality="image" if is_image else "text").observe(time.monotonic() - started)
+        BATCH_INPUTS.observe(len(live))
+        BATCH_TOKENS.observe(len(live) * max(item.length for item in live))
         finished: list[PendingRequest] = []
         for row, item in enumerate(live):
             request = item.request
@@ -177,7 +201,14 @@ class EngineCore:
                 activation=request.activation,
                 dimensions=request.dimensions,
             )
-            out = PooledOutput(request.id, vectors.shape[0], vectors.shape[1])
+            started = request.started_at or request.admitted_at
+            out = PooledOutput(
+                request.id,
+                vectors.shape[0],
+                vectors.shape[1],
+                queue_time=started - request.admitted_at,
+                inference_time=time.monotonic() - started,
+            )
             by_server[request.identity].append((out, np.ascontiguousarray(vectors, dtype=OUTPUT_DTYPE).data))
         for request in failed:
             self._requests.pop(request.key, None)

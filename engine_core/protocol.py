@@ -172,6 +172,9 @@ class PooledOutput(msgspec.Struct, array_like=True):
     dim: int
     error: str = ""
     code: str = ""
+    # Seconds between admission and the first forward pass, and from there to the last one.
+    queue_time: float = 0.0
+    inference_time: float = 0.0
 
 
 class Outputs(msgspec.Struct, tag="outputs", array_like=True):

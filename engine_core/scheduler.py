@@ -9,6 +9,7 @@ request can be overtaken, while still giving sorting enough inputs to work with.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -38,6 +39,8 @@ class PendingRequest:
     image_cost: int = 1
     # Running when an engine died: runs in batches of its own, so a second crash names it.
     is_suspect: bool = False
+    admitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
     texts: int = field(init=False)
     count: int = field(init=False)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict, deque
-from types import FrameType
+from types import FrameType, ModuleType
 
 from engine_core.boot import EXIT_BOOT_ERROR
 from engine_core.config import Config
@@ -37,6 +37,7 @@ EXIT_START_FAILED = 3
 API_SERVER_BOOT_EXTRA_S = 60.0
 ENGINE_STOP_TIMEOUT_S = 10.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
 
@@ -69,6 +70,7 @@ class Supervisor:
         self.listener: socket.socket | None = None
         self.runtime_dir = ""
         self._announced: set[int] = set()
+        self.metrics: ModuleType
         self._signals: deque[int] = deque()
         self._selector = selectors.DefaultSelector()
         self._wakeup_r, self._wakeup_w = os.pipe()
@@ -109,6 +111,7 @@ class Supervisor:
         config = self.config
         started = time.perf_counter()
         self.runtime_dir = tempfile.mkdtemp(prefix="poolserve-")  # mode 0700
+        self._prepare_metrics()
         try:
             self.listener = bind_socket(config.host, config.port)
         except OSError as exc:
@@ -127,6 +130,18 @@ class Supervisor:
             f"model {config.model_names[0]} ({summary}), {self.api_server_count} API server(s)",
             flush=True,
         )
+
+    def _prepare_metrics(self) -> None:
+        """Every process writes its series here; any API server's /metrics reads them all. Set before
+        anything imports prometheus_client, which picks its storage then; children inherit it."""
+        directory = os.path.join(self.runtime_dir, "metrics")
+        os.mkdir(directory, 0o700)
+        os.environ[METRICS_DIR_ENV] = directory
+        from supervisor import metrics
+
+        for process in ("engine", "api_server"):
+            metrics.RESTARTS.labels(process=process)  # a series at 0 from the start, as Prometheus advises
+        self.metrics = metrics
 
     def _await_ready(self, children: list[ChildProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -159,6 +174,8 @@ class Supervisor:
             self._spawn_due()
             self._advance_rolling_restart()
             self._announce_ready()
+            serving = [c for c in self.api_servers.values() if c.is_ready and not c.is_stopping]
+            self.metrics.API_SERVERS.set(len(serving))
 
     @property
     def children(self) -> list[ChildProcess]:
@@ -215,6 +232,8 @@ class Supervisor:
             if code is None:
                 continue
             self._forget(child)
+            # Its gauges stop counting; its counters and histograms stay in the totals.
+            self.metrics.mark_process_dead(child.pid)
             if child.is_stopping:
                 logger.info("%s (pid %d) stopped", child.name, child.pid)
                 continue
@@ -240,6 +259,7 @@ class Supervisor:
             if child.role == "api" and child.index in self.rolling:
                 self.rolling.remove(child.index)
             self.respawn_at[child.name] = now + delay
+            self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
 
     def _forget(self, child: ChildProcess) -> None:
         if child.pipe_fd >= 0:

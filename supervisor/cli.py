@@ -7,7 +7,16 @@ import os
 import sys
 import typing
 
-from engine_core.config import Config, ConfigError, Device, DType, LogLevel, Pooling, default_api_server_count
+from engine_core.config import (
+    Config,
+    ConfigError,
+    Device,
+    DType,
+    LogFormat,
+    LogLevel,
+    Pooling,
+    default_api_server_count,
+)
 from engine_core.logs import configure_logging
 from supervisor.arbiter import Supervisor
 
@@ -16,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch",
         description=(
-            "Serve a pooling model (embeddings) over HTTP: N API-server processes share one listening "
-            "socket and feed one engine-core process that owns the model and batches across all of them."
+            "Serve a pooling model (embeddings, rerankers, classifiers, CLIP) over HTTP: N API-server "
+            "processes share one listening socket and feed one engine-core process that owns the model "
+            "and batches across all of them."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -173,7 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="Seconds the engine gets to load the model before start-up is abandoned.",
     )
-    parser.add_argument("--log-level", choices=typing.get_args(LogLevel), default="info", help="Log verbosity.")
+    logs = parser.add_argument_group("logs")
+    logs.add_argument("--log-level", choices=typing.get_args(LogLevel), default="info", help="Log verbosity.")
+    logs.add_argument(
+        "--log-format",
+        choices=typing.get_args(LogFormat),
+        default="text",
+        help="One line per record: readable text, or one JSON object (for log shippers).",
+    )
+    logs.add_argument(
+        "--access-log",
+        action="store_true",
+        help="Log one line per request: request id, method, path, status, duration, tokens.",
+    )
     return parser
 
 
@@ -209,6 +231,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
             engine_start_timeout=args.engine_start_timeout,
             shutdown_timeout=args.shutdown_timeout,
             log_level=args.log_level,
+            log_format=args.log_format,
+            access_log=args.access_log,
         )
     except ConfigError as exc:
         parser.error(str(exc))
@@ -216,6 +240,6 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(argv)
-    configure_logging("supervisor", config.log_level)
+    configure_logging("supervisor", config.log_level, config.log_format)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     sys.exit(Supervisor(config).run())

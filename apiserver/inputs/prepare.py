@@ -1,7 +1,7 @@
-"""From a request's items to its engine job, fetching remote images in between when there are any.
+"""From a request's items to its engine job, or to what is still needed for it: remote images.
 
 Everything synchronous (tokenizing, decoding inline images) runs on the preprocessing pool; only
-http(s) fetches run on the event loop, where waiting on the network costs nothing.
+http(s) fetches run on the event loop (pipeline.finish_job), where waiting on the network costs nothing.
 """
 
 from __future__ import annotations
@@ -35,13 +35,6 @@ def prepare_job(state: AppState, items: list[Item], build: JobBuilder) -> Prepar
     if remote:
         return PreparedJob(job=None, remote=remote, build=build)
     return PreparedJob(job=build(state.images.load), remote=[], build=build)
-
-
-async def finish_job(state: AppState, prepared: PreparedJob) -> EngineJob:
-    if prepared.job is not None:
-        return prepared.job
-    fetched = await state.images.fetch_all(prepared.remote)
-    return await state.preprocess.run(prepared.build, lambda source: state.images.load(source, fetched))
 
 
 class ItemsRequest(Protocol):

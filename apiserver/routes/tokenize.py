@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from apiserver.errors import bad_request
 from apiserver.inputs.text import check_token_rows
+from apiserver.pipeline import preprocess
 from apiserver.responses import json_response
 from apiserver.schemas.tokenize import (
     DetokenizeRequest,
@@ -58,7 +59,7 @@ def tei_tokens(text: str, state: AppState, add_special_tokens: bool) -> list[Tei
 
 async def create_tokens(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
-    return json_response(await state.preprocess.run(tokenize, await request.body(), state))
+    return json_response(await preprocess(request, tokenize, await request.body(), state))
 
 
 def detokenize(body: bytes, state: AppState) -> DetokenizeResponse:
@@ -71,4 +72,4 @@ def detokenize(body: bytes, state: AppState) -> DetokenizeResponse:
 
 async def create_text(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
-    return json_response(await state.preprocess.run(detokenize, await request.body(), state))
+    return json_response(await preprocess(request, detokenize, await request.body(), state))

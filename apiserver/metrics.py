@@ -1,0 +1,70 @@
+"""The API servers' Prometheus metrics, and /metrics, which reports the whole server from any process.
+
+Every process (API servers, engine, supervisor) writes its series into the supervisor's
+multiprocess directory; a scrape that lands on any API server reads them all, so totals are the
+same whichever process the kernel hands the connection to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.requests import Request
+from starlette.responses import Response
+
+TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+LAG_SAMPLE_INTERVAL_S = 0.25
+
+REQUESTS = Counter("poolserve_requests", "HTTP requests answered, by endpoint and status code.", ["endpoint", "status"])
+REQUEST_SECONDS = Histogram(
+    "poolserve_request_duration_seconds",
+    "End-to-end time of a request in an API server, by endpoint.",
+    ["endpoint"],
+    buckets=TIME_BUCKETS,
+)
+PREPROCESS_SECONDS = Histogram(
+    "poolserve_preprocess_duration_seconds",
+    "Time spent decoding, tokenizing, decoding images and encoding the response, by endpoint.",
+    ["endpoint"],
+    buckets=TIME_BUCKETS,
+)
+PROMPT_TOKENS = Counter("poolserve_prompt_tokens", "Tokens sent to the model, by endpoint.", ["endpoint"])
+IMAGES = Counter("poolserve_images", "Images sent to the model, by endpoint.", ["endpoint"])
+SERVER_REQUESTS = Counter(
+    "poolserve_api_server_requests", "HTTP requests answered by each API-server process (index).", ["server"]
+)
+LOOP_LAG = Histogram(
+    "poolserve_event_loop_lag_seconds",
+    "How late an API server's event loop ran a timer (sampled every 0.25 s): what load does to liveness.",
+    ["server"],
+    buckets=LAG_BUCKETS,
+)
+
+
+def registry() -> CollectorRegistry:
+    """All processes' series when running under the supervisor, else this process's own."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        from prometheus_client import REGISTRY
+
+        return REGISTRY
+    collecting = CollectorRegistry()
+    MultiProcessCollector(collecting)  # type: ignore[no-untyped-call]
+    return collecting
+
+
+async def get_metrics(request: Request) -> Response:
+    return Response(generate_latest(registry()), media_type=CONTENT_TYPE_LATEST)
+
+
+async def sample_loop_lag(server_index: int) -> None:
+    """A timer that measures its own lateness: time the loop spent not getting back to it."""
+    loop = asyncio.get_running_loop()
+    histogram = LOOP_LAG.labels(server=str(server_index))
+    while True:
+        expected = loop.time() + LAG_SAMPLE_INTERVAL_S
+        await asyncio.sleep(LAG_SAMPLE_INTERVAL_S)
+        histogram.observe(max(0.0, loop.time() - expected))

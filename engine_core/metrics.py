@@ -1,0 +1,72 @@
+"""The engine's own Prometheus metrics: queueing, batch shapes, forward time, what waits and runs.
+
+Written by the engine process into the supervisor's multiprocess directory, so every API
+server's /metrics reports them without relaying anything.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Gauge, Histogram
+
+from engine_core.protocol import ModelCard
+
+TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+QUEUE_SECONDS = Histogram(
+    "poolserve_queue_duration_seconds",
+    "Time a request waited in the engine between admission and its first forward pass.",
+    buckets=TIME_BUCKETS,
+)
+FORWARD_SECONDS = Histogram(
+    "poolserve_forward_duration_seconds",
+    "Duration of one forward pass of the model, by input modality.",
+    ["modality"],
+    buckets=TIME_BUCKETS,
+)
+BATCH_INPUTS = Histogram(
+    "poolserve_batch_inputs",
+    "Inputs (texts or images) in one forward pass.",
+    buckets=COUNT_BUCKETS,
+)
+BATCH_TOKENS = Histogram(
+    "poolserve_batch_tokens",
+    "Tokens one forward pass computed, padding included (an image counts its vision tokens).",
+    buckets=TOKEN_BUCKETS,
+)
+# Written by the engine alone; a dead engine's values go (mark_process_dead), the live one's stay.
+REQUESTS_WAITING = Gauge(
+    "poolserve_engine_requests_waiting",
+    "Requests admitted by the engine that no forward pass has started yet.",
+    multiprocess_mode="livemostrecent",
+)
+REQUESTS_RUNNING = Gauge(
+    "poolserve_engine_requests_running",
+    "Requests with at least one input computed or computing and not yet answered.",
+    multiprocess_mode="livemostrecent",
+)
+INPUTS_QUEUED = Gauge(
+    "poolserve_engine_queued_inputs",
+    "Inputs waiting or running in the engine: what the admission limit counts.",
+    multiprocess_mode="livemostrecent",
+)
+MODEL_INFO = Gauge(
+    "poolserve_model_info",
+    "The model the engine serves (always 1; the facts are labels).",
+    ["path", "architecture", "kind", "pooling", "device", "dtype", "max_model_len", "output_size"],
+    multiprocess_mode="livemostrecent",
+)
+
+
+def publish_model_info(card: ModelCard) -> None:
+    MODEL_INFO.labels(
+        path=card.path,
+        architecture=card.architecture,
+        kind=card.kind,
+        pooling=card.pooling,
+        device=card.device,
+        dtype=card.dtype,
+        max_model_len=str(card.max_model_len),
+        output_size=str(card.output_size),
+    ).set(1)

@@ -1,0 +1,230 @@
+"""/metrics tells the truth for the whole server, whichever API server answers the scrape."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.utils import LaunchedServer, SteadyLoad, wait_until
+
+EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One scrape on a new connection (so any API server may answer), as sample -> value."""
+    with httpx.Client(base_url=url, timeout=10) as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture(scope="module")
+def metered() -> Iterator[LaunchedServer]:
+    """A server of its own, so that counts start at zero."""
+    server = LaunchedServer("--api-server-count", "2", "--access-log").wait_ready()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def tool(name: str) -> str:
+    """promtool and prometheus come from Debian's `prometheus` package, installed here when missing."""
+    if shutil.which(name) is None:
+        install_prometheus()
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed and `apt-get install prometheus` could not install it here")
+    return path
+
+
+def install_prometheus() -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "prometheus"]
+    for command in (install, ["apt-get", "update", "-q"], install):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(command, env=env, capture_output=True, timeout=600, check=False)
+        if shutil.which("promtool") and shutil.which("prometheus"):
+            return
+
+
+def test_every_scrape_reports_the_whole_servers_count_whichever_process_answers(metered: LaunchedServer) -> None:
+    before = value(scrape(metered.url), *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1])
+    answered_by: set[str] = set()
+    requests = 60
+    for i in range(requests):
+        with httpx.Client(base_url=metered.url, timeout=30) as client:  # new connections spread the load
+            response = client.post("/v1/embeddings", json={"input": f"counted request {i}"})
+            assert response.status_code == 200
+            answered_by.add(response.headers["x-poolserve-server"])
+    assert answered_by == {"0", "1"}
+    counts = [value(scrape(metered.url), *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1]) - before for _ in range(10)]
+    assert counts == [requests] * 10
+    samples = scrape(metered.url)
+    per_server = [value(samples, "poolserve_api_server_requests_total", server=s) for s in ("0", "1")]
+    assert all(count > 0 for count in per_server)
+
+
+def test_the_exposition_passes_promtool(metered: LaunchedServer) -> None:
+    promtool = tool("promtool")
+    with httpx.Client(base_url=metered.url, timeout=10) as client:
+        client.post("/v1/embeddings", json={"input": "so that every family has samples"})
+        text = client.get("/metrics").text
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedServer) -> None:
+    before = scrape(metered.url)
+    body = {"input": [f"load sentence {i} for the histograms" for i in range(8)]}
+    with SteadyLoad(metered.url, clients=4, body=body) as load:
+        load.wait_for(30)
+        during = scrape(metered.url)
+    after_idle = {}
+
+    def idle() -> bool:
+        after_idle.update(scrape(metered.url))
+        return (
+            value(after_idle, "poolserve_engine_requests_waiting") == 0
+            and value(after_idle, "poolserve_engine_requests_running") == 0
+            and value(after_idle, "poolserve_engine_queued_inputs") == 0
+        )
+
+    assert wait_until(idle, 10), after_idle
+    for name in (
+        "poolserve_queue_duration_seconds_count",
+        "poolserve_batch_inputs_count",
+        "poolserve_batch_tokens_count",
+    ):
+        assert value(during, name) > value(before, name), name
+    assert value(during, "poolserve_forward_duration_seconds_count", modality="text") > value(
+        before, "poolserve_forward_duration_seconds_count", modality="text"
+    )
+    assert value(during, "poolserve_request_duration_seconds_count", endpoint="/v1/embeddings") > value(
+        before, "poolserve_request_duration_seconds_count", endpoint="/v1/embeddings"
+    )
+    assert value(during, "poolserve_prompt_tokens_total", endpoint="/v1/embeddings") > value(
+        before, "poolserve_prompt_tokens_total", endpoint="/v1/embeddings"
+    )
+    assert value(during, "poolserve_preprocess_duration_seconds_count", endpoint="/v1/embeddings") > 0
+    assert value(during, "poolserve_event_loop_lag_seconds_count", server="0") > 0
+    assert value(after_idle, "poolserve_api_servers") == 2
+    info = [key for key in after_idle if key[0] == "poolserve_model_info"]
+    assert len(info) == 1 and dict(info[0][1])["architecture"] == "BertModel"
+
+
+def test_timing_headers_request_ids_and_the_access_log(metered: LaunchedServer) -> None:
+    with metered.client() as client:
+        response = client.post("/v1/embeddings", json={"input": "timed"}, headers={"x-request-id": "trace-42"})
+    headers = response.headers
+    assert headers["x-request-id"] == "trace-42"
+    for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
+        assert float(headers[name]) >= 0, name
+    assert float(headers["x-total-time"]) >= float(headers["x-inference-time"])
+    assert headers["x-compute-tokens"] == "3"  # [CLS] timed [SEP]
+    assert wait_until(lambda: "request_id=trace-42 method=POST path=/v1/embeddings status=200" in metered.stderr(), 5)
+
+
+def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series() -> None:
+    server = LaunchedServer("--api-server-count", "1").wait_ready()
+    try:
+        (engine,) = server.child_pid("engine_core")
+        os.kill(engine, signal.SIGKILL)
+        assert wait_until(lambda: server.stderr().count("engine (pid") >= 2 and "is ready" in server.stderr(), 60)
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").status_code == 200, 30)
+        samples = scrape(server.url)
+        assert value(samples, "poolserve_restarts_total", process="engine") == 1
+        assert value(samples, "poolserve_restarts_total", process="api_server") == 0
+        waiting = [key for key in samples if key[0] == "poolserve_engine_requests_waiting"]
+        assert waiting == [("poolserve_engine_requests_waiting", ())]
+        assert len([key for key in samples if key[0] == "poolserve_model_info"]) == 1
+    finally:
+        server.stop()
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    server = LaunchedServer("--api-server-count", "1", "--log-format", "json", "--access-log").wait_ready()
+    try:
+        with server.client() as client:
+            client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
+        assert wait_until(lambda: "json-7" in server.stderr(), 5)
+        server.proc.send_signal(signal.SIGTERM)  # the supervisor logs its shutdown
+        assert server.wait_exit(30) == 0
+        log = server.stderr()
+    finally:
+        server.stop()
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
+    access = [r for r in records if r["logger"] == "poolserve.access"]
+    assert access and "request_id=json-7" in access[0]["message"]
+    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_real_prometheus_server_scrapes_the_request_counter(metered: LaunchedServer, tmp_path: Path) -> None:
+    prometheus = tool("prometheus")
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n"
+        "scrape_configs:\n  - job_name: poolserve\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{metered.port}']\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        with metered.client() as client:
+            for _ in range(5):
+                assert client.post("/v1/embeddings", json={"input": "scraped"}).status_code == 200
+        expected = value(scrape(metered.url), *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1])
+        query = 'poolserve_requests_total{endpoint="/v1/embeddings",status="200"}'
+        seen: list[float] = []
+
+        def scraped() -> bool:
+            try:
+                result = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": query}, timeout=5).json()
+            except httpx.HTTPError:
+                return False
+            seen[:] = [float(r["value"][1]) for r in result.get("data", {}).get("result", [])]
+            return seen == [expected]
+
+        assert wait_until(scraped, 30, interval=0.5), f"Prometheus saw {seen}, expected [{expected}]"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        time.sleep(0.1)
