@@ -10,11 +10,14 @@ PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PEERS_VENV ?= bench/.peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
+INFINITY_SPEC ?= infinity-emb[server,torch]==0.0.78
 
 export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: install serve test lint format typecheck bench clean
+.PHONY: install serve test lint format typecheck bench bench-peers clean
 
 install: $(STAMP)
 
@@ -42,8 +45,17 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-bench: $(STAMP)
-	@echo "The bench suite lands with the performance issue (bench/, docs/benchmarks.md)."
+# Peers live in their own virtualenv: infinity-emb pins numpy<2, sentence-transformers<4 and
+# transformers<5, which poolserve's environment cannot hold. torch is pinned in the same command
+# so pip cannot swap in a CUDA build.
+$(PEERS_STAMP):
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(PEERS_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "$(INFINITY_SPEC)"
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache
