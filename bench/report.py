@@ -133,7 +133,11 @@ def served_section(results: Results, workload: str) -> str:
     for r in runs_of(results, workload):
         latency = r["latency_ms"]
         prober = r.get("prober", {}).get("latency_ms", {})
-        share = " / ".join(f"{v:.0%}" for v in r.get("server_share", {}).values()) or "—"
+        shares = {str(i): 0.0 for i in range(r.get("api_servers", 0))} | r.get("server_share", {})
+        # "-": replies without x-poolserve-server (a peer).
+        share = " / ".join(f"{v:.0%}" for v in shares.values()) if shares and "-" not in shares else "—"
+        # Infinity's `usage` counts characters unless it runs with --lengths-via-tokenize.
+        tokens = fmt(r["tokens_per_s"], 0) if r.get("target", "poolserve") == "poolserve" else "—"
         errors = ", ".join(f"{k}: {v}" for k, v in r.get("errors", {}).items()) or "0"
         rows.append(
             [
@@ -141,7 +145,7 @@ def served_section(results: Results, workload: str) -> str:
                 str(r["concurrency"]),
                 fmt(r["requests_per_s"]),
                 fmt(r["items_per_s"]),
-                fmt(r["tokens_per_s"], 0),
+                tokens,
                 fmt(latency["p50"]),
                 fmt(latency["p90"]),
                 fmt(latency["p99"]),
@@ -285,7 +289,7 @@ def targets(results: Results, default_api_servers: int = 1) -> list[list[str]]:
         ]
     )
     # 5. liveness while (c) saturates, default settings, the inline figure beside
-    top = max((r["concurrency"] for r in image), default=None)
+    top = max((r["concurrency"] for r in image), default=0)
     for preprocess, name in ((1, "thread pool (default)"), (0, "inline")):
         run = next(
             (
