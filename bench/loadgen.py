@@ -36,6 +36,11 @@ from bench.stats import count_by, rate, shares, summarize_latencies
 from bench.workloads import Workload, build_workload
 
 DRAIN_TIMEOUT_S = 30.0
+# Below this many replies in the window, percentiles and rates say little: the run was too short
+# for the server's latency (at C clients a run needs several round trips of C requests).
+FEW_REPLIES = 30
+# Above this share of one core, the generator may be what limits the figure.
+BUSY_GENERATOR = 0.8
 
 
 class Usage(msgspec.Struct):
@@ -251,7 +256,17 @@ async def generate(args: argparse.Namespace, workload: Workload) -> dict[str, ob
     }
     if prober is not None:
         result["prober"] = prober.finish((run.window_start, run.window_end))
+    result["warnings"] = run_warnings(tally.ok, cpu_used / window)
     return result
+
+
+def run_warnings(replies: int, generator_cpu_share: float) -> list[str]:
+    warnings = []
+    if replies < FEW_REPLIES:
+        warnings.append(f"few replies ({replies}): lengthen --duration")
+    if generator_cpu_share >= BUSY_GENERATOR:
+        warnings.append(f"generator busy ({generator_cpu_share:.2f} of a core)")
+    return warnings
 
 
 def build_parser() -> argparse.ArgumentParser:

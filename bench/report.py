@@ -123,7 +123,7 @@ def offline_section(results: Results) -> str:
         "1-input p50 ms",
         "mean tokens",
         "frontend items/s (1 thread)",
-        "torch threads",
+        "torch threads (best)",
     ]
     return table(header, rows)
 
@@ -139,6 +139,7 @@ def served_section(results: Results, workload: str) -> str:
         # Infinity's `usage` counts characters unless it runs with --lengths-via-tokenize.
         tokens = fmt(r["tokens_per_s"], 0) if r.get("target", "poolserve") == "poolserve" else "—"
         errors = ", ".join(f"{k}: {v}" for k, v in r.get("errors", {}).items()) or "0"
+        notes = "; ".join(r.get("warnings", [])) or ""
         rows.append(
             [
                 r["config"],
@@ -154,6 +155,7 @@ def served_section(results: Results, workload: str) -> str:
                 f"{fmt(prober.get('p50'), 2)} / {fmt(prober.get('p99'), 2)}",
                 share,
                 fmt(r["generator"]["cpu_share"], 2),
+                notes,
             ]
         )
     header = [
@@ -170,6 +172,7 @@ def served_section(results: Results, workload: str) -> str:
         "/health p50 / p99 ms",
         "share per API server",
         "gen. CPU",
+        "notes",
     ]
     return table(header, rows)
 

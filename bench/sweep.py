@@ -182,8 +182,8 @@ class Sweep:
                 str(self.args.offline_seconds),
                 "--seed",
                 str(self.args.seed),
-                "--torch-threads",
-                str(self.args.torch_threads),
+                "--threads",
+                str(self.args.torch_threads or ""),
             ]
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
             if done.returncode != 0:
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--client", default="raw", help="Load generator client (raw, httpx, aiohttp).")
     parser.add_argument("--ceiling-clients", default="raw,aiohttp,httpx", help="Clients compared on the ceiling.")
     parser.add_argument("--offline-batch-sizes", default="1,8,16,32,64,128")
-    parser.add_argument("--offline-seconds", type=float, default=3.0)
+    parser.add_argument("--offline-seconds", type=float, default=2.0, help="Per batch size, order and thread count.")
     parser.add_argument("--startup-runs", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=0, help="Passed to the server and the offline run.")
     parser.add_argument("--server-args", default="", help="Extra `launch` flags for every poolserve run.")

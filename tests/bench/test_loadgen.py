@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.clients import RawClient, Reply, prepare_request
-from bench.loadgen import Run
+from bench.loadgen import Run, run_warnings
 from bench.trivial_server import OK_BODY, TrivialProtocol
 from bench.workloads import build_workload
 
@@ -43,3 +43,9 @@ def test_only_replies_inside_the_window_count_and_the_count_bound_closes_it() ->
     assert dict(run.tally.statuses) == {"503": 1, "ConnectionResetError": 1, "200": 2}
     assert dict(run.tally.servers) == {"1": 1, "0": 1}
     assert sorted(run.tally.latencies) == [0.25, 1.5]
+
+
+def test_a_run_too_short_or_a_busy_generator_is_flagged() -> None:
+    assert run_warnings(1000, 0.2) == []
+    assert run_warnings(3, 0.2) == ["few replies (3): lengthen --duration"]
+    assert run_warnings(1000, 0.95) == ["generator busy (0.95 of a core)"]
