@@ -50,6 +50,15 @@ def runs_of(results: Results, workload: str, target: str | None = None) -> list[
     ]
 
 
+def is_reliable(run: dict[str, Any]) -> bool:
+    """False for a point with too few replies in its window to give a rate or a percentile."""
+    return not any(warning.startswith("few replies") for warning in run.get("warnings", []))
+
+
+def measured_runs(results: Results, workload: str, target: str) -> list[dict[str, Any]]:
+    return [run for run in runs_of(results, workload, target) if is_reliable(run)]
+
+
 def best_run(runs: list[dict[str, Any]], key: str = "items_per_s") -> dict[str, Any] | None:
     return max(runs, key=lambda run: run[key], default=None)
 
@@ -70,6 +79,13 @@ def header_section(results: Results) -> str:
         f"- Commit: `{git['commit'][:12]}` on `{git['branch']}`{dirty}.",
         f"- Command: `{meta['command']}`.",
     ]
+    runs = results.get("runs", [])
+    flagged = [run for run in runs if run.get("warnings")]
+    if flagged:
+        lines.append(
+            f"- {len(flagged)} of {len(runs)} points carry a warning (the `notes` column); points with too few "
+            "replies in their window are left out of the targets."
+        )
     if results.get("skipped"):
         lines.append(
             f"- Skipped: {'; '.join(s['what'] + ' (' + s['why'].splitlines()[0] + ')' for s in results['skipped'])}."
@@ -228,7 +244,7 @@ def targets(results: Results, default_api_servers: int = 1) -> list[list[str]]:
     offline = results.get("offline", {})
     # 1. efficiency on (a) and (b)
     for workload in ("short", "batch16"):
-        best = best_run(runs_of(results, workload, "poolserve"))
+        best = best_run(measured_runs(results, workload, "poolserve"))
         ceiling = offline.get(workload, {}).get("best", {}).get("items_per_s")
         value = ratio(best["items_per_s"] if best else None, ceiling)
         measured = f"{fmt(best['items_per_s'] if best else None)} / {fmt(ceiling)} items/s = {fmt(value, 2)}"
@@ -241,8 +257,8 @@ def targets(results: Results, default_api_servers: int = 1) -> list[list[str]]:
             ]
         )
     # 2. versus Infinity on (a) at 32 clients
-    ours = best_run([r for r in runs_of(results, "short", "poolserve") if r["concurrency"] == 32])
-    theirs = best_run([r for r in runs_of(results, "short", "infinity") if r["concurrency"] == 32])
+    ours = best_run([r for r in measured_runs(results, "short", "poolserve") if r["concurrency"] == 32])
+    theirs = best_run([r for r in measured_runs(results, "short", "infinity") if r["concurrency"] == 32])
     speed = ratio(ours["items_per_s"] if ours else None, theirs["items_per_s"] if theirs else None)
     tail = ratio(ours["latency_ms"]["p99"] if ours else None, theirs["latency_ms"]["p99"] if theirs else None)
     rows.append(
@@ -264,7 +280,7 @@ def targets(results: Results, default_api_servers: int = 1) -> list[list[str]]:
         ]
     )
     # 3. overhead at one client
-    single = [r for r in runs_of(results, "short", "poolserve") if r["concurrency"] == 1]
+    single = [r for r in measured_runs(results, "short", "poolserve") if r["concurrency"] == 1]
     fastest = min(single, key=lambda r: r["latency_ms"]["p50"], default=None)
     offline_p50 = offline.get("short", {}).get("single_latency_ms", {}).get("p50")
     overhead = fastest["latency_ms"]["p50"] - offline_p50 if fastest and offline_p50 is not None else None
@@ -278,7 +294,7 @@ def targets(results: Results, default_api_servers: int = 1) -> list[list[str]]:
         ]
     )
     # 4. scale-out on (c)
-    image = runs_of(results, "image", "poolserve")
+    image = measured_runs(results, "image", "poolserve")
     one = best_run([r for r in image if r["api_servers"] == 1])
     two = best_run([r for r in image if r["api_servers"] == 2])
     scale = ratio(two["items_per_s"] if two else None, one["items_per_s"] if one else None)

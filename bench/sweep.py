@@ -36,7 +36,7 @@ from bench.server_process import (
     start_infinity,
     start_poolserve,
 )
-from bench.workloads import build_workload, resolve_name
+from bench.workloads import MODELS, resolve_name
 
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -227,7 +227,7 @@ class Sweep:
 
     @contextmanager
     def poolserve(self, workload: str, api_servers: int, preprocess: int) -> Iterator[ServerProcess]:
-        kind = build_workload(workload).model
+        kind = MODELS[workload]
         args = ["--api-server-count", str(api_servers), "--preprocess-workers", str(preprocess)]
         if kind != "bundled":
             args += ["--model", str(model_folder(kind))]

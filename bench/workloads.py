@@ -99,6 +99,8 @@ BUILDERS: dict[str, Callable[[int, str, str], Workload]] = {
     "version": build_version,
     "trivial": build_trivial,
 }
+# Which bench.models kind each workload runs on, known without building its bodies.
+MODELS = {"short": "bundled", "batch16": "bundled", "image": "clip", "long": "tiny512", "version": "bundled"}
 LETTERS = {"a": "short", "b": "batch16", "c": "image", "d": "long"}
 WORKLOAD_NAMES = tuple(BUILDERS)
 

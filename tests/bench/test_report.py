@@ -63,6 +63,15 @@ def test_targets_compare_the_right_figures() -> None:
     assert found["7 start-up, bundled, 2 API servers"] == "meets"
 
 
+def test_points_with_too_few_replies_are_left_out_of_the_targets() -> None:
+    data = results()
+    data["runs"][1]["warnings"] = ["few replies (3): lengthen --duration"]
+    rows = {row[0]: row for row in targets(data, default_api_servers=1)}
+    assert rows["1 efficiency (short)"][1].startswith("150.0 / 200.0")  # the c=32 point no longer counts
+    assert rows["2 vs Infinity, (a) c=32, throughput"][3] == "not measured"
+    assert "1 of 5 points carry a warning" in render(data)
+
+
 def test_a_miss_says_by_how_much() -> None:
     data = results()
     data["startup"]["median_s"] = 6.5
