@@ -7,14 +7,29 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 API_SERVERS ?= 2
 PYTEST_ARGS ?=
+# `make bench` (docs/benchmarks.md): which loads, which server shapes, how long. With these
+# defaults it takes about 25 minutes on 2 cores; MAX_MINUTES skips (and lists) whatever is left.
+WORKLOADS ?= a,b,c,d
+API_SERVER_COUNTS ?= 1,2
+PREPROCESS ?= 0,1
+CONCURRENCY ?= 1,8,32,64
+DURATION ?= 10
+WARMUP ?= 2
+PEERS ?= infinity
+MAX_MINUTES ?= 40
+BENCH_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
+PEERS_VENV ?= bench/.peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
+INFINITY_SPEC ?= infinity-emb[server,torch]==0.0.78
 
 export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: install serve test lint format typecheck bench clean
+.PHONY: install serve test lint format typecheck bench bench-peers clean
 
 install: $(STAMP)
 
@@ -42,8 +57,27 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-bench: $(STAMP)
-	@echo "The bench suite lands with the performance issue (bench/, docs/benchmarks.md)."
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+# Never part of `make test`: results go to bench/results/ (JSON, PNG, markdown table).
+bench: $(BENCH_STAMP) $(if $(filter infinity,$(PEERS)),$(PEERS_STAMP))
+	$(BIN)/python -m bench.sweep --workloads $(WORKLOADS) --api-servers $(API_SERVER_COUNTS) \
+		--preprocess-workers $(PREPROCESS) --concurrency $(CONCURRENCY) --duration $(DURATION) \
+		--warmup $(WARMUP) --peers $(or $(PEERS),none) --max-minutes $(MAX_MINUTES) $(BENCH_ARGS)
+
+# Peers live in their own virtualenv: infinity-emb pins numpy<2, sentence-transformers<4 and
+# transformers<5, which poolserve's environment cannot hold. torch is pinned in the same command
+# so pip cannot swap in a CUDA build.
+$(PEERS_STAMP):
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(PEERS_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "$(INFINITY_SPEC)"
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""poolserve's bench suite: load generator, offline ceiling, scaling sweep, peer comparison, plots."""

