@@ -6,16 +6,20 @@ from importlib.metadata import version
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from apiserver.auth import ApiKeyAuth, open_paths
+from apiserver.body_limit import BodySizeLimit
 from apiserver.endpoints import ENDPOINTS
 from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.middleware import ResponseHeaders
 from apiserver.openapi import encode_openapi
 from apiserver.routes.test_hooks import loaded_modules
 from apiserver.state import AppState
+from engine_core.config import Config
 
 
 def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
@@ -30,8 +34,33 @@ def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
         routes.append(Route("/_test/modules", loaded_modules, methods=["GET"]))
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(ResponseHeaders, server_index=state.server_index)],
+        middleware=[Middleware(ResponseHeaders, server_index=state.server_index), *access_middleware(state.config)],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.poolserve = state
     return app
+
+
+def access_middleware(config: Config) -> list[Middleware]:
+    """Outermost first: CORS answers browsers' preflights (which never carry a key) before the key is
+    checked, and the key is checked before a byte of the body is read."""
+    middleware = []
+    if config.cors_allowed_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.cors_allowed_origins,
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type", "x-request-id"],
+                expose_headers=["x-request-id", "x-poolserve-server"],
+                # The key travels in a header the page sets; no cookies are involved.
+                allow_credentials=False,
+                max_age=600,
+            )
+        )
+    if config.api_key:
+        middleware.append(
+            Middleware(ApiKeyAuth, api_key=config.api_key, exempt=open_paths(protect_metrics=config.protect_metrics))
+        )
+    middleware.append(Middleware(BodySizeLimit, limit=config.max_request_bytes))
+    return middleware

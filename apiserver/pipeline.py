@@ -11,19 +11,19 @@ import numpy.typing as npt
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.inputs.job import EngineJob
+from apiserver.inputs.job import EngineJob, check_total_tokens
 from apiserver.inputs.prepare import PreparedJob, finish_job
 from apiserver.state import AppState
-from engine_client import EngineClient
 
 F32 = npt.NDArray[np.float32]
 Parsed = TypeVar("Parsed")
 
 
-async def run_job(engine: EngineClient, job: EngineJob) -> F32:
+async def run_job(state: AppState, job: EngineJob) -> F32:
     """The job's output rows, one per request input, in the request's order."""
+    check_total_tokens(job, state.config.max_tokens_per_request)
     request, frames = job.to_wire()
-    result = await engine.pool(request, frames)
+    result = await state.engine.pool(request, frames)
     rows = np.frombuffer(result.data, dtype=result.dtype).reshape(result.rows, result.dim)
     return rows if job.order is None else rows[job.order]
 
@@ -46,6 +46,6 @@ async def answer_items_request(
     state: AppState = request.app.state.poolserve
     parsed, prepared = await state.preprocess.run(prepare, await request.body(), state)
     job = await finish_job(state, prepared)
-    rows = await run_job(state.engine, job)
+    rows = await run_job(state, job)
     content = await state.preprocess.run(encode, rows, parsed, job.prompt_tokens, state.model_name)
     return Response(content, media_type="application/json")

@@ -13,6 +13,7 @@ import uvicorn
 import uvloop
 
 from apiserver.app import build_app
+from apiserver.fetch_guard import FetchPolicy
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
 from apiserver.preprocess import Preprocessor
@@ -69,6 +70,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         max_bytes=config.max_image_bytes,
         timeout=config.image_fetch_timeout,
         allowed_local_path=config.allowed_local_media_path,
+        policy=FetchPolicy(allowed_domains=config.allowed_media_domains, allow_private=config.allow_private_media_urls),
     )
     state = AppState(
         config=config,

@@ -19,6 +19,8 @@ import time
 from collections import deque
 from types import FrameType
 
+import msgspec
+
 from engine_core.config import Config
 from supervisor.children import ChildProcess, spawn_child
 from supervisor.sockets import bind_socket, bound_port
@@ -89,20 +91,17 @@ class Supervisor:
             self.listener = bind_socket(config.host, config.port)
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
-        self.engine = spawn_child("engine", config, self.runtime_dir)
+        # The engine has no use for the API key: one process fewer holds it.
+        self.engine = spawn_child("engine", msgspec.structs.replace(config, api_key=""), self.runtime_dir)
         engine_report = self.wait_for_boot([self.engine], config.engine_start_timeout)
         self.api_servers = [
             spawn_child("api", config, self.runtime_dir, index=i, listener=self.listener)
             for i in range(config.api_server_count)
         ]
         self.wait_for_boot(self.api_servers, API_SERVER_BOOT_TIMEOUT_S)
-        port = bound_port(self.listener)
-        scope = " (listening beyond loopback)" if config.binds_beyond_loopback else ""
-        print(
-            f"poolserve ready in {time.perf_counter() - started:.1f}s on http://{config.host}:{port}{scope}: "
-            f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s)",
-            flush=True,
-        )
+        if config.binds_beyond_loopback and not config.api_key:
+            logger.warning("listening on %s without an API key: anyone who can reach the port can use it", config.host)
+        print(ready_line(config, bound_port(self.listener), time.perf_counter() - started, engine_report), flush=True)
 
     def wait_for_boot(self, children: list[ChildProcess], timeout: float) -> str:
         """Wait until every child reports ready; returns the last ready report's message."""
@@ -199,3 +198,13 @@ class Supervisor:
             if key.fd == self._wakeup_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wakeup_r, 4096)
+
+
+def ready_line(config: Config, port: int, seconds: float, engine_report: str) -> str:
+    """The one line that says the server is up, where, and who may reach it."""
+    reach = " (listening beyond loopback: reachable from other machines)" if config.binds_beyond_loopback else ""
+    key = ", API key required" if config.api_key else ""
+    return (
+        f"poolserve ready in {seconds:.1f}s on http://{config.host}:{port}{reach}: "
+        f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s){key}"
+    )

@@ -144,4 +144,6 @@ def clip_server(clip_model: Path, media_dir: Path) -> Iterator[LaunchedServer]:
     yield from serve(
         "--model", str(clip_model), "--api-server-count", "1", "--allowed-local-media-path", str(media_dir),
         "--max-image-bytes", str(CLIP_MAX_IMAGE_BYTES), "--image-fetch-timeout", "1",
+        # Its tests fetch images from a loopback HTTP server.
+        "--allow-private-media-urls",
     )  # fmt: skip

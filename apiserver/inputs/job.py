@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from apiserver.errors import bad_request
+from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
 from apiserver.tokenizer import Direction, TextTokenizer
@@ -53,6 +53,18 @@ class EngineJob:
             images=len(self.images),
         )
         return request, frames
+
+
+def check_total_tokens(job: EngineJob, limit: int) -> None:
+    """--max-tokens-per-request: what one request may ask of the model, counted as sent (after truncation)."""
+    tokens = job.prompt_tokens
+    if tokens > limit:
+        raise ApiError(
+            400,
+            f"This request has {tokens} tokens in all, more than this server's limit of {limit} per request "
+            "(--max-tokens-per-request); send fewer or shorter inputs.",
+            code="too_many_tokens",
+        )
 
 
 def build_job(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from apiserver.errors import bad_request
 from apiserver.inputs.items import ImageSource, Item, request_items
 from apiserver.inputs.job import EngineJob, Pixels, build_job
 from apiserver.inputs.text import resolve_token_limit
@@ -31,10 +32,23 @@ class PreparedJob:
 
 def prepare_job(state: AppState, items: list[Item], build: JobBuilder) -> PreparedJob:
     """Build the job now unless it needs images from the network. Runs on the preprocessing pool."""
+    check_image_count(items, state.config.max_images_per_request)
     remote = [item for item in items if isinstance(item, ImageSource) and state.images.is_remote(item.source)]
     if remote:
         return PreparedJob(job=None, remote=remote, build=build)
     return PreparedJob(job=build(state.images.load), remote=[], build=build)
+
+
+def check_image_count(items: list[Item], limit: int) -> None:
+    """--max-images-per-request, checked before any image is fetched or decoded."""
+    count = sum(isinstance(item, ImageSource) for item in items)
+    if count > limit:
+        raise bad_request(
+            f"This request has {count} images, more than this server's limit of {limit} per request "
+            "(--max-images-per-request).",
+            param="input",
+            code="too_many_images",
+        )
 
 
 async def finish_job(state: AppState, prepared: PreparedJob) -> EngineJob:

@@ -34,7 +34,7 @@ def prepare(body: bytes, state: AppState) -> EngineJob:
 async def create_classification(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     job = await state.preprocess.run(prepare, await request.body(), state)
-    rows = await run_job(state.engine, job)
+    rows = await run_job(state, job)
     labels = state.card.labels
     data = [
         ClassifyData(index=i, label=labels[int(row.argmax())], probs=row.tolist(), num_classes=len(labels))

@@ -70,7 +70,7 @@ def prepare_score(body: bytes, state: AppState) -> tuple[ScoreRequest, ScorePlan
 async def create_score(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     _, plan = await state.preprocess.run(prepare_score, await request.body(), state)
-    scores = plan.scores(await run_job(state.engine, plan.job))
+    scores = plan.scores(await run_job(state, plan.job))
     tokens = plan.job.prompt_tokens
     return json_response(
         ScoreResponse(
@@ -129,7 +129,7 @@ def prepare_rerank(body: bytes, state: AppState) -> tuple[RerankRequest, list[st
 async def create_rerank(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     parsed, documents, plan = await state.preprocess.run(prepare_rerank, await request.body(), state)
-    scores = plan.scores(await run_job(state.engine, plan.job))
+    scores = plan.scores(await run_job(state, plan.job))
     ranking = sorted(range(len(scores)), key=lambda i: -scores[i])
     if parsed.top_n:
         ranking = ranking[: parsed.top_n]

@@ -61,7 +61,7 @@ def prepare_embed(body: bytes, state: AppState) -> EngineJob:
 async def create_embed(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     job = await state.preprocess.run(prepare_embed, await request.body(), state)
-    rows = await run_job(state.engine, job)
+    rows = await run_job(state, job)
     return Response(await state.preprocess.run(encode_json, rows.tolist()), media_type="application/json")
 
 
@@ -127,7 +127,7 @@ def prepare_predict(body: bytes, state: AppState) -> tuple[EngineJob, bool]:
 async def create_prediction(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     job, is_batch = await state.preprocess.run(prepare_predict, await request.body(), state)
-    rows = await run_job(state.engine, job)
+    rows = await run_job(state, job)
     labels = state.card.labels
     predictions = [
         [Prediction(score=float(row[j]), label=labels[j]) for j in np.argsort(-row, kind="stable")] for row in rows
