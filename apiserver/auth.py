@@ -48,8 +48,8 @@ class ApiKeyAuth:
             401,
             "A valid API key is required: send it as `Authorization: Bearer <key>`.",
             code="invalid_api_key",
+            headers={"www-authenticate": "Bearer"},
         )
-        response.headers["www-authenticate"] = "Bearer"
         await response(scope, receive, send)
 
     def is_authorized(self, scope: Scope) -> bool:
