@@ -55,6 +55,10 @@ class EngineJob:
         return request, frames
 
 
+def images_not_taken(source: ImageSource) -> ApiError:
+    return bad_request(f"This model takes no images, but `{source.param}` is one.", param=source.param)
+
+
 def check_total_tokens(job: EngineJob, limit: int) -> None:
     """--max-tokens-per-request: what one request may ask of the model, counted as sent (after truncation)."""
     tokens = job.prompt_tokens
@@ -92,7 +96,7 @@ def build_job(
     images: list[Pixels] = []
     if sources:
         if card.image is None or load_image is None:
-            raise bad_request(f"This model takes no images, but `{sources[0].param}` is one.", param=sources[0].param)
+            raise images_not_taken(sources[0])
         images = [load_image(source) for source in sources]
     job = EngineJob(rows=rows, images=images)
     if texts and sources:
