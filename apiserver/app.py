@@ -24,7 +24,8 @@ from engine_core.config import Config
 
 def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
     routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
-    document = encode_openapi(ENDPOINTS, version("poolserve"))
+    key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
+    document = encode_openapi(ENDPOINTS, version("poolserve"), key_free)
 
     async def openapi(request: Request) -> Response:
         return Response(document, media_type="application/json")
@@ -59,8 +60,7 @@ def access_middleware(config: Config) -> list[Middleware]:
             )
         )
     if config.api_key:
-        middleware.append(
-            Middleware(ApiKeyAuth, api_key=config.api_key, exempt=open_paths(protect_metrics=config.protect_metrics))
-        )
+        exempt = open_paths(protect_metrics=config.protect_metrics)
+        middleware.append(Middleware(ApiKeyAuth, api_key=config.api_key, exempt=exempt))
     middleware.append(Middleware(BodySizeLimit, limit=config.max_request_bytes))
     return middleware

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests.conftest import API_KEY
 from tests.utils import LaunchedServer
 
 # Generated cases per endpoint in the fuzzing phase; the coverage phase adds its own boundary cases.
@@ -24,7 +25,7 @@ SEED = 20261121
 EXCLUDED_CHECKS = "positive_data_acceptance"
 
 
-def run_schemathesis(server: LaunchedServer) -> subprocess.CompletedProcess[str]:
+def run_schemathesis(server: LaunchedServer, headers: list[str]) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable, "-c", "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
         "run", f"{server.url}/openapi.json",
@@ -32,17 +33,28 @@ def run_schemathesis(server: LaunchedServer) -> subprocess.CompletedProcess[str]
         "--phases", "coverage,fuzzing",
         "--max-examples", str(EXAMPLES), "--seed", str(SEED),
         "--request-timeout", "30", "--no-color", "--warnings", "off",
+        *headers,
     ]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
 
 
-@pytest.mark.parametrize("kind", ["bundled", "cross-encoder", "clip"])
+FIXTURES = {
+    "bundled": "server",
+    "cross-encoder": "cross_encoder_server",
+    "clip": "clip_server",
+    # Behind a key: schemathesis also checks that every operation the schema marks as secured refuses
+    # requests without it.
+    "api-key": "guarded_server",
+}
+
+
+@pytest.mark.parametrize("kind", list(FIXTURES))
 def test_generated_requests_get_no_5xx_and_no_answer_outside_the_schema(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
-    fixture = {"bundled": "server", "cross-encoder": "cross_encoder_server", "clip": "clip_server"}[kind]
-    server: LaunchedServer = request.getfixturevalue(fixture)
-    result = run_schemathesis(server)
+    server: LaunchedServer = request.getfixturevalue(FIXTURES[kind])
+    headers = ["--header", f"Authorization: Bearer {API_KEY}"] if kind == "api-key" else []
+    result = run_schemathesis(server, headers)
     assert result.returncode == 0, f"{result.stdout[-20000:]}\n{result.stderr[-2000:]}"
     counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)
     assert counts is not None, result.stdout[-3000:]

@@ -21,15 +21,12 @@ import zmq
 
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
-from engine_core.config import API_KEY_ENV
 from engine_core.protocol import Abort, Outputs, Ping, Pong, PoolRequest, make_client_decoder, make_encoder
+from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
 from tests.utils import LaunchedServer, cmdline, is_alive, runtime_dirs_of, socket_inodes
 
-KEY = "ps-test-key-7f3a9c"
-ORIGIN = "https://app.example.com"
-BODY_LIMIT = 8_000_000
-TOKEN_LIMIT = 2000
+KEY, ORIGIN, BODY_LIMIT, TOKEN_LIMIT = API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 IMAGE_LIMIT = 4
 NORMAL = {"input": ["a normal sentence about the weather in spring"]}
 
@@ -50,17 +47,8 @@ SAMPLES: dict[str, tuple[dict[str, Any], int]] = {
 
 
 @pytest.fixture(scope="module")
-def guarded() -> Iterator[LaunchedServer]:
-    """The bundled model behind a key (from the environment), CORS for one origin, and lowered limits."""
-    launched = LaunchedServer(
-        "--api-server-count", "1", "--cors-allowed-origins", ORIGIN, "--max-request-bytes", str(BODY_LIMIT),
-        "--max-tokens-per-request", str(TOKEN_LIMIT),
-        env={API_KEY_ENV: KEY},
-    )  # fmt: skip
-    try:
-        yield launched.wait_ready()
-    finally:
-        launched.stop()
+def guarded(guarded_server: LaunchedServer) -> LaunchedServer:
+    return guarded_server
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +87,10 @@ def test_every_model_endpoint_refuses_a_missing_or_wrong_key_and_accepts_the_rig
             response = client.request(endpoint.method, endpoint.path, json=body, headers=bearer())
             assert response.status_code == status, (endpoint.path, response.text)
         assert client.get("/openapi.json").status_code == 401
-        assert client.get("/openapi.json", headers=bearer()).status_code == 200
+        document = client.get("/openapi.json", headers=bearer()).json()
+        assert document["components"]["securitySchemes"] == {"apiKey": {"type": "http", "scheme": "bearer"}}
+        assert document["paths"]["/v1/embeddings"]["post"]["security"] == [{"apiKey": []}]
+        assert document["paths"]["/health"]["get"]["security"] == []
         assert client.get("/no-such-path").status_code == 401
 
 
