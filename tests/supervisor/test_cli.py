@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,14 @@ def test_the_ready_line_says_when_the_server_is_reachable_from_other_machines() 
     local = ready_line(Config(api_key="k"), 8000, 1.0, "BertModel")
     assert "beyond loopback" not in local
     assert local.endswith(", API key required")
+
+
+def test_the_limits_table_in_the_security_doc_names_real_flags_and_their_defaults() -> None:
+    table = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    rows = re.findall(r"^\| [^|]+ \| `(--[a-z-]+)` \| ([^|]+) \|", table, re.MULTILINE)
+    assert len(rows) >= 8
+    defaults = {action.option_strings[0]: action.default for action in build_parser()._actions if action.option_strings}
+    for flag, documented in rows:
+        assert flag in defaults, flag
+        if defaults[flag]:  # 0 means "the model's own", which the table says in words
+            assert f"{defaults[flag]:.15g}" in documented.replace(",", ""), (flag, documented)
