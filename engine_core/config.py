@@ -63,8 +63,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     protect_metrics: bool = False
     # Room for one --max-image-bytes image as a base64 data URL (4/3 of its bytes) and the JSON around it.
     max_request_bytes: int = 32 * MIB
-    # OpenAI's cap on one embeddings request.
-    max_tokens_per_request: int = 300_000
+    # A full request of the bundled model (2048 inputs of 256 tokens); a long-context model gets no more.
+    max_tokens_per_request: int = 2048 * 256
     max_images_per_request: int = 32
     allowed_media_domains: list[str] = msgspec.field(default_factory=list)
     allow_private_media_urls: bool = False

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--max-tokens-per-request",
         type=int,
-        default=300_000,
+        default=2048 * 256,
         help="Most tokens one request may send to the model, all its inputs together (after truncation); "
         "more gets 400.",
     )
