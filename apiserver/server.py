@@ -14,6 +14,7 @@ import uvloop
 
 from apiserver.app import build_app
 from apiserver.fetch_guard import FetchPolicy
+from apiserver.http_protocol import BoundedHttpToolsProtocol
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
 from apiserver.preprocess import Preprocessor
@@ -85,7 +86,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     server = uvicorn.Server(
         uvicorn.Config(
             build_app(state, test_hooks=test_hooks_enabled()),
-            http="httptools",
+            http=BoundedHttpToolsProtocol,
             lifespan="off",
             access_log=False,
             log_config=None,

@@ -165,6 +165,17 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(guarded: LaunchedSer
     assert b"request_too_large" in body
 
 
+@pytest.mark.parametrize("size", [1_000_000, 50_000_000])
+def test_headers_past_the_bound_get_431_and_the_connection_is_closed(server: LaunchedServer, size: int) -> None:
+    head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-padding: "
+    chunks = iter([b"a" * 65536] * (size // 65536) + [b"\r\n\r\n"])
+    status, body = post_raw(server.port, head, chunks)
+    assert status == 431
+    assert b"headers_too_large" in body
+    with server.client() as client:
+        assert client.get("/health", headers={"x-padding": "a" * 8000}).status_code == 200
+
+
 def test_the_key_is_checked_before_a_large_body_is_read(guarded: LaunchedServer) -> None:
     head = b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 10000000\r\n\r\n"
     assert post_raw(guarded.port, head, iter([b"{"]))[0] == 401
