@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ SEED = 20261121
 EXCLUDED_CHECKS = "positive_data_acceptance"
 
 
-def run_schemathesis(server: LaunchedServer, headers: list[str]) -> subprocess.CompletedProcess[str]:
+def run_schemathesis(server: LaunchedServer, headers: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable, "-c", "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
         "run", f"{server.url}/openapi.json",
@@ -35,7 +36,8 @@ def run_schemathesis(server: LaunchedServer, headers: list[str]) -> subprocess.C
         "--request-timeout", "30", "--no-color", "--warnings", "off",
         *headers,
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    # In a temporary folder: schemathesis keeps a cache of crashes in `.schemathesis/` where it runs.
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, check=False, cwd=cwd)
 
 
 FIXTURES = {
@@ -50,11 +52,11 @@ FIXTURES = {
 
 @pytest.mark.parametrize("kind", list(FIXTURES))
 def test_generated_requests_get_no_5xx_and_no_answer_outside_the_schema(
-    kind: str, request: pytest.FixtureRequest
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     server: LaunchedServer = request.getfixturevalue(FIXTURES[kind])
     headers = ["--header", f"Authorization: Bearer {API_KEY}"] if kind == "api-key" else []
-    result = run_schemathesis(server, headers)
+    result = run_schemathesis(server, headers, tmp_path)
     assert result.returncode == 0, f"{result.stdout[-20000:]}\n{result.stderr[-2000:]}"
     counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)
     assert counts is not None, result.stdout[-3000:]
