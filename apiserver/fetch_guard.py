@@ -20,9 +20,8 @@ import httpx
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# IPv6 prefixes that embed an IPv4 address a packet may end up at: NAT64's well-known prefix.
+# NAT64's well-known prefix: its addresses carry the IPv4 address a packet ends up at.
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-
 
 # httpx's defaults.
 MAX_CONNECTIONS = 100
@@ -136,7 +135,8 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         self.policy = policy
         # httpx's transport takes no network backend, so its pool is replaced by one that has ours.
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            # SSL_CERT_FILE and SSL_CERT_DIR still count, as they did for httpx's own transport.
+            ssl_context=httpx.create_ssl_context(),
             max_connections=MAX_CONNECTIONS,
             max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
             network_backend=backend or GuardedBackend(policy),
