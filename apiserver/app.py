@@ -6,10 +6,13 @@ from importlib.metadata import version
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from apiserver.auth import ApiKeyAuth, open_paths
+from apiserver.body_limit import BodySizeLimit
 from apiserver.endpoints import ENDPOINTS
 from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.metrics import get_metrics
@@ -17,11 +20,13 @@ from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
 from apiserver.routes.test_hooks import block_event_loop, loaded_modules
 from apiserver.state import AppState
+from engine_core.config import Config
 
 
 def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
     routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
-    document = encode_openapi(ENDPOINTS, version("poolserve"))
+    key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
+    document = encode_openapi(ENDPOINTS, version("poolserve"), key_free)
 
     async def openapi(request: Request) -> Response:
         return Response(document, media_type="application/json")
@@ -39,9 +44,34 @@ def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
                 server_index=state.server_index,
                 endpoints=[route.path for route in routes],
                 access_log=state.config.access_log,
-            )
+            ),
+            *access_middleware(state.config),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.poolserve = state
     return app
+
+
+def access_middleware(config: Config) -> list[Middleware]:
+    """Outermost first: CORS answers browsers' preflights (which never carry a key) before the key is
+    checked, and the key is checked before a byte of the body is read."""
+    middleware = []
+    if config.cors_allowed_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.cors_allowed_origins,
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type", "x-request-id"],
+                expose_headers=["x-request-id", "x-poolserve-server"],
+                # The key travels in a header the page sets; no cookies are involved.
+                allow_credentials=False,
+                max_age=600,
+            )
+        )
+    if config.api_key:
+        exempt = open_paths(protect_metrics=config.protect_metrics)
+        middleware.append(Middleware(ApiKeyAuth, api_key=config.api_key, exempt=exempt))
+    middleware.append(Middleware(BodySizeLimit, limit=config.max_request_bytes))
+    return middleware

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 
 import msgspec
@@ -71,10 +72,18 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
 _encoder = msgspec.json.Encoder()
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> Response:
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     body = ErrorBody(ErrorDetail(message, ERROR_TYPES.get(status, "server_error"), param, code))
-    headers = {"retry-after": "1"} if status in (429, 503) else None
-    return Response(_encoder.encode(body), status_code=status, media_type="application/json", headers=headers)
+    extra = dict(headers or {})
+    if status in (429, 503):
+        extra["retry-after"] = "1"
+    return Response(_encoder.encode(body), status_code=status, media_type="application/json", headers=extra)
 
 
 def request_id(request: Request) -> str:
@@ -93,7 +102,8 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
         message = f"No route for {request.method} {request.url.path}."
     elif exc.status_code == 405:
         message = f"Method {request.method} is not allowed on {request.url.path}."
-    return error_response(exc.status_code, message)
+    # Starlette's 405 carries `allow`, which RFC 9110 requires on it.
+    return error_response(exc.status_code, message, headers=exc.headers)
 
 
 async def handle_engine_unavailable(request: Request, exc: Exception) -> Response:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from apiserver.errors import ApiError
+from apiserver.fetch_guard import BlockedDestination, FetchPolicy, GuardedTransport
 
 MAX_REDIRECTS = 3
 # Error messages quote the URL a client sent, but not all of a long one.
@@ -22,9 +23,10 @@ URL_SHOWN = 120
 class MediaFetcher:
     """One per API-server process and event loop; its HTTP client is created on first use and shared."""
 
-    def __init__(self, *, max_bytes: int, timeout: float, allowed_local_path: str):
+    def __init__(self, *, max_bytes: int, timeout: float, allowed_local_path: str, policy: FetchPolicy | None = None):
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.policy = policy or FetchPolicy()
         # Resolved once, so that a symlinked folder compares equal to the paths resolved inside it.
         self.allowed_local_path = Path(allowed_local_path).resolve() if allowed_local_path else None
         self._client: httpx.AsyncClient | None = None
@@ -80,6 +82,8 @@ class MediaFetcher:
                 # Images are compressed already; asking for them as they are spares us inflating a
                 # transfer encoding whose output size the server, not the cap, would decide.
                 headers={"accept-encoding": "identity", "user-agent": "poolserve"},
+                transport=GuardedTransport(self.policy),
+                trust_env=False,
             )
         return self._client
 
@@ -93,6 +97,10 @@ class MediaFetcher:
             raise ApiError(400, f"{param}: fetching {shown} timed out after {self.timeout:g} s.", param=param) from exc
         except httpx.TooManyRedirects as exc:
             raise ApiError(400, f"{param}: {shown} redirects more than {MAX_REDIRECTS} times.", param=param) from exc
+        except BlockedDestination as exc:
+            raise ApiError(
+                400, f"{param}: {shown} is not fetched: {exc}.", param=param, code="media_url_not_allowed"
+            ) from exc
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise ApiError(400, f"{param}: cannot fetch {shown}: {exc}.", param=param) from exc
 

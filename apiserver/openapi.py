@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import msgspec
@@ -11,9 +11,13 @@ from apiserver.endpoints import Endpoint
 from apiserver.errors import ErrorBody
 
 REF = "#/components/schemas/{name}"
+API_KEY_SCHEME = "apiKey"
 
 
-def openapi_document(endpoints: Sequence[Endpoint], version: str) -> dict[str, Any]:
+def openapi_document(
+    endpoints: Sequence[Endpoint], version: str, open_paths: Collection[str] | None = None
+) -> dict[str, Any]:
+    """`open_paths`: when the server requires an API key, the paths that need none; None when none is required."""
     types: list[Any] = [ErrorBody]
     for endpoint in endpoints:
         types.extend(t for t in (endpoint.request, endpoint.response) if t is not None)
@@ -50,13 +54,19 @@ def openapi_document(endpoints: Sequence[Endpoint], version: str) -> dict[str, A
             "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {}}}},
         }
     }
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "poolserve", "version": version},
         "paths": paths,
         "components": {"schemas": components},
     }
+    if open_paths is not None:
+        document["components"]["securitySchemes"] = {API_KEY_SCHEME: {"type": "http", "scheme": "bearer"}}
+        for path, operations in paths.items():
+            for operation in operations.values():
+                operation["security"] = [] if path in open_paths else [{API_KEY_SCHEME: []}]
+    return document
 
 
-def encode_openapi(endpoints: Sequence[Endpoint], version: str) -> bytes:
-    return msgspec.json.encode(openapi_document(endpoints, version))
+def encode_openapi(endpoints: Sequence[Endpoint], version: str, open_paths: Collection[str] | None = None) -> bytes:
+    return msgspec.json.encode(openapi_document(endpoints, version, open_paths))

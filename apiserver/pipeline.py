@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from apiserver.errors import ApiError, ClientDisconnected
-from apiserver.inputs.job import EngineJob
+from apiserver.inputs.job import EngineJob, check_total_tokens
 from apiserver.inputs.prepare import PreparedJob
 from apiserver.metrics import IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS
 from apiserver.state import AppState
@@ -44,6 +44,7 @@ async def run_job(request: Request, job: EngineJob) -> F32:
     The engine drops the work (an Abort) when the client disconnects or the request's deadline
     passes first: nobody would read the answer."""
     state: AppState = request.app.state.poolserve
+    check_total_tokens(job, state.config.max_tokens_per_request)
     check_fits_queue(job, state)
     pool_request, frames = job.to_wire()
     work = asyncio.ensure_future(state.engine.pool(pool_request, frames))

@@ -13,6 +13,8 @@ import uvicorn
 import uvloop
 
 from apiserver.app import build_app
+from apiserver.fetch_guard import FetchPolicy
+from apiserver.http_protocol import BoundedHttpToolsProtocol
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
 from apiserver.metrics import sample_loop_lag
@@ -105,6 +107,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         max_bytes=config.max_image_bytes,
         timeout=config.image_fetch_timeout,
         allowed_local_path=config.allowed_local_media_path,
+        policy=FetchPolicy(allowed_domains=config.allowed_media_domains, allow_private=config.allow_private_media_urls),
     )
     state = AppState(
         config=config,
@@ -119,7 +122,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     server = uvicorn.Server(
         uvicorn.Config(
             build_app(state, test_hooks=test_hooks_enabled()),
-            http="httptools",
+            http=BoundedHttpToolsProtocol,
             lifespan="off",
             access_log=False,
             log_config=None,

@@ -244,6 +244,8 @@ class EngineClient:
         """A (new) engine answered the handshake: blame its suspects, resubmit what is in flight."""
         first = self.card is None
         self.card = ready.card
+        # The handshake is a round trip too: /health is right from the moment this server is ready.
+        self.last_pong, self._last_pong_at = Pong(-1), asyncio.get_running_loop().time()
         if not first:
             self.restarts_seen += 1
         suspects = set(ready.suspects)

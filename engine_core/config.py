@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import urllib.parse
 from typing import Literal
 
 import msgspec
@@ -14,6 +16,12 @@ DType = Literal["auto", "float32", "float16", "bfloat16"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
+
+# The one environment variable that carries a setting (read by the CLI, as --api-key's default):
+# a key in the environment stays out of `ps`, where a command-line flag would be readable by anyone.
+API_KEY_ENV = "POOLSERVE_API_KEY"
+
+MIB = 1024 * 1024
 
 
 class ConfigError(ValueError):
@@ -44,7 +52,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     torch_threads: int = 0
     trust_remote_code: bool = False
     max_inputs_per_request: int = 2048
-    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_bytes: int = 20 * MIB
     max_image_pixels: int = 40_000_000
     image_fetch_timeout: float = 10.0
     allowed_local_media_path: str = ""
@@ -58,6 +66,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     access_log: bool = False
+    # Access and hostile input (docs/security.md).
+    api_key: str = ""
+    protect_metrics: bool = False
+    # Room for one --max-image-bytes image as a base64 data URL (4/3 of its bytes) and the JSON around it.
+    max_request_bytes: int = 32 * MIB
+    # A full request of the bundled model (2048 inputs of 256 tokens); a long-context model gets no more.
+    max_tokens_per_request: int = 2048 * 256
+    max_images_per_request: int = 32
+    allowed_media_domains: list[str] = msgspec.field(default_factory=list)
+    allow_private_media_urls: bool = False
+    cors_allowed_origins: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
@@ -70,6 +89,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)
+        check_range("--max-request-bytes", self.max_request_bytes, 1024, 1 << 34)
+        check_range("--max-tokens-per-request", self.max_tokens_per_request, 1, 1 << 30)
+        check_range("--max-images-per-request", self.max_images_per_request, 0, 1 << 16)
         if self.image_fetch_timeout <= 0:
             raise ConfigError(f"--image-fetch-timeout has value {self.image_fetch_timeout!r}; it must be > 0.")
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
@@ -92,6 +114,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         for name in self.served_model_name:
             if not name.strip():
                 raise ConfigError("--served-model-name has an empty name.")
+        check_api_key(self.api_key)
+        if self.protect_metrics and not self.api_key:
+            raise ConfigError(f"--protect-metrics needs an API key (--api-key or {API_KEY_ENV}).")
+        for domain in self.allowed_media_domains:
+            if not is_hostname(domain):
+                raise ConfigError(f"--allowed-media-domains has value {domain!r}; give host names such as example.com.")
+        for origin in self.cors_allowed_origins:
+            if not is_origin(origin):
+                raise ConfigError(
+                    f"--cors-allowed-origins has value {origin!r}; give origins such as https://app.example.com, or *."
+                )
 
     @property
     def is_bundled_model(self) -> bool:
@@ -106,9 +139,34 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
 
     @property
     def binds_beyond_loopback(self) -> bool:
-        return self.host not in ("127.0.0.1", "::1", "localhost")
+        """Whether other machines may reach the HTTP socket: any address but a loopback one."""
+        if self.host == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: it may resolve to anything
+            return True
 
 
 def check_range(flag: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ConfigError(f"{flag} has value {value!r}; it must be between {low} and {high}.")
+
+
+def check_api_key(key: str) -> None:
+    """A key travels in an HTTP header: printable ASCII without spaces. The message never shows the key."""
+    if key and not all(33 <= ord(c) < 127 for c in key):
+        raise ConfigError("--api-key must be printable ASCII without spaces (it travels in an HTTP header).")
+
+
+def is_hostname(value: str) -> bool:
+    labels = value.rstrip(".").split(".")
+    return bool(value) and all(label and len(label) <= 63 and label.replace("-", "").isalnum() for label in labels)
+
+
+def is_origin(value: str) -> bool:
+    """`*`, or scheme://host[:port] as a browser sends it in `Origin` (no path, no trailing slash)."""
+    if value == "*":
+        return True
+    parts = urllib.parse.urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and value == f"{parts.scheme}://{parts.netloc}"

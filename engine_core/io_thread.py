@@ -54,9 +54,12 @@ def admit_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: 
     expected = 1 + int(msg.token_types) + int(msg.images > 0)
     if len(frames) != expected:
         raise InvalidRequest(f"expected {expected} data frame(s), got {len(frames)}")
-    if msg.count == 0:
+    if msg.images < 0 or msg.count == 0:
         raise InvalidRequest("no inputs")
-    lengths = np.asarray(msg.lengths, dtype=np.int64)
+    try:
+        lengths = np.asarray(msg.lengths, dtype=np.int64)
+    except OverflowError:  # msgpack integers reach 2**64 - 1
+        lengths = np.asarray([-1])
     if lengths.size and (lengths.min() < 1 or lengths.max() > card.max_model_len):
         raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
     size = int(lengths.sum()) * TOKEN_ITEMSIZE
@@ -70,6 +73,9 @@ def admit_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: 
         if not card.uses_token_types or len(frames[1]) != size:
             raise InvalidRequest("this model takes no token types, or their frame does not match the tokens")
         token_types = np.frombuffer(frames[1], dtype=TOKEN_DTYPE)
+        # An id past the model's type embeddings would fail the whole batch it lands in (and on CUDA, the device).
+        if token_types.size and (token_types.min() < 0 or token_types.max() >= card.type_vocab_size):
+            raise InvalidRequest(f"token type ids must be within 0..{card.type_vocab_size - 1}")
     pixels = None
     if msg.images:
         if card.image is None:

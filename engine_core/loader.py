@@ -260,6 +260,7 @@ def load_model(config: Config) -> LoadedModel:
         image_tokens=image_tokens,
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
+        type_vocab_size=int(getattr(text_config, "type_vocab_size", 0) or 0),
     )
     return LoadedModel(card=card, runner=runner)
 

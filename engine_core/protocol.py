@@ -93,6 +93,8 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # The engine's batch limits, as resolved for this device.
     max_batch_tokens: int = 0
     max_batch_size: int = 0
+    # How many token type ids the model has embeddings for (2 for BERT), so that the engine can refuse others.
+    type_vocab_size: int = 0
 
     def supports(self, task: str) -> bool:
         return task in self.tasks

@@ -21,6 +21,8 @@ import time
 from collections import defaultdict, deque
 from types import FrameType, ModuleType
 
+import msgspec
+
 from engine_core.boot import EXIT_BOOT_ERROR
 from engine_core.config import Config
 from supervisor.children import ChildProcess, spawn_child
@@ -122,14 +124,10 @@ class Supervisor:
             self.api_servers[index] = self._spawn("api", index)
         self._await_ready(list(self.api_servers.values()), config.engine_start_timeout + API_SERVER_BOOT_EXTRA_S)
         self._announced.update(child.pid for child in self.children)
-        port = bound_port(self.listener)
-        scope = " (listening beyond loopback)" if config.binds_beyond_loopback else ""
+        if config.binds_beyond_loopback and not config.api_key:
+            logger.warning("listening on %s without an API key: anyone who can reach the port can use it", config.host)
         summary = self.engine.boot_report.message if self.engine.boot_report else ""
-        print(
-            f"poolserve ready in {time.perf_counter() - started:.1f}s on http://{config.host}:{port}{scope}: "
-            f"model {config.model_names[0]} ({summary}), {self.api_server_count} API server(s)",
-            flush=True,
-        )
+        print(ready_line(config, bound_port(self.listener), time.perf_counter() - started, summary), flush=True)
 
     def _prepare_metrics(self) -> None:
         """Every process writes its series here; any API server's /metrics reads them all. Set before
@@ -335,7 +333,8 @@ class Supervisor:
 
     def _spawn(self, role: str, index: int = 0) -> ChildProcess:
         if role == "engine":
-            child = spawn_child("engine", self.config, self.runtime_dir)
+            # The engine has no use for the API key: one process fewer holds it.
+            child = spawn_child("engine", msgspec.structs.replace(self.config, api_key=""), self.runtime_dir)
         else:
             child = spawn_child("api", self.config, self.runtime_dir, index=index, listener=self.listener)
         self._selector.register(child.pipe_fd, selectors.EVENT_READ)
@@ -386,3 +385,13 @@ class Supervisor:
                 if key.fd == self._wakeup_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wakeup_r, 4096)
+
+
+def ready_line(config: Config, port: int, seconds: float, engine_report: str) -> str:
+    """The one line that says the server is up, where, and who may reach it."""
+    reach = " (listening beyond loopback: reachable from other machines)" if config.binds_beyond_loopback else ""
+    key = ", API key required" if config.api_key else ""
+    return (
+        f"poolserve ready in {seconds:.1f}s on http://{config.host}:{port}{reach}: "
+        f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s){key}"
+    )

@@ -19,7 +19,7 @@ import time
 import msgspec
 
 from engine_core.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, encode_child_spec
-from engine_core.config import Config
+from engine_core.config import API_KEY_ENV, Config
 
 
 class ChildProcess:
@@ -124,6 +124,8 @@ def spawn_child(
         listen_fd=listen_fd,
     )
     env = dict(os.environ)
+    # The key reaches the API servers inside their spec; the variable it came from goes to no child.
+    env.pop(API_KEY_ENV, None)
     env[CHILD_SPEC_ENV] = encode_child_spec(spec)
     if role == "api":
         # One tokenizer thread per API server: parallelism comes from running N of them.

@@ -8,6 +8,8 @@ import sys
 import typing
 
 from engine_core.config import (
+    API_KEY_ENV,
+    MIB,
     Config,
     ConfigError,
     Device,
@@ -62,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--trust-remote-code", action="store_true", help="Allow model code shipped in the folder.")
 
     server = parser.add_argument_group("HTTP")
-    server.add_argument("--host", default="127.0.0.1", help="Address to listen on. Binding wider is explicit.")
+    server.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Address to listen on. Only this machine can connect by default; 0.0.0.0 or :: opens the server to "
+        "the network (the ready line says so): pair it with --api-key.",
+    )
     server.add_argument(
         "--port", type=int, default=8000, help="TCP port; 0 picks a free one (the ready line says which)."
     )
@@ -117,6 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
         "killed and replaced; /health reports a forward pass running over a third of it. 0: off.",
     )
     server.add_argument(
+        "--max-tokens-per-request",
+        type=int,
+        default=2048 * 256,
+        help="Most tokens one request may send to the model, all its inputs together (after truncation); "
+        "more gets 400.",
+    )
+    server.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=32 * MIB,
+        help="Largest request body accepted, checked on Content-Length and while a chunked body arrives; "
+        "larger gets 413. The default fits one --max-image-bytes image as a base64 data URL.",
+    )
+    server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -147,6 +168,45 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="DIR",
         help="Folder whose files requests may name as images (file:// URLs or paths); empty: no local files.",
+    )
+
+    images.add_argument(
+        "--max-images-per-request",
+        type=int,
+        default=32,
+        help="Most images one request may carry; more gets 400 before any is fetched or decoded.",
+    )
+    images.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=[],
+        metavar="HOST",
+        help="Host names http(s) image URLs may name (each redirect too); empty: any public host.",
+    )
+    images.add_argument(
+        "--allow-private-media-urls",
+        action="store_true",
+        help="Let image URLs reach loopback, private, link-local (cloud metadata) and other non-public addresses. "
+        "Off: every address a URL or redirect resolves to must be public, checked on the connection made.",
+    )
+
+    access = parser.add_argument_group("access")
+    access.add_argument(
+        "--api-key",
+        default=argparse.SUPPRESS,
+        help=f"Require `Authorization: Bearer KEY` on every endpoint but /health, /ping and /metrics (401 "
+        f"otherwise). Default: the {API_KEY_ENV} environment variable, which keeps the key out of `ps`; "
+        "unset or empty: no key.",
+    )
+    access.add_argument(
+        "--protect-metrics", action="store_true", help="Require the API key on /metrics too (needs --api-key)."
+    )
+    access.add_argument(
+        "--cors-allowed-origins",
+        nargs="+",
+        default=[],
+        metavar="ORIGIN",
+        help="Origins browsers may call the API from (https://app.example.com, or * for any); empty: CORS off.",
     )
 
     engine = parser.add_argument_group("engine")
@@ -233,9 +293,23 @@ def parse_config(argv: list[str] | None = None) -> Config:
             log_level=args.log_level,
             log_format=args.log_format,
             access_log=args.access_log,
+            api_key=api_key_of(args),
+            protect_metrics=args.protect_metrics,
+            max_request_bytes=args.max_request_bytes,
+            max_tokens_per_request=args.max_tokens_per_request,
+            max_images_per_request=args.max_images_per_request,
+            allowed_media_domains=args.allowed_media_domains,
+            allow_private_media_urls=args.allow_private_media_urls,
+            cors_allowed_origins=args.cors_allowed_origins,
         )
     except ConfigError as exc:
         parser.error(str(exc))
+
+
+def api_key_of(args: argparse.Namespace) -> str:
+    """The flag's value, else the environment's: the one place the key's environment variable is read."""
+    key: str | None = getattr(args, "api_key", None)
+    return key if key is not None else os.environ.get(API_KEY_ENV, "")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from engine_core.config import API_KEY_ENV
 from tests.utils import LaunchedServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -144,4 +145,27 @@ def clip_server(clip_model: Path, media_dir: Path) -> Iterator[LaunchedServer]:
     yield from serve(
         "--model", str(clip_model), "--api-server-count", "1", "--allowed-local-media-path", str(media_dir),
         "--max-image-bytes", str(CLIP_MAX_IMAGE_BYTES), "--image-fetch-timeout", "1",
+        # Its tests fetch images from a loopback HTTP server.
+        "--allow-private-media-urls",
     )  # fmt: skip
+
+
+# A server behind an API key (from the environment, as operators are told to pass it), with CORS for one
+# origin and lowered limits: tests/e2e/test_security.py and the schemathesis run share it.
+API_KEY = "ps-test-key-7f3a9c"
+CORS_ORIGIN = "https://app.example.com"
+GUARDED_BODY_LIMIT = 8_000_000
+GUARDED_TOKEN_LIMIT = 2000
+
+
+@pytest.fixture(scope="session")
+def guarded_server() -> Iterator[LaunchedServer]:
+    launched = LaunchedServer(
+        "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
+        "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
+        env={API_KEY_ENV: API_KEY},
+    )  # fmt: skip
+    try:
+        yield launched.wait_ready()
+    finally:
+        launched.stop()

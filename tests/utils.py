@@ -228,3 +228,27 @@ class HealthProber:
         out, _ = self.proc.communicate(timeout=120)
         data = json.loads(out)
         return data["latencies"], data["statuses"]
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets a process has open, as /proc/net/* lists them."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def runtime_dirs_of(pid: int) -> set[str]:
+    """Runtime folders a process has open ipc sockets in, read from /proc/net/unix via its fds."""
+    inodes = socket_inodes(pid)
+    dirs = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and "poolserve-" in fields[7]:
+            dirs.add(str(Path(fields[7]).parent))
+    return dirs

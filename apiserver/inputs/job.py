@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from apiserver.errors import bad_request
+from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
 from apiserver.tokenizer import Direction, TextTokenizer
@@ -55,6 +55,22 @@ class EngineJob:
         return request, frames
 
 
+def images_not_taken(source: ImageSource) -> ApiError:
+    return bad_request(f"This model takes no images, but `{source.param}` is one.", param=source.param)
+
+
+def check_total_tokens(job: EngineJob, limit: int) -> None:
+    """--max-tokens-per-request: what one request may ask of the model, counted as sent (after truncation)."""
+    tokens = job.prompt_tokens
+    if tokens > limit:
+        raise ApiError(
+            400,
+            f"This request has {tokens} tokens in all, more than this server's limit of {limit} per request "
+            "(--max-tokens-per-request); send fewer or shorter inputs.",
+            code="too_many_tokens",
+        )
+
+
 def build_job(
     items: list[Item],
     card: ModelCard,
@@ -80,7 +96,7 @@ def build_job(
     images: list[Pixels] = []
     if sources:
         if card.image is None or load_image is None:
-            raise bad_request(f"This model takes no images, but `{sources[0].param}` is one.", param=sources[0].param)
+            raise images_not_taken(sources[0])
         images = [load_image(source) for source in sources]
     job = EngineJob(rows=rows, images=images)
     if texts and sources:

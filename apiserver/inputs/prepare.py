@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from apiserver.errors import bad_request
 from apiserver.inputs.items import ImageSource, Item, request_items
-from apiserver.inputs.job import EngineJob, Pixels, build_job
+from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
 from apiserver.inputs.text import resolve_token_limit
 from apiserver.schemas.common import ChatMessage, Input
 from apiserver.state import AppState
@@ -31,10 +32,27 @@ class PreparedJob:
 
 def prepare_job(state: AppState, items: list[Item], build: JobBuilder) -> PreparedJob:
     """Build the job now unless it needs images from the network. Runs on the preprocessing pool."""
+    check_images(items, state)
     remote = [item for item in items if isinstance(item, ImageSource) and state.images.is_remote(item.source)]
     if remote:
         return PreparedJob(job=None, remote=remote, build=build)
     return PreparedJob(job=build(state.images.load), remote=[], build=build)
+
+
+def check_images(items: list[Item], state: AppState) -> None:
+    """Whether the model takes images, and --max-images-per-request: both before any image is fetched or decoded."""
+    sources = [item for item in items if isinstance(item, ImageSource)]
+    if sources and state.card.image is None:
+        # Refused before fetching: a text model's server would otherwise download URLs for nothing.
+        raise images_not_taken(sources[0])
+    count, limit = len(sources), state.config.max_images_per_request
+    if count > limit:
+        raise bad_request(
+            f"This request has {count} images, more than this server's limit of {limit} per request "
+            "(--max-images-per-request).",
+            param="input",
+            code="too_many_images",
+        )
 
 
 class ItemsRequest(Protocol):

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image
 
 from apiserver.errors import ApiError
+from apiserver.fetch_guard import BlockedDestination, FetchPolicy, GuardedBackend, GuardedTransport, IpAddress
 from apiserver.media import MediaFetcher
 
 MAX_BYTES = 4096
@@ -35,6 +37,8 @@ class ImageServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         # Set on teardown, so that handlers still sleeping or trickling end at once.
         self.closing = threading.Event()
+        # Host headers of the requests that reached this server, in order.
+        self.hosts: list[str] = []
 
     @property
     def url(self) -> str:
@@ -49,6 +53,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        self.server.hosts.append(self.headers.get("host", ""))
         path = self.path
         if path == "/good.png":
             self.reply(200, GOOD)
@@ -74,6 +79,12 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.write_chunks()
+        elif path.startswith("/redirect-to/"):
+            # /redirect-to/<host>: a redirect to the same path on another host name (or address).
+            self.send_response(302)
+            self.send_header("Location", f"http://{path.split('/')[2]}:{self.server.server_address[1]}/good.png")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif path.startswith("/redirect/"):
             hops = int(path.rsplit("/", 1)[1])
             self.send_response(302)
@@ -128,9 +139,23 @@ def server() -> Iterator[ImageServer]:
         thread.join(5)
 
 
-def fetch(source: str, *, max_bytes: int = MAX_BYTES, timeout: float = TIMEOUT, allowed_local_path: str = "") -> bytes:
+# The image server here is on loopback, which only --allow-private-media-urls reaches (tests/apiserver/
+# test_fetch_guard.py covers the default).
+LOOPBACK_ALLOWED = FetchPolicy(allow_private=True)
+
+
+def fetch(
+    source: str,
+    *,
+    max_bytes: int = MAX_BYTES,
+    timeout: float = TIMEOUT,
+    allowed_local_path: str = "",
+    policy: FetchPolicy = LOOPBACK_ALLOWED,
+) -> bytes:
     async def main() -> bytes:
-        fetcher = MediaFetcher(max_bytes=max_bytes, timeout=timeout, allowed_local_path=allowed_local_path)
+        fetcher = MediaFetcher(
+            max_bytes=max_bytes, timeout=timeout, allowed_local_path=allowed_local_path, policy=policy
+        )
         try:
             return await fetcher.fetch(source, param="input[1].image")
         finally:
@@ -157,7 +182,7 @@ def test_an_image_url_gives_its_bytes(server: ImageServer) -> None:
 
 def test_one_client_serves_many_fetches(server: ImageServer) -> None:
     async def main() -> list[bytes]:
-        fetcher = MediaFetcher(max_bytes=MAX_BYTES, timeout=5, allowed_local_path="")
+        fetcher = MediaFetcher(max_bytes=MAX_BYTES, timeout=5, allowed_local_path="", policy=LOOPBACK_ALLOWED)
         try:
             first = await fetcher.fetch(f"{server.url}/good.png", param="a")
             client = fetcher._client
@@ -210,6 +235,89 @@ def test_a_refused_connection_is_a_400(server: ImageServer) -> None:
     port = probe.server_address[1]
     probe.server_close()
     assert "cannot fetch" in refused(f"http://127.0.0.1:{port}/good.png").message
+
+
+# where URLs may lead (SSRF) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:{port}/good.png",
+        "http://localhost:{port}/good.png",
+        "http://[::1]:{port}/good.png",
+        "http://2130706433:{port}/good.png",  # 127.0.0.1 as one decimal number
+        "http://0.0.0.0:{port}/good.png",
+        "http://169.254.169.254/latest/meta-data/",  # the cloud metadata service
+        "http://[fd00:ec2::254]/latest/meta-data/",  # its IPv6 address on AWS
+        "http://10.0.0.1/cat.png",
+        "http://192.168.1.1/cat.png",
+        "http://[::ffff:127.0.0.1]:{port}/good.png",
+    ],
+)
+def test_non_public_addresses_are_refused_by_default_without_a_connection(server: ImageServer, url: str) -> None:
+    seen = len(server.hosts)
+    error = refused(url.format(port=server.server_address[1]), policy=FetchPolicy())
+    assert error.code == "media_url_not_allowed"
+    assert "not a public address" in error.message
+    assert len(server.hosts) == seen
+
+
+class LoopbackOneOnly(FetchPolicy):
+    """Allows 127.0.0.1 and nothing else: a stand-in for "public" that a test can serve from."""
+
+    def allows_address(self, address: IpAddress) -> bool:
+        return str(address) == "127.0.0.1"
+
+
+def test_every_redirect_is_checked_where_it_connects(server: ImageServer) -> None:
+    assert fetch(f"{server.url}/redirect/2", policy=LoopbackOneOnly()) == GOOD
+    error = refused(f"{server.url}/redirect-to/127.0.0.2", policy=LoopbackOneOnly())
+    assert error.code == "media_url_not_allowed"
+
+
+def test_allowed_media_domains_bind_every_redirect(server: ImageServer) -> None:
+    policy = FetchPolicy(allowed_domains=["127.0.0.1"], allow_private=True)
+    assert fetch(f"{server.url}/redirect/1", policy=policy) == GOOD
+    error = refused(f"{server.url}/redirect-to/localhost", policy=policy)
+    assert "'localhost' is not one this server fetches images from" in error.message
+    assert "is not one" in refused(f"http://localhost:{server.server_address[1]}/good.png", policy=policy).message
+
+
+class FixedResolver(GuardedBackend):
+    """Resolves every name to fixed addresses, as a DNS server under an attacker's control could."""
+
+    def __init__(self, policy: FetchPolicy, addresses: list[str]):
+        super().__init__(policy)
+        self.addresses = addresses
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        return self.addresses
+
+
+def get_through(backend: GuardedBackend, url: str) -> httpx.Response:
+    async def main() -> httpx.Response:
+        transport = GuardedTransport(backend.policy, backend=backend)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            return await client.get(url)
+
+    return asyncio.run(main())
+
+
+def test_the_connection_goes_to_the_address_that_was_checked_under_the_url_host_name(server: ImageServer) -> None:
+    port = server.server_address[1]
+    response = get_through(FixedResolver(LoopbackOneOnly(), ["127.0.0.1"]), f"http://images.test:{port}/good.png")
+    assert response.content == GOOD
+    assert server.hosts[-1] == f"images.test:{port}"
+
+
+def test_a_name_with_any_non_public_address_is_refused(server: ImageServer) -> None:
+    port = server.server_address[1]
+    seen = len(server.hosts)
+    for addresses in (["127.0.0.2"], ["127.0.0.1", "127.0.0.2"], ["127.0.0.2", "127.0.0.1"]):
+        with pytest.raises(BlockedDestination):
+            get_through(FixedResolver(LoopbackOneOnly(), addresses), f"http://images.test:{port}/good.png")
+    assert len(server.hosts) == seen
 
 
 # data: URLs --------------------------------------------------------------------------------------

@@ -278,3 +278,9 @@ def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped() -> None:
             assert "--request-timeout" in response.json()["error"]["message"]
             assert time.monotonic() - started < 4
             assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 5)
+
+
+def test_health_is_200_from_the_moment_the_ready_line_is_printed() -> None:
+    with launched("--api-server-count", "2") as server, httpx.Client(base_url=server.url, timeout=10) as client:
+        response = client.get("/health")
+        assert response.status_code == 200, response.text

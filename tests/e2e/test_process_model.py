@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.utils import LaunchedServer, child_pids, is_alive, mapped_libraries, wait_until
+from tests.utils import LaunchedServer, child_pids, is_alive, mapped_libraries, runtime_dirs_of, wait_until
 
 HEAVY_MODULES = ("torch", "transformers")
 
@@ -124,21 +124,3 @@ def test_children_exit_when_the_supervisor_is_killed() -> None:
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
     finally:
         launched.stop()
-
-
-def runtime_dirs_of(pid: int) -> set[str]:
-    """Runtime folders a process has open ipc sockets in, read from /proc/net/unix via its fds."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except FileNotFoundError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    dirs = set()
-    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 8 and fields[6] in inodes and "poolserve-" in fields[7]:
-            dirs.add(str(Path(fields[7]).parent))
-    return dirs

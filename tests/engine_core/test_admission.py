@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -35,3 +36,28 @@ def test_a_valid_request_is_admitted() -> None:
 def test_malformed_requests_are_refused_not_run(message: PoolRequest, frames: list[bytes], reason: str) -> None:
     with pytest.raises(InvalidRequest, match=reason):
         admit_request(b"api-0", message, frames, CARD)
+
+
+PAIR_CARD = msgspec.structs.replace(CARD, uses_token_types=True, type_vocab_size=2)
+
+
+@pytest.mark.parametrize(
+    ("message", "frames", "reason"),
+    [
+        (PoolRequest(1, [2], token_types=True), [tokens(101, 102), tokens(0, 2)], "token type ids"),
+        (PoolRequest(1, [2], token_types=True), [tokens(101, 102), tokens(-1, 0)], "token type ids"),
+        (PoolRequest(1, [2**64 - 1]), [tokens(1)], "lengths"),
+        (PoolRequest(1, [1], images=-3), [tokens(1)], "no inputs"),
+    ],
+)
+def test_values_a_model_cannot_take_are_refused_before_they_reach_a_batch(
+    message: PoolRequest, frames: list[bytes], reason: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=reason):
+        admit_request(b"api-0", message, frames, PAIR_CARD)
+
+
+def test_token_types_within_the_models_range_are_admitted() -> None:
+    message = PoolRequest(1, [3], token_types=True)
+    request = admit_request(b"api-0", message, [tokens(101, 7, 102), tokens(0, 1, 1)], PAIR_CARD)
+    assert request.input_token_types(0).tolist() == [0, 1, 1]

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from engine_core.config import BUNDLED_MODEL_NAME, Config, default_api_server_count
+from engine_core.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
+from supervisor.arbiter import ready_line
 from supervisor.cli import build_parser, parse_config
 
 
@@ -66,6 +68,12 @@ def test_the_model_path_is_the_default_served_name() -> None:
         (["--served-model-name", " "], "--served-model-name"),
         (["--port", "eighty"], "--port"),
         (["--device", "tpu"], "--device"),
+        (["--max-request-bytes", "10"], "--max-request-bytes"),
+        (["--max-tokens-per-request", "0"], "--max-tokens-per-request"),
+        (["--max-images-per-request", "-1"], "--max-images-per-request"),
+        (["--allowed-media-domains", "http://x.com/"], "--allowed-media-domains"),
+        (["--cors-allowed-origins", "https://app.example.com/"], "--cors-allowed-origins"),
+        (["--cors-allowed-origins", "app.example.com"], "--cors-allowed-origins"),
     ],
 )
 def test_a_bad_value_fails_with_one_sentence_naming_the_flag(
@@ -88,3 +96,88 @@ def test_help_explains_every_flag() -> None:
                 assert option in flags
         if action.option_strings and action.dest != "help":
             assert action.help, f"{action.option_strings} has no help"
+
+
+def test_the_security_flags_map_to_their_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    config = parse_config(
+        [
+            "--api-key", "k1", "--protect-metrics", "--max-request-bytes", "4096", "--max-tokens-per-request", "99",
+            "--max-images-per-request", "0", "--allowed-media-domains", "a.example.com", "b.example.com",
+            "--allow-private-media-urls", "--cors-allowed-origins", "https://app.example.com", "http://localhost:3000",
+        ]
+    )  # fmt: skip
+    assert config == Config(
+        api_key="k1",
+        protect_metrics=True,
+        max_request_bytes=4096,
+        max_tokens_per_request=99,
+        max_images_per_request=0,
+        allowed_media_domains=["a.example.com", "b.example.com"],
+        allow_private_media_urls=True,
+        cors_allowed_origins=["https://app.example.com", "http://localhost:3000"],
+    )
+
+
+def test_defaults_are_safe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    config = parse_config([])
+    assert config.api_key == ""
+    assert not config.allow_private_media_urls
+    assert config.allowed_media_domains == []
+    assert config.cors_allowed_origins == []
+    # One image of the largest size allowed still fits in a request as a base64 data URL, with room for JSON.
+    assert config.max_image_bytes * 4 / 3 + 64 * 1024 < config.max_request_bytes
+
+
+def test_the_api_key_comes_from_the_environment_unless_the_flag_gives_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    assert parse_config([]).api_key == "from-env"
+    assert parse_config(["--api-key", "from-flag"]).api_key == "from-flag"
+    assert "from-env" not in build_parser().format_help()
+
+
+@pytest.mark.parametrize("key", ["with space", "tab\tkey", "caf\u00e9"])
+def test_a_key_that_cannot_travel_in_a_header_is_refused_without_echoing_it(
+    key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["--api-key", key])
+    err = capsys.readouterr().err
+    assert "--api-key" in err
+    assert key not in err
+
+
+def test_protect_metrics_needs_a_key(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    with pytest.raises(SystemExit):
+        parse_config(["--protect-metrics"])
+    assert "--protect-metrics needs an API key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "beyond"),
+    [("127.0.0.1", False), ("127.0.0.2", False), ("::1", False), ("localhost", False), ("0.0.0.0", True),
+     ("::", True), ("192.168.1.10", True), ("myhost.example.com", True)],
+)  # fmt: skip
+def test_only_loopback_hosts_count_as_private_binds(host: str, beyond: bool) -> None:
+    assert Config(host=host).binds_beyond_loopback is beyond
+
+
+def test_the_ready_line_says_when_the_server_is_reachable_from_other_machines() -> None:
+    wide = ready_line(Config(host="0.0.0.0"), 8000, 1.0, "BertModel")
+    assert "on http://0.0.0.0:8000 (listening beyond loopback: reachable from other machines)" in wide
+    local = ready_line(Config(api_key="k"), 8000, 1.0, "BertModel")
+    assert "beyond loopback" not in local
+    assert local.endswith(", API key required")
+
+
+def test_the_limits_table_in_the_security_doc_names_real_flags_and_their_defaults() -> None:
+    table = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    rows = re.findall(r"^\| [^|]+ \| `(--[a-z-]+)` \| ([^|]+) \|", table, re.MULTILINE)
+    assert len(rows) >= 8
+    defaults = {action.option_strings[0]: action.default for action in build_parser()._actions if action.option_strings}
+    for flag, documented in rows:
+        assert flag in defaults, flag
+        if defaults[flag]:  # 0 means "the model's own", which the table says in words
+            assert f"{defaults[flag]:.15g}" in documented.replace(",", ""), (flag, documented)

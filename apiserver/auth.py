@@ -1,0 +1,59 @@
+"""API-key authentication: which paths need `Authorization: Bearer <key>`, and the ASGI middleware that checks it."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from apiserver.errors import error_response
+
+# Paths anyone may call without a key: load balancers' and orchestrators' probes carry no credentials.
+# Everything else, unknown paths included, needs the key (deny by default).
+OPEN_PATHS = frozenset({"/health", "/ping"})
+# Open too unless --protect-metrics: Prometheus scrapers are usually set up without credentials.
+METRICS_PATH = "/metrics"
+
+
+def open_paths(*, protect_metrics: bool) -> frozenset[str]:
+    return OPEN_PATHS if protect_metrics else OPEN_PATHS | {METRICS_PATH}
+
+
+def digest(secret: bytes) -> bytes:
+    """Keys are compared as fixed-length digests, so the comparison's time says nothing about their length."""
+    return hashlib.sha256(secret).digest()
+
+
+def bearer_token(authorization: bytes) -> bytes | None:
+    scheme, _, token = authorization.strip().partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    return token.strip()
+
+
+class ApiKeyAuth:
+    """Refuses a request to any path outside `exempt` unless it carries the key as a Bearer token (401)."""
+
+    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str]):
+        self.app = app
+        self.exempt = exempt
+        self._digest = digest(api_key.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt or self.is_authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(
+            401,
+            "A valid API key is required: send it as `Authorization: Bearer <key>`.",
+            code="invalid_api_key",
+            headers={"www-authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+    def is_authorized(self, scope: Scope) -> bool:
+        header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+        token = bearer_token(header) if header is not None else None
+        # compare_digest takes the same time wherever the first differing byte is.
+        return token is not None and hmac.compare_digest(digest(token), self._digest)

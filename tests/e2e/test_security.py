@@ -1,0 +1,471 @@
+"""Hostile input and access on live servers: keys, limits, hostile bodies and images, SSRF, CORS, the engine socket."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from apiserver.auth import OPEN_PATHS
+from apiserver.endpoints import ENDPOINTS
+from engine_core.protocol import Abort, Outputs, Ping, Pong, PoolRequest, make_client_decoder, make_encoder
+from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
+from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
+from tests.utils import LaunchedServer, cmdline, is_alive, runtime_dirs_of, socket_inodes
+
+KEY, ORIGIN, BODY_LIMIT, TOKEN_LIMIT = API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
+IMAGE_LIMIT = 4
+NORMAL = {"input": ["a normal sentence about the weather in spring"]}
+
+# A request with the right key to each model endpoint of the bundled model, and what it gets.
+SAMPLES: dict[str, tuple[dict[str, Any], int]] = {
+    "/v1/embeddings": ({"input": "hi"}, 200),
+    "/pooling": ({"input": "hi"}, 200),
+    "/score": ({"text_1": "a", "text_2": "b"}, 200),
+    "/rerank": ({"query": "a", "documents": ["b"]}, 200),
+    "/v1/rerank": ({"query": "a", "documents": ["b"]}, 200),
+    "/v2/rerank": ({"query": "a", "documents": ["b"]}, 200),
+    "/classify": ({"input": "hi"}, 400),  # an embedding model: task_not_supported, past the key
+    "/tokenize": ({"prompt": "hi"}, 200),
+    "/detokenize": ({"tokens": [7592]}, 200),
+    "/embed": ({"inputs": "hi"}, 200),
+    "/predict": ({"inputs": "hi"}, 400),
+}
+
+
+@pytest.fixture(scope="module")
+def guarded(guarded_server: LaunchedServer) -> LaunchedServer:
+    return guarded_server
+
+
+@pytest.fixture(scope="module")
+def clip_default_media(clip_model: Path) -> Iterator[LaunchedServer]:
+    """A CLIP-style model with the default media policy: public URLs only."""
+    launched = LaunchedServer(
+        "--model", str(clip_model), "--api-server-count", "1", "--max-images-per-request", str(IMAGE_LIMIT),
+        "--image-fetch-timeout", "2",
+    )  # fmt: skip
+    try:
+        yield launched.wait_ready()
+    finally:
+        launched.stop()
+
+
+def bearer(key: str = KEY) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+# API key ---------------------------------------------------------------------------------------------
+
+
+def test_every_model_endpoint_refuses_a_missing_or_wrong_key_and_accepts_the_right_one(
+    guarded: LaunchedServer,
+) -> None:
+    with guarded.client() as client:
+        for endpoint in ENDPOINTS:
+            if endpoint.path in OPEN_PATHS:
+                continue
+            body, status = SAMPLES.get(endpoint.path, (None, 200))
+            for headers in ({}, bearer("wrong"), bearer(KEY + "x"), {"authorization": KEY}):
+                response = client.request(endpoint.method, endpoint.path, json=body, headers=headers)
+                assert response.status_code == 401, (endpoint.path, headers, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["error"]["code"] == "invalid_api_key"
+            response = client.request(endpoint.method, endpoint.path, json=body, headers=bearer())
+            assert response.status_code == status, (endpoint.path, response.text)
+        assert client.get("/openapi.json").status_code == 401
+        document = client.get("/openapi.json", headers=bearer()).json()
+        assert document["components"]["securitySchemes"] == {"apiKey": {"type": "http", "scheme": "bearer"}}
+        assert document["paths"]["/v1/embeddings"]["post"]["security"] == [{"apiKey": []}]
+        assert document["paths"]["/health"]["get"]["security"] == []
+        assert client.get("/no-such-path").status_code == 401
+
+
+def test_probes_and_metrics_stay_open_without_a_key(guarded: LaunchedServer) -> None:
+    with guarded.client() as client:
+        for path in OPEN_PATHS:
+            assert client.get(path).status_code == 200, path
+        assert client.get("/metrics").status_code == 200
+
+
+def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: LaunchedServer) -> None:
+    with guarded.client() as client:
+        assert client.post("/v1/embeddings", json={"input": "hi"}, headers=bearer()).status_code == 200
+        assert client.post("/v1/embeddings", json={"input": "hi"}, headers=bearer("wrong")).status_code == 401
+    processes = [guarded.pid, *guarded.children()]
+    assert len(processes) == 3
+    for pid in processes:
+        assert KEY not in cmdline(pid)
+    everyone = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert KEY not in everyone
+    assert KEY not in guarded.log()
+    (engine,) = guarded.child_pid("engine_core")
+    assert KEY.encode() not in Path(f"/proc/{engine}/environ").read_bytes()
+
+
+# limits ----------------------------------------------------------------------------------------------
+
+
+def post_raw(port: int, head: bytes, chunks: Iterator[bytes]) -> tuple[int, bytes]:
+    """Send a request by hand, body chunk by chunk until the server answers or hangs up; its status and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(head)
+        for chunk in chunks:
+            if select.select([conn], [], [], 0)[0]:  # an answer already: stop sending
+                break
+            try:
+                conn.sendall(chunk)
+            except OSError:  # the server answered and closed: read what it said
+                break
+        answer = b""
+        while b"\r\n\r\n" not in answer and (data := conn.recv(65536)):
+            answer += data
+        head_part, _, body = answer.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", head_part, re.IGNORECASE)[1])  # type: ignore[index]
+        while len(body) < length and (data := conn.recv(65536)):
+            body += data
+    return int(head_part.split(b" ", 2)[1]), body
+
+
+def test_a_body_declared_over_the_limit_is_a_413_before_it_is_sent(guarded: LaunchedServer) -> None:
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+        f"content-type: application/json\r\ncontent-length: {10_000_000}\r\n\r\n"
+    ).encode()
+    started = time.perf_counter()
+    status, body = post_raw(guarded.port, head, iter([b"{"]))
+    assert status == 413
+    assert f"limit of {BODY_LIMIT} bytes (--max-request-bytes)".encode() in body
+    assert time.perf_counter() - started < 2
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(guarded: LaunchedServer) -> None:
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+        "content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    ).encode()
+    piece = b" " * 65536
+    chunks = iter([b"%x\r\n%s\r\n" % (len(piece), piece)] * (10_000_000 // len(piece)))
+    status, body = post_raw(guarded.port, head, chunks)
+    assert status == 413, body
+    assert b"request_too_large" in body
+
+
+@pytest.mark.parametrize("size", [1_000_000, 50_000_000])
+def test_headers_past_the_bound_get_431_and_the_connection_is_closed(server: LaunchedServer, size: int) -> None:
+    head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-padding: "
+    chunks = iter([b"a" * 65536] * (size // 65536) + [b"\r\n\r\n"])
+    status, body = post_raw(server.port, head, chunks)
+    assert status == 431
+    assert b"headers_too_large" in body
+    with server.client() as client:
+        assert client.get("/health", headers={"x-padding": "a" * 8000}).status_code == 200
+
+
+def test_the_key_is_checked_before_a_large_body_is_read(guarded: LaunchedServer) -> None:
+    head = b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 10000000\r\n\r\n"
+    assert post_raw(guarded.port, head, iter([b"{"]))[0] == 401
+
+
+def test_too_many_tokens_in_one_request_is_a_400_naming_the_limit(guarded: LaunchedServer) -> None:
+    with guarded.client(headers=bearer()) as client:
+        over = client.post("/v1/embeddings", json={"input": ["word " * 60] * 40})
+        assert over.status_code == 400
+        assert over.json()["error"]["code"] == "too_many_tokens"
+        assert f"limit of {TOKEN_LIMIT} per request (--max-tokens-per-request)" in over.json()["error"]["message"]
+        assert client.post("/v1/embeddings", json={"input": ["word " * 60] * 20}).status_code == 200
+        # Counted after truncation: what the model would run on.
+        cut = {"input": ["word " * 300] * 30, "truncate_prompt_tokens": 50}
+        assert client.post("/v1/embeddings", json=cut).status_code == 200
+
+
+# hostile bodies: each a 4xx, and the server as fast afterwards ---------------------------------------
+
+
+def median_latency(client: httpx.Client, body: dict[str, Any], count: int) -> float:
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        response = client.post("/v1/embeddings", json=body)
+        times.append(time.perf_counter() - started)
+        assert response.status_code == 200, response.text
+    return statistics.median(times)
+
+
+def assert_as_fast_as_before(client: httpx.Client, baseline: float) -> None:
+    # Generous: this machine is shared, and one slow request says little; a wedged worker says a lot.
+    after = median_latency(client, NORMAL, 5)
+    assert after < max(4 * baseline, baseline + 0.5), f"{after:.3f}s after, {baseline:.3f}s before"
+
+
+@pytest.fixture(scope="module")
+def text_baseline(server: LaunchedServer) -> float:
+    with server.client() as client:
+        median_latency(client, NORMAL, 2)  # warm up
+        return median_latency(client, NORMAL, 7)
+
+
+def json_body(value: object) -> bytes:
+    return msgspec.json.encode(value)
+
+
+HOSTILE_BODIES = {
+    "deeply nested input": b'{"input": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+    "deeply nested unknown field": b'{"x": ' + b"[" * 200_000 + b"]" * 200_000 + b', "input": "hi"}',
+    "deeply nested objects": b'{"x": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b', "input": "hi"}',
+    "a number past float": b'{"input": "hi", "dimensions": 1e400}',
+    "a huge integer": b'{"input": "hi", "dimensions": 123456789012345678901234567890}',
+    "a huge token id": b'{"input": [101, 123456789012345678901234567890, 102]}',
+    "invalid UTF-8": b'{"input": "caf\xe9 \xff\xfe"}',
+    "a lone surrogate": b'{"input": "\\ud800"}',
+    "not JSON": b"\x89PNG\r\n\x1a\n" + os.urandom(512),
+    "a 10 MB body": json_body({"input": [1] * 5_000_000}),
+    "100k inputs": json_body({"input": ["a"] * 100_000}),
+    "token ids past the vocabulary": json_body({"input": [[101, 30522, 102]]}),
+    "negative token ids": json_body({"input": [[101, -1, 102]]}),
+    "an image for a text model": json_body({"input": [{"image": "http://169.254.169.254/latest/meta-data/"}]}),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_BODIES))
+def test_hostile_bodies_get_a_400_and_the_server_stays_as_fast(
+    server: LaunchedServer, text_baseline: float, case: str
+) -> None:
+    body = HOSTILE_BODIES[case]
+    if case == "a 10 MB body":
+        assert len(body) > 10_000_000
+    with server.client() as client:
+        started = time.perf_counter()
+        response = client.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == "invalid_request_error"
+        assert time.perf_counter() - started < 5
+        assert_as_fast_as_before(client, text_baseline)
+
+
+def test_a_token_id_past_the_vocabulary_is_refused_by_every_endpoint_that_takes_ids(server: LaunchedServer) -> None:
+    with server.client() as client:
+        for path, body in [
+            ("/v1/embeddings", {"input": [2**31]}),
+            ("/pooling", {"input": [[5, 2**40]]}),
+            ("/embed", {"inputs": [[30522]]}),
+            ("/detokenize", {"tokens": [2**63]}),
+            ("/detokenize", {"tokens": [-5]}),
+        ]:
+            response = client.post(path, json=body)
+            assert response.status_code == 400, (path, response.text)
+
+
+def test_a_wrong_method_is_a_405_that_says_which_are_allowed(server: LaunchedServer) -> None:
+    with server.client() as client:
+        response = client.get("/v1/embeddings")
+        assert response.status_code == 405
+        assert response.headers["allow"] == "POST"
+        assert set(client.delete("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+# hostile images, and where image URLs may lead --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clip_baseline(clip_default_media: LaunchedServer) -> float:
+    with clip_default_media.client() as client:
+        median_latency(client, NORMAL, 2)
+        return median_latency(client, NORMAL, 7)
+
+
+PNG = encode(make_image(40, 30, 5))
+HOSTILE_IMAGES = {
+    "a PNG that claims 100000x100000 pixels": (data_url(bomb_png(100_000, 100_000)), 400, "pixels"),
+    "a truncated JPEG": (data_url(encode(make_image(64, 64, 6), "JPEG")[:300], "image/jpeg"), 400, "image"),
+    "a ZIP renamed .png": (data_url(b"PK\x03\x04\x14\x00\x00\x00\x08\x00" + os.urandom(200)), 400, "not an image"),
+    "an empty image": ("data:image/png;base64,", 400, "empty"),
+    "the cloud metadata service": ("http://169.254.169.254/latest/meta-data/iam/", 400, "not a public address"),
+    "loopback": ("http://127.0.0.1:9/cat.png", 400, "not a public address"),
+    "localhost by name": ("http://localhost/cat.png", 400, "not a public address"),
+    "loopback as a decimal number": ("http://2130706433/cat.png", 400, "not a public address"),
+    "IPv6 loopback": ("http://[::1]/cat.png", 400, "not a public address"),
+    "a private network": ("http://10.0.0.1/cat.png", 400, "not a public address"),
+    "a file URL": ("file:///etc/passwd", 400, "not allowed"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_IMAGES))
+def test_hostile_images_get_a_4xx_and_the_server_stays_as_fast(
+    clip_default_media: LaunchedServer, clip_baseline: float, case: str
+) -> None:
+    source, status, says = HOSTILE_IMAGES[case]
+    with clip_default_media.client() as client:
+        started = time.perf_counter()
+        response = client.post("/v1/embeddings", json={"input": [{"image": source}]})
+        assert response.status_code == status, response.text
+        assert says in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "input[0].image"
+        assert time.perf_counter() - started < 3
+        assert_as_fast_as_before(client, clip_baseline)
+
+
+def test_more_images_than_the_limit_are_refused_before_any_is_decoded(clip_default_media: LaunchedServer) -> None:
+    with clip_default_media.client() as client:
+        images = [{"image": data_url(PNG)}] * IMAGE_LIMIT
+        assert client.post("/v1/embeddings", json={"input": images}).status_code == 200
+        over = client.post("/v1/embeddings", json={"input": [*images, {"image": "http://10.0.0.1/x.png"}]})
+        assert over.status_code == 400
+        assert over.json()["error"]["code"] == "too_many_images"
+        assert f"limit of {IMAGE_LIMIT} per request (--max-images-per-request)" in over.json()["error"]["message"]
+
+
+# CORS ------------------------------------------------------------------------------------------------
+
+
+def preflight(client: httpx.Client, origin: str) -> httpx.Response:
+    headers = {
+        "origin": origin,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
+    return client.options("/v1/embeddings", headers=headers)
+
+
+def test_cors_answers_the_allowed_origin_only(guarded: LaunchedServer) -> None:
+    with guarded.client() as client:
+        allowed = preflight(client, ORIGIN)
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == ORIGIN
+        assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+        assert "access-control-allow-credentials" not in allowed.headers
+        refused = preflight(client, "https://evil.example.com")
+        assert refused.status_code == 400
+        assert "access-control-allow-origin" not in refused.headers
+        simple = client.post("/v1/embeddings", json={"input": "hi"}, headers={**bearer(), "origin": ORIGIN})
+        assert simple.headers["access-control-allow-origin"] == ORIGIN
+        other = client.post(
+            "/v1/embeddings", json={"input": "hi"}, headers={**bearer(), "origin": "https://evil.example.com"}
+        )
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_cors_is_off_by_default(server: LaunchedServer) -> None:
+    with server.client() as client:
+        response = preflight(client, ORIGIN)
+        assert response.status_code == 405
+        assert "access-control-allow-origin" not in response.headers
+        simple = client.post("/v1/embeddings", json={"input": "hi"}, headers={"origin": ORIGIN})
+        assert "access-control-allow-origin" not in simple.headers
+
+
+# sockets: only the HTTP port on TCP, the engine's socket in a private folder -----------------------------
+
+
+def listening_sockets(inodes: set[str]) -> list[tuple[str, int, str]]:
+    """(file, port, local address) of the TCP and UDP sockets among `inodes`, in every state."""
+    found = []
+    for name in ("tcp", "tcp6", "udp", "udp6"):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                address, port = fields[1].split(":")
+                found.append((f"{name}:{fields[3]}", int(port, 16), address))
+    return found
+
+
+def test_nothing_listens_on_tcp_but_the_http_socket_on_loopback(server: LaunchedServer) -> None:
+    assert "beyond loopback" not in server.stdout()
+    pids = [server.pid, *server.children()]
+    everything = listening_sockets(set().union(*(socket_inodes(pid) for pid in pids)))
+    listening = [entry for entry in everything if entry[0].endswith(":0A") or entry[0].startswith("udp")]
+    # 0100007F is 127.0.0.1 as /proc/net/tcp writes it.
+    assert listening == [("tcp:0A", server.port, "0100007F")]
+    (engine,) = server.child_pid("engine_core")
+    assert listening_sockets(socket_inodes(engine)) == []
+
+
+def test_the_engine_socket_lives_in_a_folder_only_its_user_can_enter(server: LaunchedServer) -> None:
+    (engine,) = server.child_pid("engine_core")
+    (folder,) = runtime_dirs_of(engine)
+    info = os.stat(folder)
+    assert info.st_mode & 0o777 == 0o700
+    assert info.st_uid == os.getuid()
+    assert sorted(os.listdir(folder)) == ["engine-flight", "engine.sock", "metrics"]
+    metrics = os.stat(os.path.join(folder, "metrics"))
+    assert metrics.st_mode & 0o777 == 0o700 and metrics.st_uid == os.getuid()
+
+
+# garbage to the engine's socket ----------------------------------------------------------------------
+
+
+def tokens(*ids: int) -> bytes:
+    return np.asarray(ids, dtype="<i4").tobytes()
+
+
+def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(server: LaunchedServer) -> None:
+    (engine,) = server.child_pid("engine_core")
+    (folder,) = runtime_dirs_of(engine)
+    with server.client() as client:
+        before = client.post("/v1/embeddings", json=NORMAL).json()["data"][0]["embedding"]
+    encode_msg = make_encoder().encode
+    garbage: list[list[bytes]] = [
+        [os.urandom(64)],
+        [b""],
+        [os.urandom(16) for _ in range(7)],
+        [os.urandom(4 * 1024 * 1024)],
+        [msgspec.msgpack.encode({"a": 1})],
+        [msgspec.msgpack.encode(["pool", "x"])],
+        [msgspec.msgpack.encode(["pool", 1, ["not", "ints"]])],
+        [msgspec.msgpack.encode(["nope", 1])],
+        [msgspec.msgpack.encode(12345)],
+        [msgspec.msgpack.encode(["hello", "x", "y"])],
+        [encode_msg(Abort([0, 1, 2, 3, 4, 5]))],  # ids of other peers' requests: keyed by sender, no effect
+    ]
+    # Well-formed headers whose data does not fit: each gets an error reply, never a batch.
+    refused = {
+        71: [encode_msg(PoolRequest(71, [3])), tokens(101, 102)],
+        72: [encode_msg(PoolRequest(72, [2]))],
+        73: [encode_msg(PoolRequest(73, [2])), tokens(101, 99999)],
+        74: [encode_msg(PoolRequest(74, [2**64 - 1])), tokens(101)],
+        75: [encode_msg(PoolRequest(75, [1], images=1)), tokens(101), b"\0" * 12],
+        76: [encode_msg(PoolRequest(76, [2], token_types=True)), tokens(101, 102), tokens(0, 7)],
+        77: [encode_msg(PoolRequest(77, [1], dimensions=-3)), tokens(101)],
+    }
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.RCVTIMEO, 10_000)
+    try:
+        dealer.connect(f"ipc://{folder}/engine.sock")
+        for frames in [*garbage, *refused.values()]:
+            dealer.send_multipart(frames)
+        dealer.send_multipart([encode_msg(Ping(4242))])
+        decoder = make_client_decoder()
+        errors: dict[int, str] = {}
+        while True:
+            reply = decoder.decode(dealer.recv_multipart()[0])
+            if isinstance(reply, Pong):
+                assert reply.nonce == 4242
+                break
+            assert isinstance(reply, Outputs)
+            errors.update({out.id: out.error for out in reply.outputs})
+        assert set(errors) == set(refused)
+        assert all(error.startswith("invalid request") for error in errors.values())
+    finally:
+        dealer.close()
+        context.term()
+    assert is_alive(engine)
+    with server.client() as client:
+        after = client.post("/v1/embeddings", json=NORMAL).json()["data"][0]["embedding"]
+        assert client.get("/health").status_code == 200
+    assert np.allclose(before, after, atol=1e-6)
+    assert "dropped" in server.stderr()
