@@ -26,16 +26,23 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-async def preprocess(request: Request, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run synchronous work on the preprocessing pool, timed for the metrics and TEI's headers."""
+async def preprocess(request: Request, size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run synchronous work of about `size` bytes on the preprocessing pool (or inline when small),
+    timed for the metrics and TEI's headers."""
     state: AppState = request.app.state.poolserve
     started = time.perf_counter()
     try:
-        return await state.preprocess.run(fn, *args, **kwargs)
+        return await state.preprocess.run(size, fn, *args, **kwargs)
     finally:
         elapsed = time.perf_counter() - started
         request.state.preprocess_s = getattr(request.state, "preprocess_s", 0.0) + elapsed
         PREPROCESS_SECONDS.labels(endpoint=request.url.path).observe(elapsed)
+
+
+async def preprocess_body(request: Request, fn: Callable[[bytes, AppState], T]) -> T:
+    """Decode and prepare a request body: inline when it is small, else on the pool."""
+    body = await request.body()
+    return await preprocess(request, len(body), fn, body, request.app.state.poolserve)
 
 
 async def run_job(request: Request, job: EngineJob) -> F32:
@@ -108,7 +115,8 @@ async def finish_job(request: Request, prepared: PreparedJob) -> EngineJob:
         return prepared.job
     state: AppState = request.app.state.poolserve
     fetched = await state.images.fetch_all(prepared.remote)
-    return await preprocess(request, prepared.build, lambda source: state.images.load(source, fetched))
+    size = sum(len(data) for data in fetched.values())
+    return await preprocess(request, size, prepared.build, lambda source: state.images.load(source, fetched))
 
 
 async def answer_items_request(
@@ -118,8 +126,9 @@ async def answer_items_request(
 ) -> Response:
     """Decode and prepare on the preprocessing pool, fetch remote images, run, encode on the pool."""
     state: AppState = request.app.state.poolserve
-    parsed, prepared = await preprocess(request, prepare, await request.body(), state)
+    body = await request.body()
+    parsed, prepared = await preprocess(request, len(body), prepare, body, state)
     job = await finish_job(request, prepared)
     rows = await run_job(request, job)
-    content = await preprocess(request, encode, rows, parsed, job.prompt_tokens, state.model_name)
+    content = await preprocess(request, rows.nbytes, encode, rows, parsed, job.prompt_tokens, state.model_name)
     return Response(content, media_type="application/json")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,16 +34,23 @@ from bench.workloads import build_workload, corpus_jpegs, corpus_long_texts, cor
 def time_batches(
     run: Callable[[Sequence[Any]], object], inputs: Sequence[Any], batch: int, seconds: float, tokens: Sequence[int]
 ) -> dict[str, float]:
-    """Items/s and tokens/s running `inputs` in chunks of `batch`, cycling for about `seconds`."""
+    """Items/s and tokens/s running `inputs` in chunks of `batch`, cycling for about `seconds`.
+
+    The chunks are visited in a shuffled (seeded) order: a run cut short by `seconds` then samples
+    the whole corpus. Visited in order, a length-sorted corpus would be timed on its shortest
+    inputs only, and its items/s would overstate what the same corpus allows."""
     run(inputs[:batch])  # warm the shape
+    starts = list(range(0, len(inputs), batch))
+    random.Random(0).shuffle(starts)
     items = counted_tokens = 0
     start = time.perf_counter()
-    index = 0
+    step = 0
     while True:
+        index = starts[step % len(starts)]
+        step += 1
         chunk = [inputs[(index + i) % len(inputs)] for i in range(batch)]
         run(chunk)
         counted_tokens += sum(tokens[(index + i) % len(inputs)] for i in range(batch))
-        index = (index + batch) % len(inputs)
         items += batch
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:

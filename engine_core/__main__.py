@@ -67,7 +67,8 @@ def main() -> int:
     shape = f"{len(card.labels)} labels" if card.labels else f"{card.pooling} pooling, {card.output_size} dims"
     summary = f"{card.architecture} ({card.kind}), {shape}, on {card.device} {card.dtype}"
     logger.info(
-        "model %s loaded in %.1fs: %s%s, max %d tokens, batches of <= %d inputs / %d tokens",
+        "model %s loaded in %.1fs: %s%s, max %d tokens, batches of <= %d inputs / %d tokens; "
+        "a forward pass costs as much as %.0f tokens",
         card.path,
         time.perf_counter() - started,
         summary,
@@ -75,6 +76,7 @@ def main() -> int:
         card.max_model_len,
         card.max_batch_size,
         card.max_batch_tokens,
+        loaded.batch_overhead_tokens,
     )
     from engine_core.metrics import publish_model_info
 

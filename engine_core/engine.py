@@ -49,7 +49,11 @@ class EngineCore:
     ):
         self.card = loaded.card
         self.runner = loaded.runner
-        self.scheduler = Scheduler(loaded.card.max_batch_tokens, loaded.card.max_batch_size)
+        self.scheduler = Scheduler(
+            loaded.card.max_batch_tokens,
+            loaded.card.max_batch_size,
+            batch_overhead_tokens=loaded.batch_overhead_tokens,
+        )
         self.backlog = backlog
         self.recorder = recorder
         self.hooks = hooks

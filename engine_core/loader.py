@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import transformers
 from transformers import (
@@ -51,6 +53,8 @@ class LoadError(RuntimeError):
 class LoadedModel:
     card: ModelCard
     runner: ModelRunner
+    # What one more forward pass costs, in tokens' worth of compute, measured on this device.
+    batch_overhead_tokens: float = 0.0
 
 
 def bundled_model_folder() -> Path:
@@ -262,7 +266,31 @@ def load_model(config: Config) -> LoadedModel:
         max_batch_size=max_batch_size,
         type_vocab_size=int(getattr(text_config, "type_vocab_size", 0) or 0),
     )
-    return LoadedModel(card=card, runner=runner)
+    return LoadedModel(
+        card=card, runner=runner, batch_overhead_tokens=measure_batch_overhead(runner, warm_up, max_model_len)
+    )
+
+
+def measure_batch_overhead(runner: ModelRunner, sample: npt.NDArray[np.int32], max_model_len: int) -> float:
+    """Fit `time = overhead + per_token x tokens` on two batch shapes and answer overhead / per_token:
+    how many tokens of padding a forward pass of its own is worth. The scheduler uses it to cut batches."""
+    length = min(64, max_model_len)
+    row = np.resize(sample, length).astype(np.int32)
+
+    def fastest(count: int) -> float:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            runner.run_texts([row] * count, None)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    small, large = (1, length), (16, 16 * length)
+    t_small, t_large = fastest(small[0]), fastest(large[0])
+    per_token = (t_large - t_small) / (large[1] - small[1])
+    if per_token <= 0:
+        return 0.0
+    return max(0.0, (t_small - per_token * small[1]) / per_token)
 
 
 def first_line(exc: BaseException) -> str:

@@ -95,11 +95,20 @@ class WorkItem:
 
 
 class Scheduler:
-    def __init__(self, max_batch_tokens: int, max_batch_size: int, window_batches: int = WINDOW_BATCHES):
+    def __init__(
+        self,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        window_batches: int = WINDOW_BATCHES,
+        batch_overhead_tokens: float = 0.0,
+    ):
         if max_batch_tokens < 1 or max_batch_size < 1:
             raise ValueError("max_batch_tokens and max_batch_size must be >= 1")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        # What one more forward pass costs, in tokens' worth of compute (measured at start-up):
+        # padding that would cost more than this is better spent on a batch of its own.
+        self.batch_overhead_tokens = batch_overhead_tokens
         self.window_tokens = max_batch_tokens * window_batches
         self.window_items = max_batch_size * window_batches
         self._waiting: deque[PendingRequest] = deque()
@@ -153,17 +162,38 @@ class Scheduler:
         return window
 
     def _pack(self, window: list[WorkItem]) -> list[list[WorkItem]]:
-        """Cut a length-sorted window into batches; a batch costs (its size x its longest input) tokens."""
+        """Cut a window (sorted by modality, then length) into batches of one modality each."""
         batches: list[list[WorkItem]] = []
-        batch: list[WorkItem] = []
-        for item in window:
-            # Sorted ascending, so this item is the longest of the batch it joins.
-            padded = (len(batch) + 1) * item.length
-            is_full = len(batch) == self.max_batch_size or padded > self.max_batch_tokens
-            if batch and (is_full or item.is_image != batch[-1].is_image):
-                batches.append(batch)
-                batch = []
-            batch.append(item)
-        if batch:
-            batches.append(batch)
+        start = 0
+        for end in range(1, len(window) + 1):
+            if end == len(window) or window[end].is_image != window[start].is_image:
+                batches.extend(self._partition(window[start:end]))
+                start = end
+        return batches
+
+    def _partition(self, items: list[WorkItem]) -> list[list[WorkItem]]:
+        """The cheapest cut of length-sorted inputs into batches: each batch costs the forward pass's
+        overhead plus (its size x its longest input) tokens, within the size and token caps.
+
+        An exact dynamic program over where to cut: best[j] is the cheapest way to run the first j
+        inputs, and the last batch of that way starts at cut[j]."""
+        lengths = np.fromiter((item.length for item in items), dtype=np.float64, count=len(items))
+        count = len(items)
+        best = np.zeros(count + 1)
+        cut = np.zeros(count + 1, dtype=np.int64)
+        for end in range(1, count + 1):
+            starts = np.arange(max(0, end - self.max_batch_size), end)
+            sizes = end - starts
+            padded = sizes * lengths[end - 1]
+            costs = best[starts] + self.batch_overhead_tokens + padded
+            # One input alone always fits: max_batch_tokens covers the longest input (checked at load).
+            costs[(padded > self.max_batch_tokens) & (sizes > 1)] = np.inf
+            choice = int(np.argmin(costs))
+            best[end], cut[end] = costs[choice], starts[choice]
+        batches = []
+        end = count
+        while end > 0:
+            batches.append(items[cut[end] : end])
+            end = int(cut[end])
+        batches.reverse()
         return batches

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import EngineJob, build_job
 from apiserver.inputs.text import resolve_token_limit
-from apiserver.pipeline import preprocess, run_job
+from apiserver.pipeline import preprocess_body, run_job
 from apiserver.responses import json_response, now, response_id
 from apiserver.schemas.classify import ClassifyData, ClassifyRequest, ClassifyResponse
 from apiserver.schemas.common import Usage
@@ -33,7 +33,7 @@ def prepare(body: bytes, state: AppState) -> EngineJob:
 
 async def create_classification(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
-    job = await preprocess(request, prepare, await request.body(), state)
+    job = await preprocess_body(request, prepare)
     rows = await run_job(request, job)
     labels = state.card.labels
     data = [

@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from apiserver.errors import bad_request
 from apiserver.inputs.text import resolve_token_limit
-from apiserver.pipeline import preprocess, run_job
+from apiserver.pipeline import preprocess_body, run_job
 from apiserver.responses import json_response, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.scoring import (
@@ -69,7 +69,7 @@ def prepare_score(body: bytes, state: AppState) -> tuple[ScoreRequest, ScorePlan
 
 async def create_score(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
-    _, plan = await preprocess(request, prepare_score, await request.body(), state)
+    _, plan = await preprocess_body(request, prepare_score)
     scores = plan.scores(await run_job(request, plan.job))
     tokens = plan.job.prompt_tokens
     return json_response(
@@ -128,7 +128,7 @@ def prepare_rerank(body: bytes, state: AppState) -> tuple[RerankRequest, list[st
 
 async def create_rerank(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
-    parsed, documents, plan = await preprocess(request, prepare_rerank, await request.body(), state)
+    parsed, documents, plan = await preprocess_body(request, prepare_rerank)
     scores = plan.scores(await run_job(request, plan.job))
     ranking = sorted(range(len(scores)), key=lambda i: -scores[i])
     if parsed.top_n:

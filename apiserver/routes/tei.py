@@ -13,7 +13,7 @@ from apiserver.errors import bad_request
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import EngineJob, build_job
 from apiserver.inputs.text import tokenize_pairs, tokenize_texts
-from apiserver.pipeline import preprocess, run_job
+from apiserver.pipeline import preprocess, preprocess_body, run_job
 from apiserver.responses import encode_json, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
@@ -59,10 +59,9 @@ def prepare_embed(body: bytes, state: AppState) -> EngineJob:
 
 
 async def create_embed(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    job = await preprocess(request, prepare_embed, await request.body(), state)
+    job = await preprocess_body(request, prepare_embed)
     rows = await run_job(request, job)
-    return Response(await preprocess(request, encode_json, rows.tolist()), media_type="application/json")
+    return Response(await preprocess(request, rows.nbytes, encode_json, rows.tolist()), media_type="application/json")
 
 
 Sequence = str | tuple[str, str]
@@ -126,7 +125,7 @@ def prepare_predict(body: bytes, state: AppState) -> tuple[EngineJob, bool]:
 
 async def create_prediction(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
-    job, is_batch = await preprocess(request, prepare_predict, await request.body(), state)
+    job, is_batch = await preprocess_body(request, prepare_predict)
     rows = await run_job(request, job)
     labels = state.card.labels
     predictions = [

@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from apiserver.errors import bad_request
 from apiserver.inputs.text import check_token_rows
-from apiserver.pipeline import preprocess
+from apiserver.pipeline import preprocess_body
 from apiserver.responses import json_response
 from apiserver.schemas.tokenize import (
     DetokenizeRequest,
@@ -58,8 +58,7 @@ def tei_tokens(text: str, state: AppState, add_special_tokens: bool) -> list[Tei
 
 
 async def create_tokens(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    return json_response(await preprocess(request, tokenize, await request.body(), state))
+    return json_response(await preprocess_body(request, tokenize))
 
 
 def detokenize(body: bytes, state: AppState) -> DetokenizeResponse:
@@ -71,5 +70,4 @@ def detokenize(body: bytes, state: AppState) -> DetokenizeResponse:
 
 
 async def create_text(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    return json_response(await preprocess(request, detokenize, await request.body(), state))
+    return json_response(await preprocess_body(request, detokenize))

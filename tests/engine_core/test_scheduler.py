@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import pytest
 
 from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
 
@@ -85,3 +88,38 @@ def test_pending_request_slices_its_inputs() -> None:
     assert request.input_ids(1).tolist() == [2, 3, 4]
     assert request.input_ids(2).tolist() == [5]
     assert request.remaining == 3
+
+
+def brute_force_cost(lengths: list[int], overhead: float, max_size: int, max_tokens: int) -> float:
+    """The cheapest cut of sorted lengths, by trying every set of cut points."""
+    best = float("inf")
+    count = len(lengths)
+    for mask in range(1 << (count - 1)):
+        cuts = [0, *(i + 1 for i in range(count - 1) if mask >> i & 1), count]
+        groups = [lengths[a:b] for a, b in itertools.pairwise(cuts)]
+        if any(len(g) > max_size or (len(g) > 1 and len(g) * g[-1] > max_tokens) for g in groups):
+            continue
+        best = min(best, sum(overhead + len(g) * g[-1] for g in groups))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batches_are_the_cheapest_cut_of_the_window(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = sorted(int(n) for n in rng.integers(1, 60, size=int(rng.integers(1, 11))))
+    overhead = float(rng.choice([0.0, 10.0, 40.0, 200.0]))
+    scheduler = Scheduler(max_batch_tokens=150, max_batch_size=4, batch_overhead_tokens=overhead)
+    scheduler.add(make_request(0, lengths))
+    batches = scheduler.next_batches()
+    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
+    assert cost == pytest.approx(brute_force_cost(lengths, overhead, 4, 150))
+
+
+def test_a_costly_forward_pass_keeps_one_batch_and_a_cheap_one_splits_by_length() -> None:
+    lengths = [10] * 8 + [40] * 8
+    cheap = Scheduler(max_batch_tokens=10_000, max_batch_size=64, batch_overhead_tokens=5)
+    cheap.add(make_request(0, lengths))
+    assert [len(b) for b in cheap.next_batches()] == [8, 8]
+    costly = Scheduler(max_batch_tokens=10_000, max_batch_size=64, batch_overhead_tokens=1000)
+    costly.add(make_request(0, lengths))
+    assert [len(b) for b in costly.next_batches()] == [16]
