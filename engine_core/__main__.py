@@ -21,6 +21,22 @@ from engine_core.logs import configure_logging
 
 logger = logging.getLogger("poolserve.engine")
 
+# On the CPU the engine shares cores with the API servers, whose event loops must answer in
+# milliseconds: a lower priority lets them preempt the forward pass at once. Measured on 2 cores
+# (docs/benchmarks.md): /health p99 under load ~6.8 -> ~5.1 ms, images +16%, text unchanged.
+ENGINE_NICE_ON_CPU = 5
+
+
+def yield_cpu(niceness: int) -> None:
+    """Lower every thread of this process (on Linux niceness is per thread, and torch's pool exists
+    by now); threads started later inherit it from the main thread."""
+    try:
+        for task in os.listdir("/proc/self/task"):
+            tid = int(task)
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
+    except OSError as exc:
+        logger.warning("could not lower the engine's CPU priority: %s", exc)
+
 
 def main() -> int:
     spec = read_child_spec()
@@ -64,6 +80,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, handle_term)
     card = loaded.card
+    if card.device == "cpu":
+        yield_cpu(ENGINE_NICE_ON_CPU)
     shape = f"{len(card.labels)} labels" if card.labels else f"{card.pooling} pooling, {card.output_size} dims"
     summary = f"{card.architecture} ({card.kind}), {shape}, on {card.device} {card.dtype}"
     logger.info(

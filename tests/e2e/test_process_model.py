@@ -124,3 +124,15 @@ def test_children_exit_when_the_supervisor_is_killed() -> None:
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
     finally:
         launched.stop()
+
+
+def test_on_the_cpu_every_engine_thread_yields_to_the_api_servers(server: LaunchedServer) -> None:
+    def niceness(pid: int) -> set[int]:
+        return {
+            int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        }
+
+    (engine,) = server.child_pid("engine_core")
+    assert niceness(engine) == {5}
+    assert all(niceness(pid) == {0} for pid in server.child_pid("apiserver"))
