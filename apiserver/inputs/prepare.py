@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from apiserver.errors import bad_request
 from apiserver.inputs.items import ImageSource, Item, request_items
 from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
 from apiserver.inputs.text import resolve_token_limit
-from apiserver.schemas.common import ChatMessage, Input
+from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
 
@@ -53,17 +52,6 @@ def check_images(items: list[Item], state: AppState) -> None:
             param="input",
             code="too_many_images",
         )
-
-
-class ItemsRequest(Protocol):
-    """What /v1/embeddings and /pooling requests share."""
-
-    input: Input | None
-    messages: list[ChatMessage] | None
-    model: str | None
-    dimensions: int | None
-    truncate_prompt_tokens: int | None
-    normalize: bool | None
 
 
 def prepare_items_request(

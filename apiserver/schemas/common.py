@@ -54,3 +54,18 @@ TruncationDirection = Literal["Left", "Right", "left", "right"]
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
+
+
+class ItemsRequest(msgspec.Struct, kw_only=True):
+    """What /v1/embeddings and /pooling requests share: inputs as `input` or `messages`, and how the
+    vectors come back."""
+
+    input: Input | None = None
+    messages: list[ChatMessage] | None = None
+    model: str | None = None
+    encoding_format: EncodingFormat = "float"
+    dimensions: Dimensions | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # L2-normalize the vectors (default: as the model's Sentence-Transformers files say).
+    normalize: bool | None = None
+    user: str | None = None

@@ -6,25 +6,11 @@ from typing import Literal
 
 import msgspec
 
-from apiserver.schemas.common import (
-    ChatMessage,
-    Dimensions,
-    EncodingFormat,
-    Input,
-    TruncatePromptTokens,
-    Usage,
-)
+from apiserver.schemas.common import ItemsRequest, Usage
 
 
-class EmbeddingRequest(msgspec.Struct, kw_only=True):
-    input: Input | None = None
-    messages: list[ChatMessage] | None = None
-    model: str | None = None
-    encoding_format: EncodingFormat = "float"
-    dimensions: Dimensions | None = None
-    user: str | None = None
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
-    normalize: bool | None = None
+class EmbeddingRequest(ItemsRequest, kw_only=True):
+    """OpenAI's fields, and vLLM's `messages`, `normalize` and `truncate_prompt_tokens` (in ItemsRequest)."""
 
 
 class EmbeddingData(msgspec.Struct, kw_only=True):

@@ -6,28 +6,12 @@ from typing import Literal
 
 import msgspec
 
-from apiserver.schemas.common import (
-    ChatMessage,
-    Dimensions,
-    EncodingFormat,
-    Input,
-    TruncatePromptTokens,
-    Usage,
-)
+from apiserver.schemas.common import ItemsRequest, Usage
 
 
-class PoolingRequest(msgspec.Struct, kw_only=True):
-    input: Input | None = None
-    messages: list[ChatMessage] | None = None
-    model: str | None = None
-    encoding_format: EncodingFormat = "float"
-    dimensions: Dimensions | None = None
-    truncate_prompt_tokens: TruncatePromptTokens | None = None
-    # Embedding models: L2-normalize (default: as the model's authors set it).
-    normalize: bool | None = None
+class PoolingRequest(ItemsRequest, kw_only=True):
     # Classifiers: apply the model's activation (sigmoid/softmax) to the logits.
     activation: bool = True
-    user: str | None = None
 
 
 class PoolingData(msgspec.Struct, kw_only=True):
