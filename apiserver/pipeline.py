@@ -126,8 +126,7 @@ async def answer_items_request(
 ) -> Response:
     """Decode and prepare on the preprocessing pool, fetch remote images, run, encode on the pool."""
     state: AppState = request.app.state.poolserve
-    body = await request.body()
-    parsed, prepared = await preprocess(request, len(body), prepare, body, state)
+    parsed, prepared = await preprocess_body(request, prepare)
     job = await finish_job(request, prepared)
     rows = await run_job(request, job)
     content = await preprocess(request, rows.nbytes, encode, rows, parsed, job.prompt_tokens, state.model_name)

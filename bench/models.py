@@ -45,8 +45,9 @@ def save_with_tokenizer(model: object, folder: Path) -> None:
     AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
 
 
-def build_clip(folder: Path) -> None:
-    """Text and image towers projected into 16 dimensions; 224x224 input in 32x32 patches (50 tokens)."""
+def build_clip(folder: Path, image_size: int = 224, patch_size: int = 32) -> None:
+    """Text and image towers projected into 16 dimensions; by default 224x224 input in 32x32 patches
+    (50 tokens). The BERT tokenizer's [CLS] and [SEP] stand in for CLIP's start and end tokens."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
 
@@ -60,12 +61,13 @@ def build_clip(folder: Path) -> None:
             "pad_token_id": 0,
             **TINY,
         },
-        vision_config={"image_size": 224, "patch_size": 32, **TINY},
+        vision_config={"image_size": image_size, "patch_size": patch_size, **TINY},
         projection_dim=16,
     )
     model: Any = CLIPModel(config)
     save_with_tokenizer(model.eval(), folder)
-    processor = CLIPImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    crop = {"height": image_size, "width": image_size}
+    processor = CLIPImageProcessorPil(size={"shortest_edge": image_size}, crop_size=crop)
     processor.save_pretrained(folder)
 
 

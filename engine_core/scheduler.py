@@ -130,15 +130,17 @@ class Scheduler:
         """Take the next window of inputs, oldest first, and cut it into batches of one modality.
 
         Suspects go first (they have waited through a crash), each alone in its batches."""
+        window = self._take_suspect() or self._take_window()
+        window.sort(key=lambda item: (item.is_image, item.length))
+        return self._pack(window)
+
+    def _take_suspect(self) -> list[WorkItem]:
+        """Every input of the oldest suspect that is still wanted, or nothing."""
         while self._suspects:
             request = self._suspects.popleft()
             if not request.is_cancelled:
-                window = [WorkItem(request, i, request.cost(i), request.is_image(i)) for i in range(request.count)]
-                window.sort(key=lambda item: (item.is_image, item.length))
-                return self._pack(window)
-        window = self._take_window()
-        window.sort(key=lambda item: (item.is_image, item.length))
-        return self._pack(window)
+                return [WorkItem(request, i, request.cost(i), request.is_image(i)) for i in range(request.count)]
+        return []
 
     def _take_window(self) -> list[WorkItem]:
         window: list[WorkItem] = []

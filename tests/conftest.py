@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.models import TINY, build_clip, save_with_tokenizer
 from engine_core.config import API_KEY_ENV
 from tests.utils import LaunchedServer
 
@@ -33,20 +34,17 @@ def server() -> Iterator[LaunchedServer]:
 
 
 # Tiny randomly initialised models, built from configs and saved like any Hugging Face folder, so
-# the engine loads them through its real path. They borrow the bundled model's BERT tokenizer.
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+# the engine loads them through its real path. They borrow the bundled model's BERT tokenizer;
+# bench/models.py builds its own (bigger) ones the same way.
 
 
-def save_with_tokenizer(model: Any, folder: Path, bundled_model: Path) -> Path:
-    from transformers import AutoTokenizer
-
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(bundled_model).save_pretrained(folder)
+def saved(model: Any, folder: Path) -> Path:
+    save_with_tokenizer(model, folder)
     return folder
 
 
 @pytest.fixture(scope="session")
-def cross_encoder_model(tmp_path_factory: pytest.TempPathFactory, bundled_model: Path) -> Path:
+def cross_encoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A BERT cross-encoder: sequence classification with one label, reading text pairs."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
@@ -54,11 +52,11 @@ def cross_encoder_model(tmp_path_factory: pytest.TempPathFactory, bundled_model:
     torch.manual_seed(1)
     config = BertConfig(vocab_size=30522, num_labels=1, max_position_embeddings=128, **TINY)
     model = BertForSequenceClassification(config).eval()
-    return save_with_tokenizer(model, tmp_path_factory.mktemp("cross-encoder"), bundled_model)
+    return saved(model, tmp_path_factory.mktemp("cross-encoder"))
 
 
 @pytest.fixture(scope="session")
-def classifier_model(tmp_path_factory: pytest.TempPathFactory, bundled_model: Path) -> Path:
+def classifier_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A BERT classifier with three labels."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
@@ -74,43 +72,26 @@ def classifier_model(tmp_path_factory: pytest.TempPathFactory, bundled_model: Pa
         **TINY,
     )
     model = BertForSequenceClassification(config).eval()
-    return save_with_tokenizer(model, tmp_path_factory.mktemp("classifier"), bundled_model)
+    return saved(model, tmp_path_factory.mktemp("classifier"))
 
 
 @pytest.fixture(scope="session")
-def clip_model(tmp_path_factory: pytest.TempPathFactory, bundled_model: Path) -> Path:
-    """A CLIP-style model: text and image towers projected into one 16-dimensional space."""
-    import torch
-    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
-
-    torch.manual_seed(3)
-    config = CLIPConfig(
-        # The BERT tokenizer's [CLS] and [SEP] stand in for CLIP's start and end tokens.
-        text_config={
-            "vocab_size": 30522,
-            "max_position_embeddings": 77,
-            "bos_token_id": 101,
-            "eos_token_id": 102,
-            "pad_token_id": 0,
-            **TINY,
-        },
-        vision_config={"image_size": 32, "patch_size": 8, **TINY},
-        projection_dim=16,
-    )
-    folder = save_with_tokenizer(CLIPModel(config).eval(), tmp_path_factory.mktemp("clip"), bundled_model)
-    CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+def clip_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CLIP-style model: text and image towers projected into one 16-dimensional space, 32x32 images."""
+    folder = tmp_path_factory.mktemp("clip")
+    build_clip(folder, image_size=32, patch_size=8)
     return folder
 
 
 @pytest.fixture(scope="session")
-def decoder_model(tmp_path_factory: pytest.TempPathFactory, bundled_model: Path) -> Path:
+def decoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A decoder-only model (Llama architecture) served as an embedder with last-token pooling."""
     import torch
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(4)
     config = LlamaConfig(vocab_size=30522, max_position_embeddings=128, num_key_value_heads=4, **TINY)
-    return save_with_tokenizer(LlamaModel(config).eval(), tmp_path_factory.mktemp("decoder"), bundled_model)
+    return saved(LlamaModel(config).eval(), tmp_path_factory.mktemp("decoder"))
 
 
 def serve(*args: str) -> Iterator[LaunchedServer]:
