@@ -43,6 +43,7 @@ logger = logging.getLogger("poolserve.engine_client")
 # A request running in two forward passes that each killed the engine is failed as the cause.
 MAX_BLAMES = 2
 HELLO_RETRY_S = 1.0
+SEND_RETRY_S = 0.01
 # The engine is pinged in the background this often; /health reads the latest answer, so a probe
 # never waits on the engine's GIL, and an answer older than PONG_STALE_S means a silent engine.
 PING_INTERVAL_S = 0.1
@@ -195,12 +196,19 @@ class EngineClient:
         self._fail_all(EngineUnavailable(reason))
 
     async def _submit(self, entry: InFlight) -> None:
-        try:
-            await self._send([self._encoder.encode(entry.request), *entry.frames])
-        except EngineUnavailable:
-            if self._ready.is_set():
-                raise
-            # The engine went away meanwhile: the request stays in flight and is resubmitted.
+        """Send a request; one that cannot go now stays in flight. A refused send while the engine
+        counts as ready means its death has not reached the socket monitor yet (or the send queue is
+        full): retry shortly, unless the disconnect arrives first, and then the next Ready resubmits."""
+        attempt = entry.request.attempt
+        while True:
+            try:
+                await self._send([self._encoder.encode(entry.request), *entry.frames])
+                return
+            except EngineUnavailable:
+                await asyncio.sleep(SEND_RETRY_S)
+            resubmitted = entry.request.attempt != attempt
+            if not self._ready.is_set() or resubmitted or entry.request.id not in self._in_flight:
+                return
 
     async def _send(self, frames: list[bytes]) -> None:
         try:
