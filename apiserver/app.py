@@ -44,6 +44,7 @@ def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
                 server_index=state.server_index,
                 endpoints=[route.path for route in routes],
                 access_log=state.config.access_log,
+                load=state.load,
             ),
             *access_middleware(state.config),
         ],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +36,30 @@ PROMPT_TOKENS = Counter("poolserve_prompt_tokens", "Tokens sent to the model, by
 IMAGES = Counter("poolserve_images", "Images sent to the model, by endpoint.", ["endpoint"])
 SERVER_REQUESTS = Counter(
     "poolserve_api_server_requests", "HTTP requests answered by each API-server process (index).", ["server"]
+)
+OPEN_CONNECTIONS = Gauge(
+    "poolserve_open_connections",
+    "HTTP connections each API server (index) holds open now.",
+    ["server"],
+    multiprocess_mode="livesum",
+)
+CONNECTIONS = Counter("poolserve_connections", "HTTP connections each API server (index) accepted.", ["server"])
+ACCEPT_PAUSES = Counter(
+    "poolserve_accept_pauses",
+    "Times an API server (index) stopped accepting because it held more than its share (fair accept).",
+    ["server"],
+)
+ACCEPT_TAKEOVERS = Counter(
+    "poolserve_accept_takeovers",
+    "Connections an API server (index) accepted while over its share, because one had waited in the listen "
+    "queue for 20 ms (the sibling that should have taken it was busy or stuck).",
+    ["server"],
+)
+CONNECTIONS_RECYCLED = Counter(
+    "poolserve_connections_recycled",
+    "Keep-alive connections an API server (index) closed after a response (`Connection: close`) because they "
+    "reached --max-requests-per-connection (reason=requests) or --max-connection-age (reason=age).",
+    ["server", "reason"],
 )
 LOOP_LAG = Histogram(
     "poolserve_event_loop_lag_seconds",

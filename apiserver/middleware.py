@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS
 
 MAX_REQUEST_ID_LENGTH = 128
@@ -24,10 +25,20 @@ access_logger = logging.getLogger("poolserve.access")
 
 class RequestTelemetry:
     """Adds `x-poolserve-server`, `x-request-id` (the client's, when it sent a sane one), TEI's
-    timing headers; counts and times every request by endpoint; writes the access log when asked."""
+    timing headers; counts and times every request by endpoint; writes the access log when asked; keeps
+    the server's count of requests in flight (fair accept reads it) when given the server's load."""
 
-    def __init__(self, app: ASGIApp, *, server_index: int, endpoints: Iterable[str], access_log: bool = False):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        server_index: int,
+        endpoints: Iterable[str],
+        access_log: bool = False,
+        load: ServerLoad | None = None,
+    ):
         self.app = app
+        self.load = load
         self.server = str(server_index)
         self.server_header = (b"x-poolserve-server", self.server.encode())
         self.endpoints = frozenset(endpoints)
@@ -75,9 +86,13 @@ class RequestTelemetry:
                 count(message["status"])
             await send(message)
 
+        if self.load is not None:
+            self.load.request_started()
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
+            if self.load is not None:
+                self.load.request_finished()
             if not is_counted:  # the app raised; Starlette's outermost handler answers 500
                 count(500)
 

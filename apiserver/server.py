@@ -13,9 +13,12 @@ import uvicorn
 import uvloop
 
 from apiserver.app import build_app
+from apiserver.fair_accept import ServerLoad
 from apiserver.fetch_guard import FetchPolicy
-from apiserver.http_protocol import BoundedHttpToolsProtocol
+from apiserver.http_protocol import ConnectionPolicy
+from apiserver.http_server import GatedServer
 from apiserver.inputs.image_sources import ImageLoader
+from apiserver.load_board import LoadBoard
 from apiserver.media import MediaFetcher
 from apiserver.metrics import sample_loop_lag
 from apiserver.preprocess import Preprocessor
@@ -109,6 +112,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         allowed_local_path=config.allowed_local_media_path,
         policy=FetchPolicy(allowed_domains=config.allowed_media_domains, allow_private=config.allow_private_media_urls),
     )
+    load = ServerLoad(LoadBoard.attach(spec.board_fd), spec.board_slot, spec.index)
     state = AppState(
         config=config,
         card=card,
@@ -118,17 +122,24 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         images=ImageLoader(media, card.image, config.max_image_pixels),
         server_index=spec.index,
         started_at=int(time.time()),
+        load=load,
     )
-    server = uvicorn.Server(
+    server = GatedServer(
         uvicorn.Config(
             build_app(state, test_hooks=test_hooks_enabled()),
-            http=BoundedHttpToolsProtocol,
             lifespan="off",
             access_log=False,
             log_config=None,
             server_header=False,
             timeout_graceful_shutdown=int(config.shutdown_timeout),
-        )
+        ),
+        ConnectionPolicy(
+            load,
+            spec.index,
+            max_requests=config.max_requests_per_connection,
+            max_age_s=config.max_connection_age,
+        ),
+        config.accept_balance,
     )
     exit_request.server = server
     server.should_exit = exit_request.is_requested

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apiserver.fair_accept import ServerLoad
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.preprocess import Preprocessor
 from apiserver.tokenizer import TextTokenizer
@@ -22,6 +23,7 @@ class AppState:
     images: ImageLoader
     server_index: int
     started_at: int
+    load: ServerLoad
 
     @property
     def model_name(self) -> str:

@@ -31,6 +31,9 @@ class ChildSpec(msgspec.Struct, kw_only=True, frozen=True):
     supervisor_pid: int
     index: int = 0
     listen_fd: int = -1
+    # API servers: the load board's memfd (apiserver/load_board.py) and this process's slot on it.
+    board_fd: int = -1
+    board_slot: int = 0
 
     @property
     def engine_endpoint(self) -> str:

@@ -16,6 +16,7 @@ DType = Literal["auto", "float32", "float16", "bfloat16"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
+AcceptBalance = Literal["connections", "requests", "both", "none"]
 
 # The one environment variable that carries a setting (read by the CLI, as --api-key's default):
 # a key in the environment stays out of `ps`, where a command-line flag would be readable by anyone.
@@ -77,6 +78,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     allowed_media_domains: list[str] = msgspec.field(default_factory=list)
     allow_private_media_urls: bool = False
     cors_allowed_origins: list[str] = msgspec.field(default_factory=list)
+    # Spreading connections over the API servers (docs/operations.md, "How connections are spread").
+    accept_balance: AcceptBalance = "connections"
+    max_requests_per_connection: int = 1000
+    max_connection_age: float = 300.0
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
@@ -107,6 +112,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise ConfigError(f"--worker-timeout has value {self.worker_timeout!r}; use 0 (off) or >= 1.")
         if self.engine_start_timeout <= 0:
             raise ConfigError(f"--engine-start-timeout has value {self.engine_start_timeout!r}; it must be > 0.")
+        check_range("--max-requests-per-connection", self.max_requests_per_connection, 0, 1 << 40)
+        if self.max_connection_age < 0:
+            raise ConfigError(f"--max-connection-age has value {self.max_connection_age!r}; it must be >= 0 (0: none).")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout has value {self.shutdown_timeout!r}; it must be >= 0.")
         if not self.host:

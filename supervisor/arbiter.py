@@ -23,6 +23,7 @@ from types import FrameType, ModuleType
 
 import msgspec
 
+from apiserver.load_board import LoadBoard
 from engine_core.boot import EXIT_BOOT_ERROR
 from engine_core.config import Config
 from supervisor.children import ChildProcess, spawn_child
@@ -70,6 +71,8 @@ class Supervisor:
         self.respawn_at: dict[str, float] = {}
         self.crashes: dict[str, CrashHistory] = defaultdict(CrashHistory)
         self.listener: socket.socket | None = None
+        # What each API server holds, read by its siblings' fair accept (apiserver/fair_accept.py).
+        self.board: LoadBoard | None = None
         self.runtime_dir = ""
         self._announced: set[int] = set()
         self.metrics: ModuleType
@@ -118,6 +121,7 @@ class Supervisor:
             self.listener = bind_socket(config.host, config.port)
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
+        self.board = LoadBoard.create()
         self.engine = self._spawn("engine")
         self._await_ready([self.engine], config.engine_start_timeout)
         for index in range(self.api_server_count):
@@ -263,6 +267,10 @@ class Supervisor:
         if child.pipe_fd >= 0:
             self._selector.unregister(child.pipe_fd)
             child.close_pipe()
+        if child.board_slot and self.board is not None:
+            # Its connections died with it: the siblings' fair shares change at once.
+            self.board.release_slot(child.board_slot)
+            child.board_slot = 0
         if child is self.engine:
             self.engine = None
         elif self.api_servers.get(child.index) is child:
@@ -336,7 +344,9 @@ class Supervisor:
             # The engine has no use for the API key: one process fewer holds it.
             child = spawn_child("engine", msgspec.structs.replace(self.config, api_key=""), self.runtime_dir)
         else:
-            child = spawn_child("api", self.config, self.runtime_dir, index=index, listener=self.listener)
+            child = spawn_child(
+                "api", self.config, self.runtime_dir, index=index, listener=self.listener, board=self.board
+            )
         self._selector.register(child.pipe_fd, selectors.EVENT_READ)
         return child
 
@@ -355,6 +365,9 @@ class Supervisor:
                 child.close_pipe()
         if self.listener is not None:
             self.listener.close()
+        if self.board is not None:
+            self.board.close()
+            self.board = None
         if self.runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
 

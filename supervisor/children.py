@@ -18,13 +18,16 @@ import time
 
 import msgspec
 
+from apiserver.load_board import LoadBoard
 from engine_core.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, encode_child_spec
 from engine_core.config import API_KEY_ENV, Config
 
 
 class ChildProcess:
-    def __init__(self, role: Role, index: int, popen: subprocess.Popen[bytes], pipe_fd: int):
+    def __init__(self, role: Role, index: int, popen: subprocess.Popen[bytes], pipe_fd: int, board_slot: int = 0):
         self.role = role
+        # An API server's slot on the load board (apiserver/load_board.py); 0: none.
+        self.board_slot = board_slot
         self.index = index
         self.name = "engine" if role == "engine" else f"api-{index}"
         self.popen = popen
@@ -110,10 +113,12 @@ def spawn_child(
     *,
     index: int = 0,
     listener: socket.socket | None = None,
+    board: LoadBoard | None = None,
 ) -> ChildProcess:
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     listen_fd = listener.fileno() if listener is not None else -1
+    board_slot = board.claim_slot() if board is not None else 0
     spec = ChildSpec(
         role=role,
         config=config,
@@ -122,6 +127,8 @@ def spawn_child(
         supervisor_pid=os.getpid(),
         index=index,
         listen_fd=listen_fd,
+        board_fd=board.fd if board is not None else -1,
+        board_slot=board_slot,
     )
     env = dict(os.environ)
     # The key reaches the API servers inside their spec; the variable it came from goes to no child.
@@ -131,12 +138,16 @@ def spawn_child(
         # One tokenizer thread per API server: parallelism comes from running N of them.
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
     module = "engine_core" if role == "engine" else "apiserver"
-    pass_fds = (write_fd,) if listen_fd < 0 else (write_fd, listen_fd)
+    pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
     try:
         popen = subprocess.Popen([sys.executable, "-m", module], env=env, pass_fds=pass_fds)
     except BaseException:
         os.close(read_fd)
+        if board is not None:
+            board.release_slot(board_slot)
         raise
     finally:
         os.close(write_fd)
-    return ChildProcess(role, index, popen, read_fd)
+    if board is not None:
+        board.set_pid(board_slot, popen.pid)
+    return ChildProcess(role, index, popen, read_fd, board_slot)

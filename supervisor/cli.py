@@ -10,6 +10,7 @@ import typing
 from engine_core.config import (
     API_KEY_ENV,
     MIB,
+    AcceptBalance,
     Config,
     ConfigError,
     Device,
@@ -78,6 +79,30 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=default_api_server_count(),
         help="API-server processes sharing the listening socket (default: half the usable cores, 1 to 8).",
+    )
+    server.add_argument(
+        "--accept-balance",
+        choices=typing.get_args(AcceptBalance),
+        default="connections",
+        help="What the API servers compare to share connections (fair accept): a server holding more than the "
+        "least-loaded one, plus a slack, stops accepting until it falls back, and the next connection goes to a "
+        "sibling. connections: open connections; requests: requests in flight; both: their sum; none: leave it to "
+        "the kernel (which tends to hand most connections to one server).",
+    )
+    server.add_argument(
+        "--max-requests-per-connection",
+        type=int,
+        default=1000,
+        help="A keep-alive connection closes after this many requests (the last response says `Connection: close`; "
+        "no request is cut), so the few long-lived connections of a proxy spread again over the API servers. "
+        "nginx's keepalive_requests default; 0: no limit.",
+    )
+    server.add_argument(
+        "--max-connection-age",
+        type=float,
+        default=300.0,
+        help="Seconds after which a keep-alive connection closes after its next response, so servers added "
+        "(SIGTTIN) or restarted (SIGHUP) get their share of a proxy's connections within this time; 0: no limit.",
     )
     server.add_argument(
         "--preprocess-workers",
@@ -301,6 +326,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
             allowed_media_domains=args.allowed_media_domains,
             allow_private_media_urls=args.allow_private_media_urls,
             cors_allowed_origins=args.cors_allowed_origins,
+            accept_balance=args.accept_balance,
+            max_requests_per_connection=args.max_requests_per_connection,
+            max_connection_age=args.max_connection_age,
         )
     except ConfigError as exc:
         parser.error(str(exc))

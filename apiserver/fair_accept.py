@@ -1,0 +1,287 @@
+"""Fair accept on the shared listening socket: a server above its share stops accepting for a moment.
+
+Left to the kernel, one shared accept queue feeds the process that waits on it most recently,
+usually the busiest one, and a keep-alive connection then stays with that process for its whole
+life: measured here, 32 keep-alive clients over 2 API servers landed 32/0. So every API server
+publishes what it holds on the load board (apiserver/load_board.py) and, before each accept,
+compares itself with its siblings: above the least-loaded one plus a small slack, it takes its
+listening socket out of its event loop and the next connection goes to a sibling (nginx's
+`accept_mutex` and its worker-connection limit work the same way). The least-loaded server
+never pauses, so with all servers at their share nothing waits.
+
+Pausing never closes or drains the listening socket: it is shared with the siblings and the
+supervisor, and a connection queued on it stays queued. A paused server looks at the queue every
+few milliseconds; a connection that has waited there HANDOFF_S (the sibling that should take it
+is busy on its GIL, stopped, or dying) is taken anyway, so balance never costs more than that
+in latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import select
+import socket
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from apiserver.load_board import LoadBoard, SlotState, Word
+from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, OPEN_CONNECTIONS
+
+logger = logging.getLogger("poolserve.api")
+
+BalanceBy = Literal["connections", "requests", "both", "none"]
+
+# A paused server looks at the queue this often; it is the delay before it resumes once its
+# siblings have caught up.
+PAUSED_POLL_S = 0.005
+# A connection queued this long is taken by a paused server: the server that should take it is
+# busy (a GIL-bound request on its loop), stopped or dying.
+HANDOFF_S = 0.02
+# Each server writes its beat this often; a sibling silent for STALE_AFTER_S is left out of the
+# comparison (a stuck loop cannot accept: deferring to it would only add HANDOFF_S to each connection).
+BEAT_INTERVAL_S = 0.1
+STALE_AFTER_NS = 500_000_000
+# Back off this long when accept() fails for lack of file descriptors or memory (asyncio does 1 s).
+RESOURCE_BACKOFF_S = 0.5
+# Accepts per wake-up before the loop serves what it has: with a queue of thousands, requests on
+# connections already open still get their turn.
+ACCEPTS_PER_WAKEUP = 32
+
+
+def share_load(connections: int, in_flight: int, balance_by: BalanceBy) -> int:
+    """The number servers compare: what a new connection would add to."""
+    if balance_by == "connections":
+        return connections
+    if balance_by == "requests":
+        return in_flight
+    if balance_by == "none":
+        return 0  # nobody is ever over its share: the kernel alone decides
+    return connections + in_flight
+
+
+def is_over_share(own: int, siblings: list[int]) -> bool:
+    """Above the least-loaded sibling by more than the slack (1, plus 1/16 of the load when loads are
+    large, so thousands of connections do not pause on every accept)."""
+    if not siblings:
+        return False
+    least = min(siblings)
+    return own > least + 1 + least // 16
+
+
+class ServerLoad:
+    """This process's open connections and requests in flight, counted here and published on its slot."""
+
+    def __init__(self, board: LoadBoard, slot: int, server_index: int):
+        self.board = board
+        self.slot = slot
+        self.connections = 0
+        self.in_flight = 0
+        # Called when this server's load falls: a paused acceptor may take connections again.
+        self.on_lighter: Callable[[], None] = lambda: None
+        label = str(server_index)
+        self._open_gauge = OPEN_CONNECTIONS.labels(server=label)
+        self._opened = CONNECTIONS.labels(server=label)
+
+    def connection_opened(self) -> None:
+        self.connections += 1
+        self.board.write(self.slot, Word.CONNECTIONS, self.connections)
+        self._open_gauge.inc()
+        self._opened.inc()
+
+    def connection_closed(self) -> None:
+        self.connections -= 1
+        self.board.write(self.slot, Word.CONNECTIONS, self.connections)
+        self._open_gauge.dec()
+        self.on_lighter()
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self.board.write(self.slot, Word.IN_FLIGHT, self.in_flight)
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+        self.board.write(self.slot, Word.IN_FLIGHT, self.in_flight)
+        self.on_lighter()
+
+    def beat(self) -> None:
+        self.board.write(self.slot, Word.BEAT_NS, time.monotonic_ns())
+
+    def set_state(self, state: SlotState) -> None:
+        self.board.write(self.slot, Word.STATE, state)
+
+
+class FairAcceptor:
+    """Accepts from the shared socket while this server holds no more than its share; hands each
+    connection to the event loop's transport with the HTTP protocol (uvicorn's)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        load: ServerLoad,
+        *,
+        balance_by: BalanceBy,
+        server_index: int,
+    ):
+        self.sock = sock
+        self.protocol_factory = protocol_factory
+        self.load = load
+        self.balance_by = balance_by
+        self.is_reading = False
+        self.is_closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poll_handle: asyncio.TimerHandle | None = None
+        self._beat_handle: asyncio.TimerHandle | None = None
+        self._queued_since: float | None = None
+        self._queue_poller = select.poll()
+        self._queue_poller.register(sock.fileno(), select.POLLIN)
+        self._connecting: set[asyncio.Task[None]] = set()
+        label = str(server_index)
+        self._pauses = ACCEPT_PAUSES.labels(server=label)
+        self._takeovers = ACCEPT_TAKEOVERS.labels(server=label)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "FairAcceptor.start() first"
+        return self._loop
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.sock.setblocking(False)
+        self.load.on_lighter = self._on_lighter
+        self.load.beat()
+        self.load.set_state(SlotState.ACCEPTING)
+        self._beat()
+        self._resume()
+
+    def close(self) -> None:
+        """Stop accepting for good (uvicorn's shutdown calls this); the socket itself stays open for the
+        siblings and is closed by uvicorn, this process's copy only."""
+        if self.is_closed:
+            return
+        self.is_closed = True
+        self.load.set_state(SlotState.DRAINING)
+        self.load.on_lighter = lambda: None
+        if self.is_reading:
+            self.loop.remove_reader(self.sock.fileno())
+            self.is_reading = False
+        for handle in (self._poll_handle, self._beat_handle):
+            if handle is not None:
+                handle.cancel()
+
+    async def wait_closed(self) -> None:
+        return None
+
+    # The gate ----------------------------------------------------------------------------------
+
+    def is_over_share(self) -> bool:
+        if self.balance_by == "none":
+            return False
+        siblings = self.load.board.accepting_siblings(self.load.slot, STALE_AFTER_NS)
+        balance_by = self.balance_by
+        own = share_load(self.load.connections, self.load.in_flight, balance_by)
+        return is_over_share(own, [share_load(s.connections, s.in_flight, balance_by) for s in siblings])
+
+    def _on_readable(self) -> None:
+        for _ in range(ACCEPTS_PER_WAKEUP):
+            if self.is_over_share():
+                self._pause()
+                return
+            if not self._accept_one():
+                return
+
+    def _pause(self) -> None:
+        if self.is_reading:
+            self.loop.remove_reader(self.sock.fileno())
+            self.is_reading = False
+            self._pauses.inc()
+        self._queued_since = None
+        self._schedule_poll(PAUSED_POLL_S)
+
+    def _resume(self) -> None:
+        if self.is_closed or self.is_reading:
+            return
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+        # Level-triggered: a connection already queued wakes the reader at once.
+        self.loop.add_reader(self.sock.fileno(), self._on_readable)
+        self.is_reading = True
+
+    def _on_lighter(self) -> None:
+        if not self.is_reading and not self.is_closed and not self.is_over_share():
+            self._resume()
+
+    def _poll_paused(self) -> None:
+        self._poll_handle = None
+        if self.is_closed:
+            return
+        if not self.is_over_share():
+            self._resume()
+            return
+        if self._queue_poller.poll(0):
+            now = self.loop.time()
+            if self._queued_since is None:
+                self._queued_since = now
+            elif now - self._queued_since >= HANDOFF_S:
+                self._queued_since = None
+                if self._accept_one():
+                    self._takeovers.inc()
+        else:
+            self._queued_since = None
+        self._schedule_poll(PAUSED_POLL_S)
+
+    def _schedule_poll(self, delay: float) -> None:
+        if self._poll_handle is None and not self.is_closed:
+            self._poll_handle = self.loop.call_later(delay, self._poll_paused)
+
+    def _beat(self) -> None:
+        self.load.beat()
+        self._beat_handle = self.loop.call_later(BEAT_INTERVAL_S, self._beat)
+
+    # Accepting ---------------------------------------------------------------------------------
+
+    def _accept_one(self) -> bool:
+        """Accept one queued connection and start serving it; False when there was none to take."""
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return False
+        except ConnectionAbortedError:
+            return True  # the client gave up while queued; the next one may be there
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                logger.warning(
+                    "accept() failed: %s; this API server stops accepting for %.1fs and its siblings take new "
+                    "connections (%d open here)",
+                    exc.strerror,
+                    RESOURCE_BACKOFF_S,
+                    self.load.connections,
+                )
+                self._pause()
+                if self._poll_handle is not None:
+                    self._poll_handle.cancel()
+                    self._poll_handle = None
+                self._schedule_poll(RESOURCE_BACKOFF_S)
+                return False
+            raise
+        conn.setblocking(False)
+        if conn.family in (socket.AF_INET, socket.AF_INET6):
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.load.connection_opened()
+        task = self.loop.create_task(self._serve(conn))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+        return True
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self.protocol_factory, conn)
+        except Exception:
+            # The protocol never saw the connection, so its close is not counted there.
+            logger.exception("could not start serving an accepted connection")
+            conn.close()
+            self.load.connection_closed()

@@ -1,0 +1,160 @@
+"""How keep-alive connections and their requests spread over the API servers.
+
+`python -m bench.spread --api-server-count 2 --runs 10` starts poolserve, then in each run opens
+`--connections` keep-alive connections at once (each its own TCP connection, as a pool of
+clients would), sends `--requests` embedding requests on each one after the other, and counts
+which API server (`x-poolserve-server`) answered each connection and each request. It prints
+each run's shares and the worst deviation from a fair share; `--json` writes them. The
+end-to-end tests use `measure_spread` on a server they started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import msgspec
+
+from bench.clients import RawClient, RawConnection, prepare_request
+from bench.server_process import start_poolserve
+
+OPEN_CONNECTIONS = re.compile(r"^poolserve_open_connections\{[^}]*\} (\S+)$", re.MULTILINE)
+DEFAULT_BODY = {"input": "a short query about keep-alive connections"}
+
+
+@dataclass(slots=True)
+class SpreadRun:
+    """One run: per server, how many connections it took and how many requests it answered."""
+
+    connections: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)
+    failures: int = 0
+    seconds: float = 0.0
+
+    def shares(self, servers: int, of: str) -> list[float]:
+        counts = self.connections if of == "connections" else self.requests
+        total = sum(counts.values()) or 1
+        return sorted((counts.get(str(index), 0) / total for index in range(servers)), reverse=True)
+
+    def worst_deviation(self, servers: int) -> float:
+        """The largest |share - fair| / fair over servers, connections and requests both."""
+        fair = 1 / servers
+        return max(abs(share - fair) / fair for of in ("connections", "requests") for share in self.shares(servers, of))
+
+
+async def open_connections(url: str, count: int) -> list[RawConnection]:
+    client = RawClient(url)
+    return list(await asyncio.gather(*(client.connect() for _ in range(count))))
+
+
+async def run_once(url: str, connections: int, requests: int, body: dict[str, object] | None = None) -> SpreadRun:
+    """Open `connections` connections together, then send `requests` requests on each, all at once."""
+    host = url.split("://", 1)[1].split("/", 1)[0]
+    request = prepare_request("POST", "/v1/embeddings", msgspec.json.encode(body or DEFAULT_BODY), host)
+    run = SpreadRun()
+    started = time.perf_counter()
+    opened = await open_connections(url, connections)
+    by_connection: list[Counter[str]] = [Counter() for _ in opened]
+
+    async def drive(index: int, connection: RawConnection) -> None:
+        for _ in range(requests):
+            if not connection.is_open:
+                run.failures += 1
+                continue
+            try:
+                reply = await connection.send(request)
+            except ConnectionError:
+                run.failures += 1
+                continue
+            if reply.status != 200:
+                run.failures += 1
+            by_connection[index][reply.server] += 1
+
+    try:
+        await asyncio.gather(*(drive(index, connection) for index, connection in enumerate(opened)))
+    finally:
+        for connection in opened:
+            connection.close()
+    run.seconds = time.perf_counter() - started
+    connection_counts: Counter[str] = Counter()
+    request_counts: Counter[str] = Counter()
+    for served in by_connection:
+        if served:
+            connection_counts[served.most_common(1)[0][0]] += 1
+            request_counts.update(served)
+    run.connections = dict(connection_counts)
+    run.requests = dict(request_counts)
+    return run
+
+
+def open_connections_reported(url: str) -> int:
+    """The server's own count of open connections, all API servers together (this scrape's included)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return round(sum(float(match[1]) for match in OPEN_CONNECTIONS.finditer(text)))
+
+
+def wait_until_idle(url: str, timeout: float = 10.0) -> None:
+    """Until the servers have seen the previous run's connections close, so each run starts from zero."""
+    deadline = time.monotonic() + timeout
+    while open_connections_reported(url) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def measure_spread(url: str, *, connections: int = 32, requests: int = 10, runs: int = 10) -> list[SpreadRun]:
+    """`runs` runs one after the other, each from a server that holds no connection."""
+    results = []
+    for _ in range(runs):
+        wait_until_idle(url)
+        results.append(asyncio.run(run_once(url, connections, requests)))
+    return results
+
+
+def describe(run: SpreadRun, servers: int) -> str:
+    connections = " / ".join(f"{share:.2f}" for share in run.shares(servers, "connections"))
+    requests = " / ".join(f"{share:.2f}" for share in run.shares(servers, "requests"))
+    return (
+        f"connections {connections}   requests {requests}   worst {run.worst_deviation(servers):+.0%}"
+        f"   failures {run.failures}   {run.seconds:.2f}s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.spread", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--api-server-count", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--url", default="", help="Measure a server already running here instead of starting one.")
+    parser.add_argument("--json", default="", help="Write the runs to this file.")
+    parser.add_argument("launch_args", nargs="*", help="More `launch` flags, after `--`.")
+    args = parser.parse_args(argv)
+    server = None
+    url = args.url
+    if not url:
+        server = start_poolserve(["--api-server-count", str(args.api_server_count), *args.launch_args])
+        url = server.url
+    try:
+        runs = measure_spread(url, connections=args.connections, requests=args.requests, runs=args.runs)
+    finally:
+        if server is not None:
+            server.stop()
+    for index, run in enumerate(runs):
+        print(f"run {index + 1:2d}: {describe(run, args.api_server_count)}")
+    worst = max(run.worst_deviation(args.api_server_count) for run in runs)
+    print(f"worst deviation from a fair share over {len(runs)} runs: {worst:.0%}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"args": vars(args), "runs": [asdict(run) for run in runs]}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Fair accept's rule, the load board, and the acceptor on a real listening socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from apiserver import fair_accept
+from apiserver.fair_accept import FairAcceptor, ServerLoad, is_over_share, share_load
+from apiserver.load_board import LoadBoard, SlotState, Word
+
+
+def test_the_least_loaded_server_never_pauses() -> None:
+    assert not is_over_share(3, [3, 7, 9])
+    assert not is_over_share(0, [0])
+    assert not is_over_share(5, [])
+
+
+def test_a_server_pauses_past_the_least_loaded_sibling_plus_one() -> None:
+    assert not is_over_share(4, [3, 9])
+    assert is_over_share(5, [3, 9])
+
+
+def test_the_slack_grows_with_the_load_so_thousands_of_connections_do_not_pause_on_every_accept() -> None:
+    assert not is_over_share(1700, [1600])  # 1600 + 1 + 100
+    assert is_over_share(1702, [1600])
+
+
+def test_share_load_counts_what_the_flag_names() -> None:
+    assert share_load(5, 2, "connections") == 5
+    assert share_load(5, 2, "requests") == 2
+    assert share_load(5, 2, "both") == 7
+    assert share_load(5, 2, "none") == 0
+
+
+@pytest.fixture
+def board() -> Iterator[LoadBoard]:
+    created = LoadBoard.create()
+    yield created
+    created.close()
+
+
+def test_slots_are_claimed_lowest_first_and_a_released_slot_is_reused_clean(board: LoadBoard) -> None:
+    first, second = board.claim_slot(101), board.claim_slot(102)
+    assert (first, second) == (1, 2)
+    board.write(first, Word.CONNECTIONS, 40)
+    board.release_slot(first)
+    assert board.read(first, Word.STATE) == SlotState.FREE
+    assert board.claim_slot(103) == first
+    assert board.read(first, Word.CONNECTIONS) == 0
+    assert board.read(first, Word.PID) == 103
+    assert board.slots_in_use == 3
+
+
+def test_siblings_are_those_accepting_with_a_recent_beat(board: LoadBoard) -> None:
+    own, booting, live, stuck, draining = (board.claim_slot() for _ in range(5))
+    now = time.monotonic_ns()
+    for slot, state, beat in (
+        (live, SlotState.ACCEPTING, now),
+        (stuck, SlotState.ACCEPTING, now - 2_000_000_000),
+        (draining, SlotState.DRAINING, now),
+    ):
+        board.write(slot, Word.STATE, state)
+        board.write(slot, Word.BEAT_NS, beat)
+        board.write(slot, Word.CONNECTIONS, 9)
+    assert [s.slot for s in board.accepting_siblings(own, 500_000_000)] == [live]
+    assert booting not in board.snapshot() or board.snapshot()[booting][0] == SlotState.BOOTING
+
+
+def test_a_child_process_sees_what_the_creator_writes(board: LoadBoard) -> None:
+    """The board is shared memory, not a copy: a second mapping of the same fd sees every write."""
+    other = LoadBoard(board.fd, __import__("mmap").mmap(board.fd, 0))
+    slot = board.claim_slot(7)
+    board.write(slot, Word.CONNECTIONS, 12)
+    assert other.read(slot, Word.CONNECTIONS) == 12
+    other.write(slot, Word.IN_FLIGHT, 3)
+    assert board.read(slot, Word.IN_FLIGHT) == 3
+
+
+# The acceptor, on a real listening socket and a real event loop ----------------------------------
+
+
+class Recorder(asyncio.Protocol):
+    def __init__(self, load: ServerLoad, made: list[asyncio.Transport]):
+        self.load = load
+        self.made = made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made.append(transport)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.load.connection_closed()
+
+
+@contextlib.contextmanager
+def listener() -> Iterator[socket.socket]:
+    sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def add_sibling(board: LoadBoard, connections: int) -> int:
+    slot = board.claim_slot()
+    board.write(slot, Word.STATE, SlotState.ACCEPTING)
+    board.write(slot, Word.BEAT_NS, time.monotonic_ns())
+    board.write(slot, Word.CONNECTIONS, connections)
+    return slot
+
+
+async def wait_for(predicate: object, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        await asyncio.sleep(0.002)
+    return False
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port))
+
+
+async def run_acceptor(board: LoadBoard, sock: socket.socket, scenario: object, sibling_connections: int = 0) -> None:
+    own = board.claim_slot()
+    load = ServerLoad(board, own, server_index=0)
+    made: list[asyncio.Transport] = []
+    acceptor = FairAcceptor(sock, lambda: Recorder(load, made), load, balance_by="connections", server_index=0)
+    acceptor.start()
+    try:
+        await scenario(acceptor, load, made)  # type: ignore[operator]
+    finally:
+        acceptor.close()
+        for transport in made:
+            transport.close()
+        await asyncio.sleep(0.01)
+
+
+def test_an_acceptor_over_its_share_leaves_connections_queued_for_a_sibling(board: LoadBoard) -> None:
+    sibling = add_sibling(board, connections=0)
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        port = acceptor.sock.getsockname()[1]
+        clients = [connect(port) for _ in range(4)]
+        # It takes two (0 and 1 are within the slack of a sibling at 0), then pauses.
+        assert await wait_for(lambda: load.connections == 2)
+        await asyncio.sleep(0.01)  # well under HANDOFF_S: nothing more is taken
+        assert load.connections == 2 and not acceptor.is_reading
+        assert board.read(load.slot, Word.CONNECTIONS) == 2
+        # The sibling catches up; the queued connections are still there and are taken.
+        board.write(sibling, Word.CONNECTIONS, 2)
+        assert await wait_for(lambda: load.connections == 4)
+        for client in clients:
+            client.close()
+        assert await wait_for(lambda: load.connections == 0)
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario))
+
+
+def test_a_paused_acceptor_takes_a_connection_its_busy_sibling_left_waiting(
+    board: LoadBoard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sibling counts as accepting but never takes anything (a loop busy on its GIL): after
+    HANDOFF_S a queued connection is taken anyway, so balance never costs more than that."""
+    add_sibling(board, connections=0)
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        port = acceptor.sock.getsockname()[1]
+        clients = [connect(port) for _ in range(3)]
+        assert await wait_for(lambda: load.connections == 2)
+        started = time.monotonic()
+        assert await wait_for(lambda: load.connections == 3, timeout=1.0)
+        waited = time.monotonic() - started
+        assert fair_accept.HANDOFF_S * 0.5 <= waited < 0.5, waited
+        for client in clients:
+            client.close()
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario))
+
+
+def test_a_sibling_whose_loop_stopped_beating_is_not_waited_for(board: LoadBoard) -> None:
+    sibling = add_sibling(board, connections=0)
+    board.write(sibling, Word.BEAT_NS, time.monotonic_ns() - 5_000_000_000)
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        port = acceptor.sock.getsockname()[1]
+        clients = [connect(port) for _ in range(6)]
+        assert await wait_for(lambda: load.connections == 6, timeout=0.5)
+        for client in clients:
+            client.close()
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario))
+
+
+def test_a_closed_connection_lets_a_paused_acceptor_resume_at_once(board: LoadBoard) -> None:
+    add_sibling(board, connections=1)
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        port = acceptor.sock.getsockname()[1]
+        clients = [connect(port) for _ in range(3)]
+        assert await wait_for(lambda: load.connections == 3 and not acceptor.is_reading)
+        made[0].close()  # down to 2: within the slack of the sibling again
+        assert await wait_for(lambda: acceptor.is_reading, timeout=0.05)
+        for client in clients:
+            client.close()
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario))
+
+
+def test_closing_the_acceptor_marks_its_slot_draining_and_leaves_the_socket_open(board: LoadBoard) -> None:
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        assert board.read(load.slot, Word.STATE) == SlotState.ACCEPTING
+        acceptor.close()
+        assert board.read(load.slot, Word.STATE) == SlotState.DRAINING
+        assert acceptor.sock.fileno() >= 0
+        # Still listening: a connection queues, for whichever process accepts next.
+        connect(acceptor.sock.getsockname()[1]).close()
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario))
