@@ -131,6 +131,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
             access_log=False,
             log_config=None,
             server_header=False,
+            timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn uses it as seconds
             timeout_graceful_shutdown=int(config.shutdown_timeout),
         ),
         ConnectionPolicy(

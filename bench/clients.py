@@ -100,9 +100,11 @@ class RawConnection(asyncio.Protocol):
         if pending is None or pending.future.done():
             return
         status = self.parser.get_status_code()
-        pending.future.set_result(Reply(status, b"".join(pending.body), pending.server))
         if not self.parser.should_keep_alive() and self.transport is not None:
+            # `Connection: close`: no further request may go on this connection.
+            self.is_open = False
             self.transport.close()
+        pending.future.set_result(Reply(status, b"".join(pending.body), pending.server))
 
     def fail(self, exc: BaseException) -> None:
         pending, self.pending = self.pending, None

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import re
+import statistics
 import sys
 import time
 import urllib.request
@@ -117,6 +118,67 @@ def measure_spread(url: str, *, connections: int = 32, requests: int = 10, runs:
     return results
 
 
+@dataclass(slots=True)
+class UnequalRun:
+    """The hard case: a proxy's few long-lived connections carrying unequal load. Inputs served per
+    server (the frontend work), and how often the hot connections shared a server."""
+
+    inputs: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+
+    def input_shares(self, servers: int) -> list[float]:
+        total = sum(self.inputs.values()) or 1
+        return sorted((self.inputs.get(str(index), 0) / total for index in range(servers)), reverse=True)
+
+
+async def run_unequal(url: str, seconds: float, hot: int = 2, cold: int = 2, hot_inputs: int = 16) -> UnequalRun:
+    """`hot` connections send `hot_inputs`-input requests back to back; `cold` ones send one input
+    every 100 ms (a proxy reuses its most recent connection first, so its pool has a few hot and
+    some mostly idle connections). A connection the server retires is reopened at once, through
+    fair accept again."""
+    host = url.split("://", 1)[1].split("/", 1)[0]
+    texts = [f"document {index} about load that is not spread evenly" for index in range(hot_inputs)]
+    heavy = prepare_request("POST", "/v1/embeddings", msgspec.json.encode({"input": texts}), host)
+    light = prepare_request("POST", "/v1/embeddings", msgspec.json.encode({"input": texts[0]}), host)
+    run = SpreadRun()
+    result = UnequalRun()
+    inputs: Counter[str] = Counter()
+    client = RawClient(url)
+    deadline = time.monotonic() + seconds
+
+    async def drive(request_bytes: object, weight: int, pause: float) -> None:
+        connection = await client.connect()
+        while time.monotonic() < deadline:
+            if not connection.is_open:
+                result.reconnects += 1
+                connection = await client.connect()
+            try:
+                reply = await connection.send(request_bytes)  # type: ignore[arg-type]
+            except ConnectionError:
+                result.failures += 1
+                continue
+            if reply.status != 200:
+                result.failures += 1
+                continue
+            inputs[reply.server] += weight
+            run.requests[reply.server] = run.requests.get(reply.server, 0) + 1
+            if pause:
+                await asyncio.sleep(pause)
+        connection.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(drive(heavy, hot_inputs, 0.0) for _ in range(hot)), *(drive(light, 1, 0.1) for _ in range(cold))
+    )
+    result.seconds = time.perf_counter() - started
+    result.inputs = dict(inputs)
+    result.requests = run.requests
+    return result
+
+
 def describe(run: SpreadRun, servers: int) -> str:
     connections = " / ".join(f"{share:.2f}" for share in run.shares(servers, "connections"))
     requests = " / ".join(f"{share:.2f}" for share in run.shares(servers, "requests"))
@@ -132,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument(
+        "--scenario",
+        choices=["burst", "unequal"],
+        default="burst",
+        help="burst: connections opened at once, shares counted per run; unequal: 2 hot and 2 cold long-lived "
+        "connections for --seconds, inputs served per server counted (the hard case for the gate).",
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="unequal: how long each run lasts.")
     parser.add_argument("--url", default="", help="Measure a server already running here instead of starting one.")
     parser.add_argument("--json", default="", help="Write the runs to this file.")
     parser.add_argument("launch_args", nargs="*", help="More `launch` flags, after `--`.")
@@ -142,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         server = start_poolserve(["--api-server-count", str(args.api_server_count), *args.launch_args])
         url = server.url
     try:
+        if args.scenario == "unequal":
+            return report_unequal(url, args)
         runs = measure_spread(url, connections=args.connections, requests=args.requests, runs=args.runs)
     finally:
         if server is not None:
@@ -150,6 +222,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {index + 1:2d}: {describe(run, args.api_server_count)}")
     worst = max(run.worst_deviation(args.api_server_count) for run in runs)
     print(f"worst deviation from a fair share over {len(runs)} runs: {worst:.0%}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"args": vars(args), "runs": [asdict(run) for run in runs]}, out, indent=1)
+    return 0
+
+
+def report_unequal(url: str, args: argparse.Namespace) -> int:
+    runs = []
+    for index in range(args.runs):
+        wait_until_idle(url)
+        run = asyncio.run(run_unequal(url, args.seconds))
+        runs.append(run)
+        shares = " / ".join(f"{share:.2f}" for share in run.input_shares(args.api_server_count))
+        print(
+            f"run {index + 1:2d}: input shares {shares}   inputs/s {sum(run.inputs.values()) / run.seconds:.0f}"
+            f"   reconnects {run.reconnects}   failures {run.failures}"
+        )
+    worst = max(run.input_shares(args.api_server_count)[0] for run in runs)
+    mean_top = statistics.mean(run.input_shares(args.api_server_count)[0] for run in runs)
+    print(f"largest input share: mean {mean_top:.2f}, worst {worst:.2f} over {len(runs)} runs")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"args": vars(args), "runs": [asdict(run) for run in runs]}, out, indent=1)

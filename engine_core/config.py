@@ -79,9 +79,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     allow_private_media_urls: bool = False
     cors_allowed_origins: list[str] = msgspec.field(default_factory=list)
     # Spreading connections over the API servers (docs/operations.md, "How connections are spread").
-    accept_balance: AcceptBalance = "connections"
+    accept_balance: AcceptBalance = "both"
     max_requests_per_connection: int = 1000
     max_connection_age: float = 300.0
+    keep_alive_timeout: float = 75.0
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
@@ -115,6 +116,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-requests-per-connection", self.max_requests_per_connection, 0, 1 << 40)
         if self.max_connection_age < 0:
             raise ConfigError(f"--max-connection-age has value {self.max_connection_age!r}; it must be >= 0 (0: none).")
+        if self.keep_alive_timeout <= 0:
+            raise ConfigError(f"--keep-alive-timeout has value {self.keep_alive_timeout!r}; it must be > 0.")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout has value {self.shutdown_timeout!r}; it must be >= 0.")
         if not self.host:

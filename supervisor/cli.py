@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--accept-balance",
         choices=typing.get_args(AcceptBalance),
-        default="connections",
+        default="both",
         help="What the API servers compare to share connections (fair accept): a server holding more than the "
         "least-loaded one, plus a slack, stops accepting until it falls back, and the next connection goes to a "
         "sibling. connections: open connections; requests: requests in flight; both: their sum; none: leave it to "
@@ -103,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="Seconds after which a keep-alive connection closes after its next response, so servers added "
         "(SIGTTIN) or restarted (SIGHUP) get their share of a proxy's connections within this time; 0: no limit.",
+    )
+    server.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=75.0,
+        help="Seconds an idle keep-alive connection stays open after a response. Longer than the idle timeout "
+        "of the proxy or load balancer in front (nginx upstream keepalive_timeout 60 s, AWS ALB 60 s), so the "
+        "proxy, not the server, closes a connection it might be about to reuse (that race loses requests).",
     )
     server.add_argument(
         "--preprocess-workers",
@@ -329,6 +337,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
             accept_balance=args.accept_balance,
             max_requests_per_connection=args.max_requests_per_connection,
             max_connection_age=args.max_connection_age,
+            keep_alive_timeout=args.keep_alive_timeout,
         )
     except ConfigError as exc:
         parser.error(str(exc))

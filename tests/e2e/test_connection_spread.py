@@ -199,6 +199,10 @@ def test_a_server_added_or_restarted_gets_the_new_connections_until_it_holds_its
         async def scenario() -> None:
             first, held = await hold(server.url, 16)
             assert 6 <= held["0"] <= 10 and 6 <= held["1"] <= 10, held
+            # The gauge says the same, per server (the scrape's own connection included).
+            gauge = await asyncio.to_thread(metric_values, server.url, "poolserve_open_connections")
+            assert sum(gauge.values()) == 17, gauge
+            assert gauge['server="0"'] >= held["0"] and gauge['server="1"'] >= held["1"], (gauge, held)
             # SIGTTIN: a third server starts with nothing; of 12 new connections it takes most.
             server.proc.send_signal(signal.SIGTTIN)
             await asyncio.to_thread(wait_for_ready_line, server, "api-2")

@@ -181,3 +181,37 @@ def test_the_limits_table_in_the_security_doc_names_real_flags_and_their_default
         assert flag in defaults, flag
         if defaults[flag]:  # 0 means "the model's own", which the table says in words
             assert f"{defaults[flag]:.15g}" in documented.replace(",", ""), (flag, documented)
+
+
+def test_the_connection_flags_map_to_their_fields() -> None:
+    config = parse_config(
+        [
+            "--accept-balance", "connections", "--max-requests-per-connection", "50", "--max-connection-age", "12.5",
+            "--keep-alive-timeout", "9",
+        ]
+    )  # fmt: skip
+    assert (config.accept_balance, config.max_requests_per_connection) == ("connections", 50)
+    assert (config.max_connection_age, config.keep_alive_timeout) == (12.5, 9.0)
+    defaults = parse_config([])
+    assert defaults.accept_balance == "both" == Config().accept_balance
+    assert defaults.max_requests_per_connection == Config().max_requests_per_connection
+    assert defaults.max_connection_age == Config().max_connection_age
+    assert defaults.keep_alive_timeout == Config().keep_alive_timeout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--accept-balance", "random"], "invalid choice: 'random'"),
+        (["--max-requests-per-connection", "-1"], "--max-requests-per-connection has value -1"),
+        (["--max-connection-age", "-1"], "--max-connection-age has value -1.0"),
+        (["--keep-alive-timeout", "0"], "--keep-alive-timeout has value 0.0"),
+    ],
+)
+def test_bad_connection_flags_fail_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
