@@ -226,9 +226,13 @@ class Sweep:
             self.log(f"start-up (bundled, 2 API servers): median {median:.2f}s over {len(runs)} runs")
 
     @contextmanager
-    def poolserve(self, workload: str, api_servers: int, preprocess: int) -> Iterator[ServerProcess]:
+    def poolserve(
+        self, workload: str, api_servers: int, preprocess: int, accept_balance: str = ""
+    ) -> Iterator[ServerProcess]:
         kind = MODELS[workload]
         args = ["--api-server-count", str(api_servers), "--preprocess-workers", str(preprocess)]
+        if accept_balance:
+            args += ["--accept-balance", accept_balance]
         if kind != "bundled":
             args += ["--model", str(model_folder(kind))]
         if self.args.torch_threads:
@@ -239,16 +243,24 @@ class Sweep:
         finally:
             server.stop()
 
-    def run_config(self, workload: str, api_servers: int, preprocess: int) -> None:
+    def run_config(self, workload: str, api_servers: int, preprocess: int, accept_balance: str = "") -> None:
         label = f"{api_servers} API, {'inline' if preprocess == 0 else f'{preprocess} thread'}"
-        with self.poolserve(workload, api_servers, preprocess) as server:
+        if accept_balance:
+            label += f", accept {accept_balance}"
+        with self.poolserve(workload, api_servers, preprocess, accept_balance) as server:
             self.log(f"{workload}: poolserve {label} ready in {server.ready_after:.1f}s on {server.url}")
             for concurrency in parse_ints(self.args.concurrency):
                 if self.is_over_budget:
                     self.skip(f"{workload} {label} c={concurrency}", "over --max-minutes")
                     continue
                 result = self.loadgen(server.url, workload, concurrency)
-                result.update(target="poolserve", config=label, api_servers=api_servers, preprocess_workers=preprocess)
+                result.update(
+                    target="poolserve",
+                    config=label,
+                    api_servers=api_servers,
+                    preprocess_workers=preprocess,
+                    accept_balance=accept_balance or "default",
+                )
                 self.results["runs"].append(result)
                 self.log_run(result)
             self.results["memory"].append(
@@ -317,13 +329,15 @@ class Sweep:
             for workload in self.workloads():
                 for api_servers in parse_ints(self.args.api_servers):
                     for preprocess in parse_ints(self.args.preprocess_workers):
-                        if self.is_over_budget:
-                            self.skip(f"{workload} {api_servers} API / {preprocess}", "over --max-minutes")
-                            continue
-                        try:
-                            self.run_config(workload, api_servers, preprocess)
-                        except (StartError, RuntimeError, subprocess.TimeoutExpired) as exc:
-                            self.skip(f"{workload} {api_servers} API / {preprocess}", str(exc)[:2000])
+                        for balance in self.args.accept_balance.split(",") if self.args.accept_balance else [""]:
+                            what = f"{workload} {api_servers} API / {preprocess}" + (f" / {balance}" if balance else "")
+                            if self.is_over_budget:
+                                self.skip(what, "over --max-minutes")
+                                continue
+                            try:
+                                self.run_config(workload, api_servers, preprocess, balance)
+                            except (StartError, RuntimeError, subprocess.TimeoutExpired) as exc:
+                                self.skip(what, str(exc)[:2000])
         if "peers" in steps:
             self.run_peers()
         self.results["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -361,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--offline-seconds", type=float, default=2.0, help="Per batch size, order and thread count.")
     parser.add_argument("--startup-runs", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=0, help="Passed to the server and the offline run.")
+    parser.add_argument(
+        "--accept-balance",
+        default="",
+        help="--accept-balance values to compare, e.g. both,none (fair accept on and off); empty: the default only.",
+    )
     parser.add_argument("--server-args", default="", help="Extra `launch` flags for every poolserve run.")
     parser.add_argument("--peers", default="infinity", help="Peers to run on (a) and (b): infinity, or none.")
     parser.add_argument("--peers-venv", default=str(REPO / "bench" / ".peers-venv"))
