@@ -133,6 +133,23 @@ def wait_until(predicate: object, timeout: float, interval: float = 0.05) -> boo
     return False
 
 
+def api_server_pids(server: LaunchedServer) -> dict[str, int]:
+    """Index -> pid of the live API servers, from the `[api-N pid]` prefix of their log lines."""
+    live = set(server.child_pid("apiserver"))
+    return {index: int(pid) for index, pid in re.findall(r"\[api-(\d+) (\d+)\]", server.stderr()) if int(pid) in live}
+
+
+def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float) -> float:
+    """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`."""
+    pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")
+    started = time.monotonic()
+    found = wait_until(
+        lambda: any(int(pid) != pid_not for pid in pattern.findall(server.stderr())), timeout, interval=0.02
+    )
+    assert found, f"{name} not back within {timeout}s\n{server.log()}"
+    return time.monotonic() - started
+
+
 def mapped_libraries(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 

@@ -18,7 +18,7 @@ import pytest
 
 from bench.clients import RawClient, RawConnection, prepare_request
 from bench.spread import describe, measure_spread, open_connections_reported
-from tests.utils import LaunchedServer, wait_until
+from tests.utils import LaunchedServer, api_server_pids, ready_line_time, wait_until
 
 BODY = msgspec.json.encode({"input": "a short query about keep-alive connections"})
 
@@ -177,22 +177,6 @@ async def hold(url: str, count: int) -> tuple[list[RawConnection], Counter[str]]
     return connections, Counter(reply.server for reply in replies)
 
 
-def wait_for_ready_line(server: LaunchedServer, name: str, pid_not: int = 0, timeout: float = 60) -> None:
-    """Until the supervisor logs `name` ready (a process it started after start-up), other than `pid_not`."""
-    pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")
-    found = wait_until(
-        lambda: any(int(pid) != pid_not for pid in pattern.findall(server.stderr())), timeout, interval=0.05
-    )
-    assert found, f"{name} not ready\n{server.log()}"
-
-
-def api_server_pid(server: LaunchedServer, index: int) -> int:
-    live = set(server.child_pid("apiserver"))
-    pids = [int(pid) for pid in re.findall(rf"\[api-{index} (\d+)\]", server.stderr()) if int(pid) in live]
-    assert pids, server.log()
-    return pids[-1]
-
-
 def test_a_server_added_or_restarted_gets_the_new_connections_until_it_holds_its_share() -> None:
     with launched("--api-server-count", "2") as server:
 
@@ -205,15 +189,15 @@ def test_a_server_added_or_restarted_gets_the_new_connections_until_it_holds_its
             assert gauge['server="0"'] >= held["0"] and gauge['server="1"'] >= held["1"], (gauge, held)
             # SIGTTIN: a third server starts with nothing; of 12 new connections it takes most.
             server.proc.send_signal(signal.SIGTTIN)
-            await asyncio.to_thread(wait_for_ready_line, server, "api-2")
+            await asyncio.to_thread(ready_line_time, server, "api-2", 0, 60)
             second, held = await hold(server.url, 12)
             assert held["2"] >= 8, held
             # api-0 is killed with its connections; its replacement starts at 0 and takes the new ones
             # (the dead process's count is not left behind on the board).
-            victim = api_server_pid(server, 0)
+            victim = api_server_pids(server)["0"]
             server_children_before = len(server.child_pid("apiserver"))
             os.kill(victim, signal.SIGKILL)
-            await asyncio.to_thread(wait_for_ready_line, server, "api-0", victim)
+            await asyncio.to_thread(ready_line_time, server, "api-0", victim, 60)
             assert len(server.child_pid("apiserver")) == server_children_before
             third, held = await hold(server.url, 9)
             assert held["0"] >= 7, held

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import threading
 import time
@@ -13,7 +12,16 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.utils import HealthProber, LaunchedServer, SteadyLoad, is_alive, percentile, wait_until
+from tests.utils import (
+    HealthProber,
+    LaunchedServer,
+    SteadyLoad,
+    api_server_pids,
+    is_alive,
+    percentile,
+    ready_line_time,
+    wait_until,
+)
 
 # Token ids in the bundled BERT vocabulary the test-only fault hooks watch for.
 CRASH_TOKEN = 29_999
@@ -33,23 +41,6 @@ def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[Launched
 def two_api_servers() -> Iterator[LaunchedServer]:
     with launched("--api-server-count", "2") as server:
         yield server
-
-
-def api_server_pids(server: LaunchedServer) -> dict[str, int]:
-    """Index -> pid of the live API servers, from the `[api-N pid]` prefix of their log lines."""
-    live = set(server.child_pid("apiserver"))
-    return {index: int(pid) for index, pid in re.findall(r"\[api-(\d+) (\d+)\]", server.stderr()) if int(pid) in live}
-
-
-def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float) -> float:
-    """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`."""
-    pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")
-    started = time.monotonic()
-    found = wait_until(
-        lambda: any(int(pid) != pid_not for pid in pattern.findall(server.stderr())), timeout, interval=0.02
-    )
-    assert found, f"{name} not back within {timeout}s\n{server.log()}"
-    return time.monotonic() - started
 
 
 def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
