@@ -272,7 +272,9 @@ class FairAcceptor:
                     self._poll_handle = None
                 self._schedule_poll(RESOURCE_BACKOFF_S)
                 return False
-            raise
+            # Anything else concerns that one connection (asyncio's accept loop does the same).
+            logger.warning("accept() failed: %s", exc)
+            return True
         conn.setblocking(False)
         if conn.family in (socket.AF_INET, socket.AF_INET6):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
