@@ -25,14 +25,12 @@ import select
 import socket
 import time
 from collections.abc import Callable
-from typing import Literal
 
 from apiserver.load_board import LoadBoard, SlotState, Word
 from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, OPEN_CONNECTIONS
+from engine_core.config import AcceptBalance
 
 logger = logging.getLogger("poolserve.api")
-
-BalanceBy = Literal["connections", "requests", "both", "none"]
 
 # A paused server looks at the queue this often; it is the delay before it resumes once its
 # siblings have caught up.
@@ -56,7 +54,7 @@ ACCEPTS_PER_WAKEUP = 32
 SLACK = 0
 
 
-def share_load(connections: int, in_flight: int, balance_by: BalanceBy) -> int:
+def share_load(connections: int, in_flight: int, balance_by: AcceptBalance) -> int:
     """The number servers compare: what a new connection would add to."""
     if balance_by == "connections":
         return connections
@@ -82,13 +80,14 @@ class ServerLoad:
     def __init__(self, board: LoadBoard, slot: int, server_index: int):
         self.board = board
         self.slot = slot
+        # The `server` label of this process's metrics.
+        self.label = str(server_index)
         self.connections = 0
         self.in_flight = 0
         # Called when this server's load falls: a paused acceptor may take connections again.
         self.on_lighter: Callable[[], None] = lambda: None
-        label = str(server_index)
-        self._open_gauge = OPEN_CONNECTIONS.labels(server=label)
-        self._opened = CONNECTIONS.labels(server=label)
+        self._open_gauge = OPEN_CONNECTIONS.labels(server=self.label)
+        self._opened = CONNECTIONS.labels(server=self.label)
 
     def connection_opened(self) -> None:
         self.connections += 1
@@ -128,8 +127,7 @@ class FairAcceptor:
         protocol_factory: Callable[[], asyncio.Protocol],
         load: ServerLoad,
         *,
-        balance_by: BalanceBy,
-        server_index: int,
+        balance_by: AcceptBalance,
     ):
         self.sock = sock
         self.protocol_factory = protocol_factory
@@ -144,9 +142,8 @@ class FairAcceptor:
         self._queue_poller = select.poll()
         self._queue_poller.register(sock.fileno(), select.POLLIN)
         self._connecting: set[asyncio.Task[None]] = set()
-        label = str(server_index)
-        self._pauses = ACCEPT_PAUSES.labels(server=label)
-        self._takeovers = ACCEPT_TAKEOVERS.labels(server=label)
+        self._pauses = ACCEPT_PAUSES.labels(server=load.label)
+        self._takeovers = ACCEPT_TAKEOVERS.labels(server=load.label)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -157,9 +154,8 @@ class FairAcceptor:
         self._loop = asyncio.get_running_loop()
         self.sock.setblocking(False)
         self.load.on_lighter = self._on_lighter
-        self.load.beat()
+        self._beat()  # before the state: siblings never see an accepting slot with a stale beat
         self.load.set_state(SlotState.ACCEPTING)
-        self._beat()
         self._resume()
 
     def close(self) -> None:
@@ -198,13 +194,16 @@ class FairAcceptor:
             if not self._accept_one():
                 return
 
-    def _pause(self) -> None:
+    def _pause(self, look_again_in: float = PAUSED_POLL_S) -> None:
         if self.is_reading:
             self.loop.remove_reader(self.sock.fileno())
             self.is_reading = False
             self._pauses.inc()
         self._queued_since = None
-        self._schedule_poll(PAUSED_POLL_S)
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+        self._schedule_poll(look_again_in)
 
     def _resume(self) -> None:
         if self.is_closed or self.is_reading:
@@ -266,11 +265,7 @@ class FairAcceptor:
                     RESOURCE_BACKOFF_S,
                     self.load.connections,
                 )
-                self._pause()
-                if self._poll_handle is not None:
-                    self._poll_handle.cancel()
-                    self._poll_handle = None
-                self._schedule_poll(RESOURCE_BACKOFF_S)
+                self._pause(look_again_in=RESOURCE_BACKOFF_S)
                 return False
             # Anything else concerns that one connection (asyncio's accept loop does the same).
             logger.warning("accept() failed: %s", exc)

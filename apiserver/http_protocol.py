@@ -53,7 +53,6 @@ class ConnectionPolicy:
     """What every connection of one API server shares: its load count and when it retires (0: never)."""
 
     load: ServerLoad
-    server_index: int
     max_requests: int = 0
     max_age_s: float = 0.0
 
@@ -96,7 +95,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if reason and self.cycle is not None and self.cycle.keep_alive:
             # Read when the response starts: it then says `Connection: close` and the transport closes after it.
             self.cycle.keep_alive = False
-            CONNECTIONS_RECYCLED.labels(server=str(self.policy.server_index), reason=reason).inc()
+            CONNECTIONS_RECYCLED.labels(server=self.policy.load.label, reason=reason).inc()
 
     def retirement_reason(self) -> str:
         policy = self.policy

@@ -11,12 +11,13 @@ import socket
 
 import uvicorn
 
-from apiserver.fair_accept import BalanceBy, FairAcceptor
+from apiserver.fair_accept import FairAcceptor
 from apiserver.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
+from engine_core.config import AcceptBalance
 
 
 class GatedServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, policy: ConnectionPolicy, balance_by: BalanceBy):
+    def __init__(self, config: uvicorn.Config, policy: ConnectionPolicy, balance_by: AcceptBalance):
         super().__init__(config)
         self.policy = policy
         self.balance_by = balance_by
@@ -34,14 +35,7 @@ class GatedServer(uvicorn.Server):
             )
 
         self.acceptors = [
-            FairAcceptor(
-                sock,
-                create_protocol,
-                self.policy.load,
-                balance_by=self.balance_by,
-                server_index=self.policy.server_index,
-            )
-            for sock in sockets
+            FairAcceptor(sock, create_protocol, self.policy.load, balance_by=self.balance_by) for sock in sockets
         ]
         for acceptor in self.acceptors:
             acceptor.start()

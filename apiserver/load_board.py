@@ -134,15 +134,3 @@ class LoadBoard:
             ):
                 siblings.append(SiblingLoad(slot, words[base + Word.CONNECTIONS], words[base + Word.IN_FLIGHT]))
         return siblings
-
-    def snapshot(self) -> dict[int, tuple[SlotState, int, int]]:
-        """Each claimed slot's (state, connections, in flight): for logs and tests."""
-        return {
-            slot: (
-                SlotState(self.read(slot, Word.STATE)),
-                self.read(slot, Word.CONNECTIONS),
-                self.read(slot, Word.IN_FLIGHT),
-            )
-            for slot in range(1, self.slots_in_use)
-            if self.read(slot, Word.STATE) != SlotState.FREE
-        }

@@ -26,7 +26,7 @@ access_logger = logging.getLogger("poolserve.access")
 class RequestTelemetry:
     """Adds `x-poolserve-server`, `x-request-id` (the client's, when it sent a sane one), TEI's
     timing headers; counts and times every request by endpoint; writes the access log when asked; keeps
-    the server's count of requests in flight (fair accept reads it) when given the server's load."""
+    the server's count of requests in flight (fair accept reads it)."""
 
     def __init__(
         self,
@@ -34,8 +34,8 @@ class RequestTelemetry:
         *,
         server_index: int,
         endpoints: Iterable[str],
+        load: ServerLoad,
         access_log: bool = False,
-        load: ServerLoad | None = None,
     ):
         self.app = app
         self.load = load
@@ -86,13 +86,11 @@ class RequestTelemetry:
                 count(message["status"])
             await send(message)
 
-        if self.load is not None:
-            self.load.request_started()
+        self.load.request_started()
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            if self.load is not None:
-                self.load.request_finished()
+            self.load.request_finished()
             if not is_counted:  # the app raised; Starlette's outermost handler answers 500
                 count(500)
 

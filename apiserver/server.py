@@ -136,7 +136,6 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         ),
         ConnectionPolicy(
             load,
-            spec.index,
             max_requests=config.max_requests_per_connection,
             max_age_s=config.max_connection_age,
         ),

@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import msgspec
@@ -120,8 +121,8 @@ def measure_spread(url: str, *, connections: int = 32, requests: int = 10, runs:
 
 @dataclass(slots=True)
 class UnequalRun:
-    """The hard case: a proxy's few long-lived connections carrying unequal load. Inputs served per
-    server (the frontend work), and how often the hot connections shared a server."""
+    """The hard case: a proxy's few long-lived connections carrying unequal load. Inputs and requests
+    served per server (inputs are the frontend work), and how often a retired connection reconnected."""
 
     inputs: dict[str, int] = field(default_factory=dict)
     requests: dict[str, int] = field(default_factory=dict)
@@ -143,9 +144,9 @@ async def run_unequal(url: str, seconds: float, hot: int = 2, cold: int = 2, hot
     texts = [f"document {index} about load that is not spread evenly" for index in range(hot_inputs)]
     heavy = prepare_request("POST", "/v1/embeddings", msgspec.json.encode({"input": texts}), host)
     light = prepare_request("POST", "/v1/embeddings", msgspec.json.encode({"input": texts[0]}), host)
-    run = SpreadRun()
     result = UnequalRun()
     inputs: Counter[str] = Counter()
+    requests: Counter[str] = Counter()
     client = RawClient(url)
     deadline = time.monotonic() + seconds
 
@@ -164,7 +165,7 @@ async def run_unequal(url: str, seconds: float, hot: int = 2, cold: int = 2, hot
                 result.failures += 1
                 continue
             inputs[reply.server] += weight
-            run.requests[reply.server] = run.requests.get(reply.server, 0) + 1
+            requests[reply.server] += 1
             if pause:
                 await asyncio.sleep(pause)
         connection.close()
@@ -175,7 +176,7 @@ async def run_unequal(url: str, seconds: float, hot: int = 2, cold: int = 2, hot
     )
     result.seconds = time.perf_counter() - started
     result.inputs = dict(inputs)
-    result.requests = run.requests
+    result.requests = dict(requests)
     return result
 
 
@@ -222,10 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {index + 1:2d}: {describe(run, args.api_server_count)}")
     worst = max(run.worst_deviation(args.api_server_count) for run in runs)
     print(f"worst deviation from a fair share over {len(runs)} runs: {worst:.0%}")
+    write_json(args, runs)
+    return 0
+
+
+def write_json(args: argparse.Namespace, runs: Sequence[SpreadRun | UnequalRun]) -> None:
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"args": vars(args), "runs": [asdict(run) for run in runs]}, out, indent=1)
-    return 0
 
 
 def report_unequal(url: str, args: argparse.Namespace) -> int:
@@ -242,9 +247,7 @@ def report_unequal(url: str, args: argparse.Namespace) -> int:
     worst = max(run.input_shares(args.api_server_count)[0] for run in runs)
     mean_top = statistics.mean(run.input_shares(args.api_server_count)[0] for run in runs)
     print(f"largest input share: mean {mean_top:.2f}, worst {worst:.2f} over {len(runs)} runs")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"args": vars(args), "runs": [asdict(run) for run in runs]}, out, indent=1)
+    write_json(args, runs)
     return 0
 
 

@@ -69,7 +69,7 @@ def test_siblings_are_those_accepting_with_a_recent_beat(board: LoadBoard) -> No
         board.write(slot, Word.BEAT_NS, beat)
         board.write(slot, Word.CONNECTIONS, 9)
     assert [s.slot for s in board.accepting_siblings(own, 500_000_000)] == [live]
-    assert booting not in board.snapshot() or board.snapshot()[booting][0] == SlotState.BOOTING
+    assert board.read(booting, Word.STATE) == SlotState.BOOTING
 
 
 def test_a_child_process_sees_what_the_creator_writes(board: LoadBoard) -> None:
@@ -141,7 +141,7 @@ async def run_acceptor(board: LoadBoard, sock: socket.socket, scenario: object, 
     own = board.claim_slot()
     load = ServerLoad(board, own, server_index=0)
     made: list[asyncio.Transport] = []
-    acceptor = FairAcceptor(sock, lambda: Recorder(load, made), load, balance_by="connections", server_index=0)
+    acceptor = FairAcceptor(sock, lambda: Recorder(load, made), load, balance_by="connections")
     acceptor.start()
     try:
         await scenario(acceptor, load, made)  # type: ignore[operator]
