@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from apiserver.server import run
-from engine_core.boot import exit_with_parent, read_child_spec
+from poolserve.boot import exit_with_parent, read_child_spec
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
 from apiserver.routes.test_hooks import block_event_loop, loaded_modules
 from apiserver.state import AppState
-from engine_core.config import Config
+from poolserve.config import Config
 
 
 def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:

@@ -26,9 +26,9 @@ import socket
 import time
 from collections.abc import Callable
 
-from apiserver.load_board import LoadBoard, SlotState, Word
 from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, OPEN_CONNECTIONS
-from engine_core.config import AcceptBalance
+from poolserve.config import AcceptBalance
+from poolserve.load_board import LoadBoard, SlotState, Word
 
 logger = logging.getLogger("poolserve.api")
 

@@ -13,7 +13,7 @@ import uvicorn
 
 from apiserver.fair_accept import FairAcceptor
 from apiserver.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
-from engine_core.config import AcceptBalance
+from poolserve.config import AcceptBalance
 
 
 class GatedServer(uvicorn.Server):

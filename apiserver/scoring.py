@@ -11,7 +11,7 @@ from apiserver.inputs.job import EngineJob
 from apiserver.inputs.text import tokenize_pairs, tokenize_texts
 from apiserver.pipeline import F32
 from apiserver.tokenizer import Direction, TextTokenizer
-from engine_core.protocol import CLASSIFIER, ModelCard
+from poolserve.protocol import CLASSIFIER, ModelCard
 
 
 @dataclass(slots=True)

@@ -18,14 +18,13 @@ from apiserver.fetch_guard import FetchPolicy
 from apiserver.http_protocol import ConnectionPolicy
 from apiserver.http_server import GatedServer
 from apiserver.inputs.image_sources import ImageLoader
-from apiserver.load_board import LoadBoard
 from apiserver.media import MediaFetcher
 from apiserver.metrics import sample_loop_lag
 from apiserver.preprocess import Preprocessor
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineClient, EngineUnavailable
-from engine_core.boot import (
+from poolserve.boot import (
     EXIT_BOOT_ERROR,
     BootReport,
     ChildSpec,
@@ -33,7 +32,8 @@ from engine_core.boot import (
     send_heartbeat,
     test_hooks_enabled,
 )
-from engine_core.logs import configure_logging
+from poolserve.load_board import LoadBoard
+from poolserve.logs import configure_logging
 
 logger = logging.getLogger("poolserve.api")
 

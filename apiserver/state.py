@@ -9,8 +9,8 @@ from apiserver.inputs.image_sources import ImageLoader
 from apiserver.preprocess import Preprocessor
 from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineClient
-from engine_core.config import Config
-from engine_core.protocol import ModelCard
+from poolserve.config import Config
+from poolserve.protocol import ModelCard
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 
 from apiserver.errors import ApiError, bad_request, from_validation_error
-from engine_core.protocol import ModelCard
+from poolserve.protocol import ModelCard
 
 T = TypeVar("T")
 

@@ -85,8 +85,8 @@ def measure(
 ) -> dict[str, Any]:
     import torch
 
-    from engine_core.config import Config
     from engine_core.loader import load_model
+    from poolserve.config import Config
 
     workload = build_workload(workload_name, seed=seed)
     folder = model_folder(workload.model)

@@ -191,7 +191,7 @@ def startup_section(results: Results) -> str:
 
 
 def render(results: Results, plot_name: str = "") -> str:
-    from engine_core.config import default_api_server_count
+    from poolserve.config import default_api_server_count
 
     parts = [
         header_section(results),

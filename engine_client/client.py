@@ -23,7 +23,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
-from engine_core.protocol import (
+from poolserve.protocol import (
     ERROR_OVERLOADED,
     OUTPUT_DTYPE,
     Abort,

@@ -9,7 +9,7 @@ import sys
 import time
 from types import FrameType
 
-from engine_core.boot import (
+from poolserve.boot import (
     EXIT_BOOT_ERROR,
     BootReport,
     exit_with_parent,
@@ -17,7 +17,7 @@ from engine_core.boot import (
     report_boot,
     send_heartbeat,
 )
-from engine_core.logs import configure_logging
+from poolserve.logs import configure_logging
 
 logger = logging.getLogger("poolserve.engine")
 

@@ -27,8 +27,8 @@ from engine_core.metrics import (
     REQUESTS_WAITING,
 )
 from engine_core.postprocess import finish_rows
-from engine_core.protocol import ERROR_MODEL, OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
 from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
+from poolserve.protocol import ERROR_MODEL, OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
 
 logger = logging.getLogger("poolserve.engine")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engine_core.boot import test_hooks_enabled
+from poolserve.boot import test_hooks_enabled
 
 CRASH_TOKEN_ENV = "POOLSERVE_TEST_CRASH_TOKEN"
 HANG_TOKEN_ENV = "POOLSERVE_TEST_HANG_TOKEN"

@@ -18,7 +18,8 @@ import numpy as np
 import zmq
 
 from engine_core.backlog import Backlog
-from engine_core.protocol import (
+from engine_core.scheduler import PendingRequest
+from poolserve.protocol import (
     ERROR_INVALID,
     ERROR_OVERLOADED,
     TOKEN_DTYPE,
@@ -35,7 +36,6 @@ from engine_core.protocol import (
     make_encoder,
     make_engine_decoder,
 )
-from engine_core.scheduler import PendingRequest
 
 logger = logging.getLogger("poolserve.engine")
 

@@ -20,10 +20,12 @@ from transformers import (
     PretrainedConfig,
 )
 
-from engine_core.config import Config
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.pooling import POOLING_MODES
-from engine_core.protocol import (
+from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
+from engine_core.st_metadata import MetadataError, read_pooling_metadata
+from poolserve.config import Config
+from poolserve.protocol import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,
@@ -35,8 +37,6 @@ from engine_core.protocol import (
     ImageProcessing,
     ModelCard,
 )
-from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
-from engine_core.st_metadata import MetadataError, read_pooling_metadata
 
 logger = logging.getLogger("poolserve.engine")
 

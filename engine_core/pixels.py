@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_core.protocol import ImageProcessing
+from poolserve.protocol import ImageProcessing
 
 
 def value_table(spec: ImageProcessing, device: torch.device) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine_core.protocol import CLASSIFIER, ModelCard
+from poolserve.protocol import CLASSIFIER, ModelCard
 
 F32 = npt.NDArray[np.float32]
 

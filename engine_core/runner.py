@@ -15,7 +15,7 @@ import torch
 
 from engine_core.pixels import normalize_pixels
 from engine_core.pooling import POOLERS
-from engine_core.protocol import ImageProcessing
+from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
 

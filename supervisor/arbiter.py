@@ -23,9 +23,9 @@ from types import FrameType, ModuleType
 
 import msgspec
 
-from apiserver.load_board import LoadBoard
-from engine_core.boot import EXIT_BOOT_ERROR
-from engine_core.config import Config
+from poolserve.boot import EXIT_BOOT_ERROR
+from poolserve.config import Config
+from poolserve.load_board import LoadBoard
 from supervisor.children import ChildProcess, spawn_child
 from supervisor.crash_history import CrashHistory
 from supervisor.sockets import bind_socket, bound_port

@@ -18,9 +18,9 @@ import time
 
 import msgspec
 
-from apiserver.load_board import LoadBoard
-from engine_core.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, encode_child_spec
-from engine_core.config import API_KEY_ENV, Config
+from poolserve.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, encode_child_spec
+from poolserve.config import API_KEY_ENV, Config
+from poolserve.load_board import LoadBoard
 
 
 class ChildProcess:

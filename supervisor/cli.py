@@ -7,7 +7,7 @@ import os
 import sys
 import typing
 
-from engine_core.config import (
+from poolserve.config import (
     API_KEY_ENV,
     MIB,
     AcceptBalance,
@@ -20,7 +20,7 @@ from engine_core.config import (
     Pooling,
     default_api_server_count,
 )
-from engine_core.logs import configure_logging
+from poolserve.logs import configure_logging
 from supervisor.arbiter import Supervisor
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.models import TINY, build_clip, save_with_tokenizer
-from engine_core.config import API_KEY_ENV
+from poolserve.config import API_KEY_ENV
 from tests.utils import LaunchedServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

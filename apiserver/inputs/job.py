@@ -13,7 +13,7 @@ from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
 from apiserver.tokenizer import Direction, TextTokenizer
-from engine_core.protocol import TOKEN_DTYPE, ModelCard, PoolRequest
+from poolserve.protocol import TOKEN_DTYPE, ModelCard, PoolRequest
 
 Pixels = npt.NDArray[np.uint8]
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from apiserver.errors import ApiError, bad_request
 from apiserver.tokenizer import Direction, TextTokenizer
-from engine_core.protocol import ModelCard
+from poolserve.protocol import ModelCard
 
 
 def resolve_token_limit(truncate_prompt_tokens: int | None, card: ModelCard) -> int | None:

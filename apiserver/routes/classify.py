@@ -15,7 +15,7 @@ from apiserver.schemas.classify import ClassifyData, ClassifyRequest, ClassifyRe
 from apiserver.schemas.common import Usage
 from apiserver.state import AppState
 from apiserver.validation import check_model, decode_body, require_task
-from engine_core.protocol import TASK_CLASSIFY
+from poolserve.protocol import TASK_CLASSIFY
 
 _decoder = msgspec.json.Decoder(ClassifyRequest)
 

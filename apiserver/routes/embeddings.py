@@ -13,7 +13,7 @@ from apiserver.schemas.common import Usage
 from apiserver.schemas.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse
 from apiserver.state import AppState
 from apiserver.validation import decode_body
-from engine_core.protocol import TASK_EMBED
+from poolserve.protocol import TASK_EMBED
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
 

@@ -13,7 +13,7 @@ from apiserver.schemas.common import Usage
 from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse
 from apiserver.state import AppState
 from apiserver.validation import decode_body
-from engine_core.protocol import TASK_POOL
+from poolserve.protocol import TASK_POOL
 
 _decoder = msgspec.json.Decoder(PoolingRequest)
 

@@ -26,7 +26,7 @@ from apiserver.scoring import ScorePlan, plan_scores
 from apiserver.state import AppState
 from apiserver.tokenizer import Direction
 from apiserver.validation import check_model, decode_body, require_task
-from engine_core.protocol import TASK_SCORE
+from poolserve.protocol import TASK_SCORE
 
 _score_decoder = msgspec.json.Decoder(ScoreRequest)
 _rerank_decoder = msgspec.json.Decoder(RerankRequest)

@@ -27,7 +27,7 @@ from apiserver.schemas.tei import (
 from apiserver.state import AppState
 from apiserver.tokenizer import Direction
 from apiserver.validation import check_dimensions, decode_body, require_task
-from engine_core.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
+from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
 
 _embed_decoder = msgspec.json.Decoder(EmbedRequest)
 _predict_decoder = msgspec.json.Decoder(PredictRequest)

@@ -12,7 +12,7 @@ import pytest
 
 from apiserver import fair_accept
 from apiserver.fair_accept import FairAcceptor, ServerLoad, is_over_share, share_load
-from apiserver.load_board import LoadBoard, SlotState, Word
+from poolserve.load_board import LoadBoard, SlotState, Word
 
 
 def test_the_least_loaded_server_never_pauses() -> None:

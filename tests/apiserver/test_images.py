@@ -18,7 +18,7 @@ from apiserver.errors import ApiError
 from apiserver.images import decode_image, load_image_pixels, preprocess_image, resized_size
 from engine_core.image_config import read_image_processing
 from engine_core.pixels import normalize_pixels
-from engine_core.protocol import ImageProcessing
+from poolserve.protocol import ImageProcessing
 
 MAX_PIXELS = 1_000_000
 

@@ -15,8 +15,8 @@ from apiserver.schemas.common import ChatMessage, InputItem
 from apiserver.schemas.embeddings import EmbeddingRequest
 from apiserver.tokenizer import TextTokenizer
 from apiserver.validation import check_dimensions, check_model, decode_body, require_task
-from engine_core.protocol import TOKEN_DTYPE, ImageProcessing
-from tests.engine_core.test_protocol import CARD
+from poolserve.protocol import TOKEN_DTYPE, ImageProcessing
+from tests.poolserve.test_protocol import CARD
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
 

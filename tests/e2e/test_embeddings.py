@@ -16,7 +16,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
-from engine_core.config import BUNDLED_MODEL_NAME
+from poolserve.config import BUNDLED_MODEL_NAME
 from tests.sentences import SENTENCES
 from tests.utils import LaunchedServer
 

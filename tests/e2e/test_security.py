@@ -21,7 +21,7 @@ import zmq
 
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
-from engine_core.protocol import Abort, Outputs, Ping, Pong, PoolRequest, make_client_decoder, make_encoder
+from poolserve.protocol import Abort, Outputs, Ping, Pong, PoolRequest, make_client_decoder, make_encoder
 from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
 from tests.utils import LaunchedServer, cmdline, is_alive, runtime_dirs_of, socket_inodes

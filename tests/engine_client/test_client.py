@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from engine_client import EngineClient
-from engine_core.protocol import PoolRequest
+from poolserve.protocol import PoolRequest
 
 
 def test_a_send_refused_before_the_disconnect_is_seen_keeps_the_request_for_the_next_engine(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from engine_core.io_thread import InvalidRequest, admit_request
-from engine_core.protocol import PoolRequest
-from tests.engine_core.test_protocol import CARD
+from poolserve.protocol import PoolRequest
+from tests.poolserve.test_protocol import CARD
 
 
 def tokens(*ids: int) -> bytes:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_core.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
+from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
 from supervisor.arbiter import ready_line
 from supervisor.cli import build_parser, parse_config
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from engine_core.config import Config
+from poolserve.config import Config
 
 CHILD_SPEC_ENV = "POOLSERVE_CHILD_SPEC"
 TEST_HOOKS_ENV = "POOLSERVE_TEST_HOOKS"

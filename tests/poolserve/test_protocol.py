@@ -3,7 +3,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from engine_core.protocol import (
+from poolserve.protocol import (
     Abort,
     Hello,
     ModelCard,
