@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from bench.models import TINY, save_with_tokenizer
 from tests.utils import (
     HealthProber,
     LaunchedServer,
@@ -23,9 +27,10 @@ from tests.utils import (
     wait_until,
 )
 
-# Token ids in the bundled BERT vocabulary the test-only fault hooks watch for.
+# Token ids in the bundled BERT vocabulary on which the faulty model's forward pass crashes or hangs.
 CRASH_TOKEN = 29_999
 HANG_TOKEN = 29_998
+FAULTY_MODELING = Path(__file__).with_name("faulty_bert.py")
 
 
 @contextlib.contextmanager
@@ -35,6 +40,36 @@ def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[Launched
         yield server.wait_ready()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def faulty_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT whose own modeling code (faulty_bert.py) kills its process with SIGSEGV on CRASH_TOKEN
+    and sleeps for an hour on HANG_TOKEN, loaded like any model that ships code: --trust-remote-code."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(6)
+    folder = tmp_path_factory.mktemp("faulty-bert")
+    save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
+    shutil.copy(FAULTY_MODELING, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        architectures=["FaultyBertModel"],
+        auto_map={"AutoModel": f"{FAULTY_MODELING.stem}.FaultyBertModel"},
+        crash_token_id=CRASH_TOKEN,
+        hang_token_id=HANG_TOKEN,
+    )
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+@contextlib.contextmanager
+def launched_faulty(folder: Path, *args: str) -> Iterator[LaunchedServer]:
+    # transformers copies remote code into HF_MODULES_CACHE: a folder of this model's own, not ~/.cache.
+    env = {"HF_MODULES_CACHE": str(folder.parent / f"{folder.name}-modules")}
+    with launched("--model", str(folder), "--trust-remote-code", *args, env=env) as server:
+        yield server
 
 
 @pytest.fixture
@@ -78,8 +113,8 @@ def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: Laun
     assert "resubmitting" in server.stderr()
 
 
-def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on() -> None:
-    with launched("--api-server-count", "1", env={"POOLSERVE_TEST_CRASH_TOKEN": str(CRASH_TOKEN)}) as server:
+def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_model: Path) -> None:
+    with launched_faulty(faulty_model, "--api-server-count", "1") as server:
         with server.client() as client:
             bystanders: list[int] = []
 
@@ -101,9 +136,8 @@ def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on() ->
         assert server.stderr().count("engine (pid") >= 2
 
 
-def test_a_hung_engine_reads_unhealthy_then_is_replaced() -> None:
-    env = {"POOLSERVE_TEST_HANG_TOKEN": str(HANG_TOKEN)}
-    with launched("--api-server-count", "1", "--worker-timeout", "3", env=env) as server:
+def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_model: Path) -> None:
+    with launched_faulty(faulty_model, "--api-server-count", "1", "--worker-timeout", "3") as server:
         (engine,) = server.child_pid("engine_core")
         result: dict[str, httpx.Response] = {}
 
@@ -188,16 +222,22 @@ def test_sigttin_and_sigttou_change_the_number_of_api_servers(two_api_servers: L
         assert client.post("/v1/embeddings", json={"input": "still serving"}).status_code == 200
 
 
-def test_an_api_server_with_a_blocked_event_loop_is_replaced() -> None:
-    with launched("--api-server-count", "1", "--worker-timeout", "2") as server:
-        (victim,) = server.child_pid("apiserver")
-        with httpx.Client(base_url=server.url, timeout=30) as client, pytest.raises(httpx.HTTPError):
-            client.post("/_test/block", params={"seconds": "60"})
-        ready_line_time(server, "api-0", victim, timeout=15)
-        assert not is_alive(victim)
-        assert "sent no heartbeat" in server.stderr()
+def test_an_api_server_that_stops_answering_is_replaced_and_its_sibling_serves_on() -> None:
+    with launched("--api-server-count", "2", "--worker-timeout", "2") as server:
+        victim = api_server_pids(server)["0"]
         with server.client() as client:
+            # Seen from outside, a stopped process is a blocked event loop: no heartbeat, no accept.
+            os.kill(victim, signal.SIGSTOP)
+            try:
+                assert client.post("/v1/embeddings", json={"input": "the sibling"}).status_code == 200
+                ready_line_time(server, "api-0", victim, timeout=15)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGCONT)
+            assert wait_until(lambda: not is_alive(victim), 5)
+            assert "sent no heartbeat" in server.stderr()
             assert client.post("/v1/embeddings", json={"input": "replaced"}).status_code == 200
+        assert len(server.child_pid("apiserver")) == 2
 
 
 def test_overload_gets_429_quickly_and_health_stays_fast() -> None:
