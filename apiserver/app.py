@@ -18,12 +18,11 @@ from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.metrics import get_metrics
 from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
-from apiserver.routes.test_hooks import block_event_loop, loaded_modules
 from apiserver.state import AppState
 from poolserve.config import Config
 
 
-def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
+def build_app(state: AppState) -> Starlette:
     routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
     key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
     document = encode_openapi(ENDPOINTS, version("poolserve"), key_free)
@@ -33,9 +32,6 @@ def build_app(state: AppState, *, test_hooks: bool = False) -> Starlette:
 
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
     routes.append(Route("/metrics", get_metrics, methods=["GET"]))
-    if test_hooks:
-        routes.append(Route("/_test/modules", loaded_modules, methods=["GET"]))
-        routes.append(Route("/_test/block", block_event_loop, methods=["POST"]))
     app = Starlette(
         routes=routes,
         middleware=[

@@ -30,7 +30,6 @@ from poolserve.boot import (
     ChildSpec,
     report_boot,
     send_heartbeat,
-    test_hooks_enabled,
 )
 from poolserve.load_board import LoadBoard
 from poolserve.logs import configure_logging
@@ -126,7 +125,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     )
     server = GatedServer(
         uvicorn.Config(
-            build_app(state, test_hooks=test_hooks_enabled()),
+            build_app(state),
             lifespan="off",
             access_log=False,
             log_config=None,

@@ -50,7 +50,6 @@ def main() -> int:
     try:
         from engine_core.backlog import Backlog
         from engine_core.engine import EngineCore
-        from engine_core.fault_hooks import FaultHooks
         from engine_core.flight_recorder import FlightRecorder
         from engine_core.loader import LoadError, load_model
     except Exception as exc:
@@ -65,7 +64,6 @@ def main() -> int:
             backlog=Backlog(config.max_queued_inputs, config.max_queued_tokens),
             recorder=FlightRecorder(os.path.join(spec.runtime_dir, "engine-flight")),
             beat=lambda: send_heartbeat(spec),
-            hooks=FaultHooks.from_environment(),
         )
     except LoadError as exc:
         report_boot(spec, BootReport(status="failed", message=str(exc)))

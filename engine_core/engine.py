@@ -13,7 +13,6 @@ import numpy.typing as npt
 import zmq
 
 from engine_core.backlog import Backlog
-from engine_core.fault_hooks import FaultHooks
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
@@ -45,7 +44,6 @@ class EngineCore:
         backlog: Backlog,
         recorder: FlightRecorder,
         beat: Callable[[], None],
-        hooks: FaultHooks,
     ):
         self.card = loaded.card
         self.runner = loaded.runner
@@ -56,7 +54,6 @@ class EngineCore:
         )
         self.backlog = backlog
         self.recorder = recorder
-        self.hooks = hooks
         self._beat = beat
         self._last_beat = 0.0
         # Set while a forward pass runs; the I/O thread reports how long it has run (a hang).
@@ -185,7 +182,6 @@ class EngineCore:
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
         rows = [item.request.input_ids(item.index) for item in batch]
-        self.hooks.inspect(rows)
         type_rows = None
         if any(item.request.token_types is not None for item in batch):
             type_rows = [item.request.input_token_types(item.index) for item in batch]

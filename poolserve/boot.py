@@ -14,7 +14,6 @@ import msgspec
 from poolserve.config import Config
 
 CHILD_SPEC_ENV = "POOLSERVE_CHILD_SPEC"
-TEST_HOOKS_ENV = "POOLSERVE_TEST_HOOKS"
 
 # Exit code of a child that could not boot (gunicorn's WORKER_BOOT_ERROR): the supervisor halts
 # instead of respawning it.
@@ -65,10 +64,6 @@ def read_child_spec() -> ChildSpec:
     if raw is None:
         raise RuntimeError(f"{CHILD_SPEC_ENV} is not set: this module is started by `launch`, not by hand.")
     return msgspec.json.decode(raw, type=ChildSpec)
-
-
-def test_hooks_enabled() -> bool:
-    return os.environ.get(TEST_HOOKS_ENV) == "1"
 
 
 def report_boot(spec: ChildSpec, report: BootReport) -> None:

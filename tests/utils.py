@@ -27,7 +27,7 @@ class LaunchedServer:
         self.args = ["--host", "127.0.0.1", "--port", "0", *args]
         self._out = tempfile.NamedTemporaryFile(prefix="poolserve-test-", suffix=".out", delete=False)
         self._err = tempfile.NamedTemporaryFile(prefix="poolserve-test-", suffix=".err", delete=False)
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "POOLSERVE_TEST_HOOKS": "1", **(env or {})}
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor", *self.args],
