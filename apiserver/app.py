@@ -23,7 +23,7 @@ from poolserve.config import Config
 
 
 def build_app(state: AppState) -> Starlette:
-    routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
+    routes = [Route(e.path, e.route_handler(), methods=[e.method]) for e in ENDPOINTS]
     key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
     document = encode_openapi(ENDPOINTS, version("poolserve"), key_free)
 

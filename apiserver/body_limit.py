@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apiserver.errors import ApiError, error_response
-
-
-def too_large(limit: int, size: int | None = None) -> ApiError:
-    said = f" ({size} bytes)" if size is not None else ""
-    return ApiError(
-        413,
-        f"The request body is larger{said} than this server's limit of {limit} bytes (--max-request-bytes).",
-        code="request_too_large",
-    )
+from apiserver.errors import error_response
+from apiserver.limits import body_too_large
 
 
 class BodySizeLimit:
@@ -31,7 +23,7 @@ class BodySizeLimit:
             return
         declared = next((value for name, value in scope["headers"] if name == b"content-length"), b"")
         if declared.isdigit() and int(declared) > self.limit:
-            error = too_large(self.limit, int(declared))
+            error = body_too_large(self.limit, int(declared))
             await error_response(error.status, error.message, code=error.code)(scope, receive, send)
             return
         received = 0
@@ -43,7 +35,7 @@ class BodySizeLimit:
                 received += len(message.get("body", b""))
                 if received > self.limit:
                     # Raised inside the route's `await request.body()`; the ApiError handler answers 413.
-                    raise too_large(self.limit)
+                    raise body_too_large(self.limit)
             return message
 
         await self.app(scope, receive_within_limit, send)

@@ -9,87 +9,83 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.routes.classify import create_classification
-from apiserver.routes.embeddings import create_embeddings
+from apiserver.operation import AnyOperation
+from apiserver.request_cycle import handler_of
+from apiserver.routes.classify import CLASSIFY
+from apiserver.routes.embeddings import EMBEDDINGS
 from apiserver.routes.meta import get_version, list_models, live, ready
-from apiserver.routes.pooling import create_pooling
-from apiserver.routes.scoring import create_rerank, create_score
-from apiserver.routes.tei import create_embed, create_prediction, get_info
-from apiserver.routes.tokenize import create_text, create_tokens
-from apiserver.schemas.classify import ClassifyRequest, ClassifyResponse
-from apiserver.schemas.embeddings import EmbeddingRequest, EmbeddingResponse
+from apiserver.routes.pooling import POOLING
+from apiserver.routes.scoring import RERANK, SCORE
+from apiserver.routes.tei import EMBED, PREDICT, get_info
+from apiserver.routes.tokenize import DETOKENIZE, TOKENIZE
+from apiserver.schemas.classify import ClassifyResponse
+from apiserver.schemas.embeddings import EmbeddingResponse
 from apiserver.schemas.meta import HealthResponse, ModelList, VersionResponse
-from apiserver.schemas.pooling import PoolingRequest, PoolingResponse
-from apiserver.schemas.scoring import (
-    RerankRequest,
-    RerankResponse,
-    ScoreRequest,
-    ScoreResponse,
-    TeiRerankResponse,
-)
-from apiserver.schemas.tei import EmbedRequest, EmbedResponse, InfoResponse, PredictRequest, PredictResponse
-from apiserver.schemas.tokenize import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    TeiTokenizeResponse,
-    TokenizeRequest,
-    TokenizeResponse,
-)
+from apiserver.schemas.pooling import PoolingResponse
+from apiserver.schemas.scoring import RerankResponse, ScoreResponse, TeiRerankResponse
+from apiserver.schemas.tei import EmbedResponse, InfoResponse, PredictResponse
+from apiserver.schemas.tokenize import DetokenizeResponse, TeiTokenizeResponse, TokenizeResponse
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
+    """A POST endpoint names its operation (run by the request cycle); a GET endpoint its handler."""
+
     path: str
     method: str
-    handler: Handler
     summary: str
     tag: str
-    request: Any = None  # the msgspec type that decodes the JSON body
     response: Any = None  # the msgspec type of a 200 answer
+    operation: AnyOperation | None = None
+    handler: Handler | None = None
+
+    @property
+    def request(self) -> Any:
+        """The msgspec type that decodes the JSON body, if any."""
+        return None if self.operation is None else self.operation.request
+
+    def route_handler(self) -> Handler:
+        if self.operation is not None:
+            return handler_of(self.operation)
+        assert self.handler is not None, f"{self.path} has neither an operation nor a handler"
+        return self.handler
 
 
-RERANK = "Rank documents against a query. A body with `texts` (TEI) gets TEI's list of {index, score} back."
+def post(path: str, operation: AnyOperation, summary: str, tag: str, response: Any) -> Endpoint:
+    return Endpoint(path, "POST", summary, tag, response, operation=operation)
+
+
+def get(path: str, handler: Handler, summary: str, tag: str, response: Any) -> Endpoint:
+    return Endpoint(path, "GET", summary, tag, response, handler=handler)
+
+
+RERANK_SUMMARY = "Rank documents against a query. A body with `texts` (TEI) gets TEI's list of {index, score} back."
+RERANK_RESPONSE = RerankResponse | TeiRerankResponse
 
 ENDPOINTS = [
-    Endpoint(
-        "/v1/embeddings", "POST", create_embeddings, "Embed texts, token ids or images.", "OpenAI",
-        EmbeddingRequest, EmbeddingResponse,
+    post("/v1/embeddings", EMBEDDINGS, "Embed texts, token ids or images.", "OpenAI", EmbeddingResponse),
+    get("/v1/models", list_models, "The model names this server answers to.", "OpenAI", ModelList),
+    post(
+        "/pooling", POOLING, "The model's pooled output (embeddings, or classifier scores).", "vLLM", PoolingResponse
     ),
-    Endpoint("/v1/models", "GET", list_models, "The model names this server answers to.", "OpenAI", None, ModelList),
-    Endpoint(
-        "/pooling", "POST", create_pooling, "The model's pooled output (embeddings, or classifier scores).", "vLLM",
-        PoolingRequest, PoolingResponse,
+    post("/score", SCORE, "Score text pairs: 1:1, 1:N or N:N.", "vLLM", ScoreResponse),
+    post("/rerank", RERANK, RERANK_SUMMARY, "rerank", RERANK_RESPONSE),
+    post("/v1/rerank", RERANK, RERANK_SUMMARY, "rerank", RERANK_RESPONSE),
+    post("/v2/rerank", RERANK, RERANK_SUMMARY, "rerank", RERANK_RESPONSE),
+    post("/classify", CLASSIFY, "A label and the probability of every label, per input.", "vLLM", ClassifyResponse),
+    post(
+        "/tokenize", TOKENIZE, "Token ids of a prompt (vLLM), or TEI's token list for `inputs`.", "tokenizer",
+        TokenizeResponse | TeiTokenizeResponse,
     ),
-    Endpoint(
-        "/score", "POST", create_score, "Score text pairs: 1:1, 1:N or N:N.", "vLLM", ScoreRequest, ScoreResponse
-    ),
-    Endpoint("/rerank", "POST", create_rerank, RERANK, "rerank", RerankRequest, RerankResponse | TeiRerankResponse),
-    Endpoint("/v1/rerank", "POST", create_rerank, RERANK, "rerank", RerankRequest, RerankResponse | TeiRerankResponse),
-    Endpoint("/v2/rerank", "POST", create_rerank, RERANK, "rerank", RerankRequest, RerankResponse | TeiRerankResponse),
-    Endpoint(
-        "/classify", "POST", create_classification, "A label and the probability of every label, per input.",
-        "vLLM", ClassifyRequest, ClassifyResponse,
-    ),
-    Endpoint(
-        "/tokenize", "POST", create_tokens, "Token ids of a prompt (vLLM), or TEI's token list for `inputs`.",
-        "tokenizer", TokenizeRequest, TokenizeResponse | TeiTokenizeResponse,
-    ),
-    Endpoint(
-        "/detokenize", "POST", create_text, "The text of token ids.", "tokenizer", DetokenizeRequest,
-        DetokenizeResponse,
-    ),
-    Endpoint("/embed", "POST", create_embed, "Embed texts (TEI).", "TEI", EmbedRequest, EmbedResponse),
-    Endpoint(
-        "/predict", "POST", create_prediction, "Classify texts or text pairs (TEI).", "TEI", PredictRequest,
-        PredictResponse,
-    ),
-    Endpoint("/info", "GET", get_info, "The model and the server's limits (TEI).", "TEI", None, InfoResponse),
-    Endpoint("/version", "GET", get_version, "poolserve's version.", "server", None, VersionResponse),
-    Endpoint("/health", "GET", ready, "200 when the engine answers and is not hung, else 503.", "server", None,
-             HealthResponse),
-    Endpoint("/health/ready", "GET", ready, "The same as /health.", "server", None, HealthResponse),
-    Endpoint("/health/live", "GET", live, "200 while this process's event loop runs.", "server", None, HealthResponse),
-    Endpoint("/ping", "GET", ready, "The same as /health.", "server", None, HealthResponse),
+    post("/detokenize", DETOKENIZE, "The text of token ids.", "tokenizer", DetokenizeResponse),
+    post("/embed", EMBED, "Embed texts (TEI).", "TEI", EmbedResponse),
+    post("/predict", PREDICT, "Classify texts or text pairs (TEI).", "TEI", PredictResponse),
+    get("/info", get_info, "The model and the server's limits (TEI).", "TEI", InfoResponse),
+    get("/version", get_version, "poolserve's version.", "server", VersionResponse),
+    get("/health", ready, "200 when the engine answers and is not hung, else 503.", "server", HealthResponse),
+    get("/health/ready", ready, "The same as /health.", "server", HealthResponse),
+    get("/health/live", live, "200 while this process's event loop runs.", "server", HealthResponse),
+    get("/ping", ready, "The same as /health.", "server", HealthResponse),
 ]  # fmt: skip

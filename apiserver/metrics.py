@@ -28,7 +28,13 @@ REQUEST_SECONDS = Histogram(
 )
 PREPROCESS_SECONDS = Histogram(
     "poolserve_preprocess_duration_seconds",
-    "Time spent decoding, tokenizing, decoding images and encoding the response, by endpoint.",
+    "Time spent decoding the request, tokenizing and decoding images, by endpoint.",
+    ["endpoint"],
+    buckets=TIME_BUCKETS,
+)
+ENCODE_SECONDS = Histogram(
+    "poolserve_encode_duration_seconds",
+    "Time spent encoding the response (rows into JSON), by endpoint.",
     ["endpoint"],
     buckets=TIME_BUCKETS,
 )

@@ -1,11 +1,14 @@
-"""JSON responses encoded with msgspec, and the ids that vLLM-style responses carry."""
+"""JSON responses encoded with msgspec, vectors as floats or base64, and the ids that vLLM-style responses carry."""
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from starlette.responses import Response
 
 _encoder = msgspec.json.Encoder()
@@ -25,3 +28,12 @@ def response_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def encode_rows(rows: npt.NDArray[np.float32], encoding_format: str) -> list[list[float] | str]:
+    """Rows as JSON floats, or as base64 of their little-endian float32 bytes (what OpenAI's clients decode)."""
+    if encoding_format == "base64":
+        data = np.ascontiguousarray(rows, dtype="<f4")
+        return [base64.b64encode(row.tobytes()).decode() for row in data]
+    floats: list[list[float] | str] = rows.tolist()
+    return floats

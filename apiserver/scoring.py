@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from apiserver.inputs.job import EngineJob
-from apiserver.inputs.text import tokenize_pairs, tokenize_texts
-from apiserver.pipeline import F32
-from apiserver.tokenizer import Direction, TextTokenizer
+from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
+from apiserver.operation import Rows
+from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import CLASSIFIER, ModelCard
 
 
@@ -19,7 +19,7 @@ class ScorePlan:
     """The engine job for some pairs, and how its rows become one score per pair."""
 
     job: EngineJob
-    scores: Callable[[F32], list[float]]
+    scores: Callable[[Rows], list[float]]
 
 
 def plan_scores(
@@ -28,12 +28,11 @@ def plan_scores(
     card: ModelCard,
     tokenizer: TextTokenizer,
     *,
-    limit: int | None,
+    truncation: Truncation,
     activation: bool = True,
-    direction: Direction = "right",
-    option: str = "truncate_prompt_tokens",
 ) -> ScorePlan:
     if card.kind == CLASSIFIER:
+        limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(pairs, params, limit, tokenizer, card, direction=direction, option=option)
         job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
         return ScorePlan(job, lambda out: out[:, 0].tolist())
@@ -45,11 +44,14 @@ def plan_scores(
             if text not in position:
                 position[text] = len(position)
                 text_params.append(param)
-    rows = tokenize_texts(list(position), text_params, limit, tokenizer, card, direction=direction, option=option)
+    rows = tokenize_texts(
+        list(position), text_params, truncation.limit, tokenizer, card,
+        direction=truncation.direction, option=truncation.option,
+    )  # fmt: skip
     left = np.asarray([position[first] for first, _ in pairs])
     right = np.asarray([position[second] for _, second in pairs])
 
-    def cosine(vectors: F32) -> list[float]:
+    def cosine(vectors: Rows) -> list[float]:
         return np.einsum("ij,ij->i", vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
     return ScorePlan(EngineJob(rows=rows, normalize=1), cosine)

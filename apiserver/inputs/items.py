@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apiserver.errors import bad_request
+from apiserver.limits import check_input_count
 from apiserver.schemas.common import ChatMessage, ImageInput, ImageUrlPart, Input, InputItem, TextPart
 
 
@@ -26,10 +27,7 @@ def items_from_input(value: str | Sequence[InputItem], max_items: int, param: st
         value = [value]
     if not value:
         raise bad_request(f"`{param}` must not be empty.", param=param)
-    if len(value) > max_items:
-        raise bad_request(
-            f"`{param}` has {len(value)} items; at most {max_items} are allowed per request.", param=param
-        )
+    check_input_count(len(value), max_items, param)
     if isinstance(value[0], int):
         if not all(isinstance(item, int) for item in value):
             raise bad_request(f"`{param}` mixes token ids with other kinds of input.", param=param)

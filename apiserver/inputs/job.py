@@ -59,18 +59,6 @@ def images_not_taken(source: ImageSource) -> ApiError:
     return bad_request(f"This model takes no images, but `{source.param}` is one.", param=source.param)
 
 
-def check_total_tokens(job: EngineJob, limit: int) -> None:
-    """--max-tokens-per-request: what one request may ask of the model, counted as sent (after truncation)."""
-    tokens = job.prompt_tokens
-    if tokens > limit:
-        raise ApiError(
-            400,
-            f"This request has {tokens} tokens in all, more than this server's limit of {limit} per request "
-            "(--max-tokens-per-request); send fewer or shorter inputs.",
-            code="too_many_tokens",
-        )
-
-
 def build_job(
     items: list[Item],
     card: ModelCard,

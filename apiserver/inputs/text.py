@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from apiserver.errors import ApiError, bad_request
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.protocol import ModelCard
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """How an over-long input is cut: to `limit` tokens (None: it is refused instead), from which side,
+    and the request option that asked for it (named in errors)."""
+
+    limit: int | None
+    direction: Direction = "right"
+    option: str = "truncate_prompt_tokens"
 
 
 def resolve_token_limit(truncate_prompt_tokens: int | None, card: ModelCard) -> int | None:
@@ -22,6 +33,17 @@ def resolve_token_limit(truncate_prompt_tokens: int | None, card: ModelCard) -> 
             param="truncate_prompt_tokens",
         )
     return truncate_prompt_tokens
+
+
+def vllm_truncation(truncate_prompt_tokens: int | None, card: ModelCard) -> Truncation:
+    """vLLM's `truncate_prompt_tokens`: -1 for the model's maximum, k for k tokens; always from the right."""
+    return Truncation(resolve_token_limit(truncate_prompt_tokens, card))
+
+
+def tei_truncation(truncate: bool | None, truncation_direction: str, card: ModelCard) -> Truncation:
+    """TEI's `truncate` (to the model's maximum) and `truncation_direction` (`Left`/`Right`, any case)."""
+    direction: Direction = "left" if truncation_direction.lower() == "left" else "right"
+    return Truncation(card.max_model_len if truncate else None, direction, "truncate")
 
 
 def too_long(param: str, length: int, card: ModelCard, fix: str) -> ApiError:

@@ -2,41 +2,31 @@
 
 from __future__ import annotations
 
-import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
-
-from apiserver.inputs.prepare import PreparedJob, prepare_items_request
-from apiserver.pipeline import F32, answer_items_request, encode_rows
-from apiserver.responses import encode_json, now, response_id
+from apiserver.inputs.prepare import plan_items_request
+from apiserver.operation import Operation, Plan, Rows
+from apiserver.responses import encode_json, encode_rows, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse
 from apiserver.state import AppState
-from apiserver.validation import decode_body
 from poolserve.protocol import TASK_POOL
 
-_decoder = msgspec.json.Decoder(PoolingRequest)
+
+def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
+    return plan_items_request(state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation)
 
 
-def prepare(body: bytes, state: AppState) -> tuple[PoolingRequest, PreparedJob]:
-    request = decode_body(body, _decoder)
-    return request, prepare_items_request(
-        state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation
-    )
-
-
-def encode_response(rows: F32, request: PoolingRequest, prompt_tokens: int, model: str) -> bytes:
-    vectors = encode_rows(rows, request.encoding_format)
+def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
+    vectors = encode_rows(rows, plan.context.encoding_format)
+    tokens = plan.prompt_tokens
     return encode_json(
         PoolingResponse(
             id=response_id("pool"),
             created=now(),
-            model=model,
+            model=state.model_name,
             data=[PoolingData(index=i, data=vector) for i, vector in enumerate(vectors)],
-            usage=Usage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+            usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
         )
     )
 
 
-async def create_pooling(request: Request) -> Response:
-    return await answer_items_request(request, prepare, encode_response)
+POOLING = Operation(PoolingRequest, parse, render)

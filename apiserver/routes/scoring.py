@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
+from dataclasses import dataclass
 
 from apiserver.errors import bad_request
-from apiserver.inputs.text import resolve_token_limit
-from apiserver.pipeline import preprocess_body, run_job
-from apiserver.responses import json_response, now, response_id
+from apiserver.inputs.text import tei_truncation, vllm_truncation
+from apiserver.limits import check_input_count
+from apiserver.operation import Operation, Plan, Rows
+from apiserver.responses import encode_json, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.scoring import (
     RerankDocument,
@@ -24,12 +23,8 @@ from apiserver.schemas.scoring import (
 )
 from apiserver.scoring import ScorePlan, plan_scores
 from apiserver.state import AppState
-from apiserver.tokenizer import Direction
-from apiserver.validation import check_model, decode_body, require_task
+from apiserver.validation import check_model, require_task
 from poolserve.protocol import TASK_SCORE
-
-_score_decoder = msgspec.json.Decoder(ScoreRequest)
-_rerank_decoder = msgspec.json.Decoder(RerankRequest)
 
 
 def as_texts(value: str | list[str], param: str) -> list[str]:
@@ -52,27 +47,25 @@ def score_pairs(request: ScoreRequest, max_pairs: int) -> tuple[list[tuple[str, 
             f"`text_1` has {len(first)} texts and `text_2` {len(second)}: send one text_1, or as many as text_2.",
             param="text_1",
         )
-    if len(second) > max_pairs:
-        raise bad_request(f"{len(second)} pairs; at most {max_pairs} are allowed per request.", param="text_2")
+    check_input_count(len(second), max_pairs, "text_2")
     return list(zip(first, second, strict=True)), [f"text_2[{i}]" for i in range(len(second))]
 
 
-def prepare_score(body: bytes, state: AppState) -> tuple[ScoreRequest, ScorePlan]:
-    request = decode_body(body, _score_decoder)
+def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_SCORE, "/score")
     pairs, params = score_pairs(request, state.config.max_inputs_per_request)
-    limit = resolve_token_limit(request.truncate_prompt_tokens, state.card)
-    plan = plan_scores(pairs, params, state.card, state.tokenizer, limit=limit, activation=request.activation)
-    return request, plan
+    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
+    scoring = plan_scores(
+        pairs, params, state.card, state.tokenizer, truncation=truncation, activation=request.activation
+    )
+    return Plan(scoring, job=scoring.job)
 
 
-async def create_score(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    _, plan = await preprocess_body(request, prepare_score)
-    scores = plan.scores(await run_job(request, plan.job))
-    tokens = plan.job.prompt_tokens
-    return json_response(
+def render_score(plan: Plan[ScorePlan], rows: Rows, state: AppState) -> bytes:
+    scores = plan.context.scores(rows)
+    tokens = plan.prompt_tokens
+    return encode_json(
         ScoreResponse(
             id=response_id("score"),
             created=now(),
@@ -81,6 +74,18 @@ async def create_score(request: Request) -> Response:
             usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
         )
     )
+
+
+SCORE = Operation(ScoreRequest, parse_score, render_score)
+
+
+@dataclass(frozen=True, slots=True)
+class Reranking:
+    """What rendering a rerank answer needs: the request, its documents' texts, and their scoring."""
+
+    request: RerankRequest
+    documents: list[str]
+    scoring: ScorePlan
 
 
 def documents_of(request: RerankRequest, max_documents: int) -> list[str]:
@@ -92,52 +97,43 @@ def documents_of(request: RerankRequest, max_documents: int) -> list[str]:
     documents = [doc.text if isinstance(doc, RerankDocument) else doc for doc in given]
     if not documents:
         raise bad_request(f"`{param}` must not be empty.", param=param)
-    if len(documents) > max_documents:
-        raise bad_request(
-            f"`{param}` has {len(documents)} documents; at most {max_documents} are allowed per request.",
-            param=param,
-        )
+    check_input_count(len(documents), max_documents, param)
     for i, document in enumerate(documents):
         if not document:
             raise bad_request(f"`{param}[{i}]` is an empty string.", param=f"{param}[{i}]")
     return documents
 
 
-def prepare_rerank(body: bytes, state: AppState) -> tuple[RerankRequest, list[str], ScorePlan]:
-    request = decode_body(body, _rerank_decoder)
+def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_SCORE, "rerank")
     if not request.query:
         raise bad_request("`query` is an empty string.", param="query")
     documents = documents_of(request, state.config.max_inputs_per_request)
-    param = "texts" if request.texts is not None else "documents"
+    is_tei = request.texts is not None
+    param = "texts" if is_tei else "documents"
     pairs = [(request.query, document) for document in documents]
     params = [f"{param}[{i}]" for i in range(len(documents))]
-    if request.texts is not None:  # TEI's options
-        limit = state.card.max_model_len if request.truncate else None
-        direction: Direction = "left" if request.truncation_direction.lower() == "left" else "right"
-        plan = plan_scores(
-            pairs, params, state.card, state.tokenizer, limit=limit, activation=not request.raw_scores,
-            direction=direction, option="truncate",
-        )  # fmt: skip
+    if is_tei:  # TEI's options
+        truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
+        activation = not request.raw_scores
     else:
-        limit = resolve_token_limit(request.truncate_prompt_tokens, state.card)
-        plan = plan_scores(pairs, params, state.card, state.tokenizer, limit=limit)
-    return request, documents, plan
+        truncation, activation = vllm_truncation(request.truncate_prompt_tokens, state.card), True
+    scoring = plan_scores(pairs, params, state.card, state.tokenizer, truncation=truncation, activation=activation)
+    return Plan(Reranking(request, documents, scoring), job=scoring.job)
 
 
-async def create_rerank(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    parsed, documents, plan = await preprocess_body(request, prepare_rerank)
-    scores = plan.scores(await run_job(request, plan.job))
+def render_rerank(plan: Plan[Reranking], rows: Rows, state: AppState) -> bytes:
+    request, documents = plan.context.request, plan.context.documents
+    scores = plan.context.scoring.scores(rows)
     ranking = sorted(range(len(scores)), key=lambda i: -scores[i])
-    if parsed.top_n:
-        ranking = ranking[: parsed.top_n]
-    if parsed.texts is not None:
-        text = parsed.return_text
-        return json_response([TeiRank(index=i, score=scores[i], text=documents[i] if text else None) for i in ranking])
-    tokens = plan.job.prompt_tokens
-    return json_response(
+    if request.top_n:
+        ranking = ranking[: request.top_n]
+    if request.texts is not None:
+        text = request.return_text
+        return encode_json([TeiRank(index=i, score=scores[i], text=documents[i] if text else None) for i in ranking])
+    tokens = plan.prompt_tokens
+    return encode_json(
         RerankResponse(
             id=response_id("rerank"),
             model=state.model_name,
@@ -146,9 +142,12 @@ async def create_rerank(request: Request) -> Response:
                 RerankResult(
                     index=i,
                     relevance_score=scores[i],
-                    document=RerankDocument(documents[i]) if parsed.return_documents else None,
+                    document=RerankDocument(documents[i]) if request.return_documents else None,
                 )
                 for i in ranking
             ],
         )
     )
+
+
+RERANK = Operation(RerankRequest, parse_rerank, render_rerank)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
-import msgspec
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
@@ -12,8 +11,9 @@ from starlette.responses import Response
 from apiserver.errors import bad_request
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import EngineJob, build_job
-from apiserver.inputs.text import tokenize_pairs, tokenize_texts
-from apiserver.pipeline import preprocess, preprocess_body, run_job
+from apiserver.inputs.text import tei_truncation, tokenize_pairs, tokenize_texts
+from apiserver.limits import check_input_count
+from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
@@ -25,44 +25,35 @@ from apiserver.schemas.tei import (
     PredictRequest,
 )
 from apiserver.state import AppState
-from apiserver.tokenizer import Direction
-from apiserver.validation import check_dimensions, decode_body, require_task
+from apiserver.validation import check_dimensions, require_task
 from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
 
-_embed_decoder = msgspec.json.Decoder(EmbedRequest)
-_predict_decoder = msgspec.json.Decoder(PredictRequest)
 
-
-def direction_of(value: str) -> Direction:
-    return "left" if value.lower() == "left" else "right"
-
-
-def prepare_embed(body: bytes, state: AppState) -> EngineJob:
-    request = decode_body(body, _embed_decoder)
+def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
     require_task(state.card, TASK_EMBED, "/embed")
     if request.prompt_name is not None:
         raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param="prompt_name")
     items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
-    limit = state.card.max_model_len if request.truncate else None
+    truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
     job = build_job(
         items,
         state.card,
         state.tokenizer,
-        limit=limit,
+        limit=truncation.limit,
         params=[f"inputs[{k}]" for k in range(len(items))],
-        direction=direction_of(request.truncation_direction),
-        option="truncate",
+        direction=truncation.direction,
+        option=truncation.option,
     )
     job.dimensions = check_dimensions(request.dimensions, state.card)
     job.normalize = int(request.normalize)
-    return job
+    return Plan(None, job=job)
 
 
-async def create_embed(request: Request) -> Response:
-    job = await preprocess_body(request, prepare_embed)
-    rows = await run_job(request, job)
-    return Response(await preprocess(request, rows.nbytes, encode_json, rows.tolist()), media_type="application/json")
+def render_embed(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
+    return encode_json(rows.tolist())
 
+
+EMBED = Operation(EmbedRequest, parse_embed, render_embed)
 
 Sequence = str | tuple[str, str]
 
@@ -89,17 +80,16 @@ def predict_sequences(inputs: str | list[str | list[str]]) -> tuple[list[Sequenc
     return sequences, True
 
 
-def prepare_predict(body: bytes, state: AppState) -> tuple[EngineJob, bool]:
-    request = decode_body(body, _predict_decoder)
+def parse_predict(request: PredictRequest, state: AppState) -> Plan[bool]:
+    """The plan's context: whether the request was a batch (a batch gets a list of answers)."""
     require_task(state.card, TASK_CLASSIFY, "/predict")
     sequences, is_batch = predict_sequences(request.inputs)
-    if len(sequences) > state.config.max_inputs_per_request:
-        raise bad_request(f"`inputs` has {len(sequences)} sequences; at most {state.config.max_inputs_per_request}.")
+    check_input_count(len(sequences), state.config.max_inputs_per_request, "inputs")
     for i, sequence in enumerate(sequences):
         if not all(sequence if isinstance(sequence, tuple) else (sequence,)):
             raise bad_request(f"`inputs[{i}]` holds an empty string.", param=f"inputs[{i}]")
-    limit = state.card.max_model_len if request.truncate else None
-    direction = direction_of(request.truncation_direction)
+    truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
+    limit, direction, option = truncation.limit, truncation.direction, truncation.option
     singles = [(i, s) for i, s in enumerate(sequences) if isinstance(s, str)]
     pairs = [(i, s) for i, s in enumerate(sequences) if isinstance(s, tuple)]
     rows: list[list[int]] = [[] for _ in sequences]
@@ -107,31 +97,31 @@ def prepare_predict(body: bytes, state: AppState) -> tuple[EngineJob, bool]:
     if singles:
         single_rows = tokenize_texts(
             [s for _, s in singles], [f"inputs[{i}]" for i, _ in singles], limit, state.tokenizer, state.card,
-            direction=direction, option="truncate",
+            direction=direction, option=option,
         )  # fmt: skip
         for (i, _), row in zip(singles, single_rows, strict=True):
             rows[i], type_rows[i] = row, [0] * len(row)
     if pairs:
         pair_rows, pair_types = tokenize_pairs(
             [p for _, p in pairs], [f"inputs[{i}]" for i, _ in pairs], limit, state.tokenizer, state.card,
-            direction=direction, option="truncate",
+            direction=direction, option=option,
         )  # fmt: skip
         for (i, _), row, types in zip(pairs, pair_rows, pair_types, strict=True):
             rows[i], type_rows[i] = row, types
     use_types = bool(pairs) and state.card.uses_token_types
     job = EngineJob(rows=rows, type_rows=type_rows if use_types else None, activation=not request.raw_scores)
-    return job, is_batch
+    return Plan(is_batch, job=job)
 
 
-async def create_prediction(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
-    job, is_batch = await preprocess_body(request, prepare_predict)
-    rows = await run_job(request, job)
+def render_predict(plan: Plan[bool], rows: Rows, state: AppState) -> bytes:
     labels = state.card.labels
     predictions = [
         [Prediction(score=float(row[j]), label=labels[j]) for j in np.argsort(-row, kind="stable")] for row in rows
     ]
-    return json_response(predictions if is_batch else predictions[0])
+    return encode_json(predictions if plan.context else predictions[0])
+
+
+PREDICT = Operation(PredictRequest, parse_predict, render_predict)
 
 
 def model_type(state: AppState) -> ModelType:

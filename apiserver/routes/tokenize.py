@@ -1,15 +1,14 @@
-"""POST /tokenize (vLLM's `prompt`, or TEI's `inputs`) and POST /detokenize."""
+"""POST /tokenize (vLLM's `prompt`, or TEI's `inputs`) and POST /detokenize: answered without the model."""
 
 from __future__ import annotations
 
-import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
+from typing import TypeVar
 
 from apiserver.errors import bad_request
 from apiserver.inputs.text import check_token_rows
-from apiserver.pipeline import preprocess_body
-from apiserver.responses import json_response
+from apiserver.limits import check_input_count
+from apiserver.operation import Operation, Plan, Rows
+from apiserver.responses import encode_json
 from apiserver.schemas.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -18,30 +17,30 @@ from apiserver.schemas.tokenize import (
     TokenizeResponse,
 )
 from apiserver.state import AppState
-from apiserver.validation import check_model, decode_body
+from apiserver.validation import check_model
 
-_tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
-_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+TokenizeAnswer = TokenizeResponse | list[list[TeiToken]]
+Answer = TypeVar("Answer")
 
 
-def tokenize(body: bytes, state: AppState) -> TokenizeResponse | list[list[TeiToken]]:
-    request = decode_body(body, _tokenize_decoder)
+def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAnswer]:
     check_model(request.model, state.model_names)
     if (request.prompt is None) == (request.inputs is None):
         raise bad_request("Send exactly one of `prompt` (vLLM) and `inputs` (TEI).", param="prompt")
     special = request.add_special_tokens
     if request.prompt is not None:
         ids = state.tokenizer.encode([request.prompt], add_special_tokens=special)[0]
-        return TokenizeResponse(
-            count=len(ids),
-            max_model_len=state.card.max_model_len,
-            tokens=ids,
-            token_strs=state.tokenizer.token_strings(ids) if request.return_token_strs else None,
+        return Plan(
+            TokenizeResponse(
+                count=len(ids),
+                max_model_len=state.card.max_model_len,
+                tokens=ids,
+                token_strs=state.tokenizer.token_strings(ids) if request.return_token_strs else None,
+            )
         )
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs or []
-    if len(texts) > state.config.max_inputs_per_request:
-        raise bad_request(f"`inputs` has {len(texts)} texts; at most {state.config.max_inputs_per_request}.")
-    return [tei_tokens(text, state, special) for text in texts]
+    check_input_count(len(texts), state.config.max_inputs_per_request, "inputs")
+    return Plan([tei_tokens(text, state, special) for text in texts])
 
 
 def tei_tokens(text: str, state: AppState, add_special_tokens: bool) -> list[TeiToken]:
@@ -57,17 +56,19 @@ def tei_tokens(text: str, state: AppState, add_special_tokens: bool) -> list[Tei
     return tokens
 
 
-async def create_tokens(request: Request) -> Response:
-    return json_response(await preprocess_body(request, tokenize))
-
-
-def detokenize(body: bytes, state: AppState) -> DetokenizeResponse:
-    request = decode_body(body, _detokenize_decoder)
+def parse_detokenize(request: DetokenizeRequest, state: AppState) -> Plan[DetokenizeResponse]:
     check_model(request.model, state.model_names)
     if request.tokens:
         check_token_rows([request.tokens], ["tokens"], limit=len(request.tokens), card=state.card)
-    return DetokenizeResponse(prompt=state.tokenizer.decode(request.tokens))
+    return Plan(DetokenizeResponse(prompt=state.tokenizer.decode(request.tokens)))
 
 
-async def create_text(request: Request) -> Response:
-    return json_response(await preprocess_body(request, detokenize))
+def render_answer(plan: Plan[Answer], rows: Rows, state: AppState) -> bytes:
+    """The answer parse made (no model ran)."""
+    return encode_json(plan.context)
+
+
+TOKENIZE: Operation[TokenizeRequest, TokenizeAnswer] = Operation(TokenizeRequest, parse_tokenize, render_answer)
+DETOKENIZE: Operation[DetokenizeRequest, DetokenizeResponse] = Operation(
+    DetokenizeRequest, parse_detokenize, render_answer
+)

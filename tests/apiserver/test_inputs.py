@@ -126,7 +126,8 @@ def test_too_many_inputs_is_a_400() -> None:
     with pytest.raises(ApiError) as caught:
         items_from_input(["a"] * 11, max_items=10)
     assert caught.value.param == "input"
-    assert "at most 10" in caught.value.message
+    assert caught.value.code == "too_many_inputs"
+    assert "limit of 10 per request (--max-inputs-per-request)" in caught.value.message
 
 
 def test_texts_and_images_interleave_and_come_back_in_request_order(tokenizer: TextTokenizer) -> None:

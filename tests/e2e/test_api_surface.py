@@ -164,3 +164,35 @@ def test_openapi_describes_every_endpoint_from_the_request_types(http: httpx.Cli
     for path, methods in document["paths"].items():
         for operation in methods.values():
             assert operation["responses"], path
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/embeddings", {"input": ["a"] * 2049}, "input"),
+        ("/pooling", {"input": ["a"] * 2049}, "input"),
+        ("/embed", {"inputs": ["a"] * 2049}, "inputs"),
+        ("/tokenize", {"inputs": ["a"] * 2049}, "inputs"),
+        ("/score", {"text_1": "q", "text_2": ["a"] * 2049}, "text_2"),
+        ("/rerank", {"query": "q", "documents": ["a"] * 2049}, "documents"),
+        ("/rerank", {"query": "q", "texts": ["a"] * 2049}, "texts"),
+    ],
+)
+def test_too_many_inputs_is_one_400_on_every_endpoint(
+    http: httpx.Client, path: str, body: dict[str, Any], param: str
+) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "too_many_inputs" and error["param"] == param
+    assert error["message"] == (
+        f"`{param}` has 2049 inputs, more than this server's limit of 2048 per request (--max-inputs-per-request)."
+    )
+
+
+def test_parse_and_render_times_come_back_apart(http: httpx.Client) -> None:
+    response = http.post("/v1/embeddings", json={"input": SENTENCES[:4]})
+    assert response.status_code == 200
+    assert float(response.headers["x-tokenization-time"]) >= 0
+    assert float(response.headers["x-encoding-time"]) >= 0
+    assert float(response.headers["x-total-time"]) >= float(response.headers["x-encoding-time"])

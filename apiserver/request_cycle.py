@@ -1,0 +1,130 @@
+"""The one way a request that does work is answered: parse, fetch images, run the engine, render.
+
+Parse and render are synchronous and run on the preprocessing pool (inline when small), so the
+event loop stays free for /health and for other connections; only waiting runs on the loop:
+remote image fetches, an async parse's own I/O, and the engine. Parsing (decoding, tokenizing,
+decoding images) and rendering (encoding the answer) are timed apart: `x-tokenization-time` and
+`x-encoding-time`, and two histograms (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+import msgspec
+import numpy as np
+from prometheus_client import Histogram
+from starlette.requests import Request
+from starlette.responses import Response
+
+from apiserver.errors import ApiError, ClientDisconnected
+from apiserver.inputs.job import EngineJob
+from apiserver.limits import check_image_count, check_job
+from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS
+from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
+from apiserver.state import AppState
+from apiserver.validation import decode_body
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def handler_of(operation: AnyOperation) -> Handler:
+    """The Starlette endpoint that answers `operation`'s requests; its body decoder is built once."""
+    decoder = msgspec.json.Decoder(operation.request)
+
+    async def handle(request: Request) -> Response:
+        return await answer(request, operation, decoder)
+
+    return handle
+
+
+async def answer(request: Request, operation: AnyOperation, decoder: msgspec.json.Decoder[Any]) -> Response:
+    state: AppState = request.app.state.poolserve
+    body = await request.body()
+    parsed = await off_loop(request, "preprocess_s", len(body), parse_body, body, decoder, operation, state)
+    plan: Plan[Any] = await parsed if inspect.isawaitable(parsed) else parsed
+    job = await job_of(request, plan, state)
+    rows = NO_ROWS if job is None else await run_job(request, job)
+    # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
+    content = await off_loop(request, "encode_s", rows.nbytes or len(body), operation.render, plan, rows, state)
+    return Response(content, media_type="application/json")
+
+
+def parse_body(
+    body: bytes, decoder: msgspec.json.Decoder[Any], operation: AnyOperation, state: AppState
+) -> Plan[Any] | Awaitable[Plan[Any]]:
+    """Decode and parse; an async parse only creates its coroutine here, to be awaited on the loop."""
+    return operation.parse(decode_body(body, decoder), state)
+
+
+async def off_loop(request: Request, timer: str, size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run synchronous work of about `size` bytes on the preprocessing pool (or inline when small), its
+    time added to the request's `timer` (preprocess_s or encode_s) and to that timer's histogram."""
+    state: AppState = request.app.state.poolserve
+    started = time.perf_counter()
+    try:
+        return await state.preprocess.run(size, fn, *args, **kwargs)
+    finally:
+        elapsed = time.perf_counter() - started
+        setattr(request.state, timer, getattr(request.state, timer, 0.0) + elapsed)
+        histogram: Histogram = PREPROCESS_SECONDS if timer == "preprocess_s" else ENCODE_SECONDS
+        histogram.labels(endpoint=request.url.path).observe(elapsed)
+
+
+async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJob | None:
+    """The plan's job, after fetching its remote images (on the loop) and building it from them (on the pool)."""
+    if plan.job is not None or plan.build is None:
+        return plan.job
+    check_image_count(len(plan.remote), state.config.max_images_per_request)
+    fetched = await state.images.fetch_all(plan.remote)
+    size = sum(len(data) for data in fetched.values())
+    plan.job = await off_loop(request, "preprocess_s", size, plan.build, lambda s: state.images.load(s, fetched))
+    return plan.job
+
+
+async def run_job(request: Request, job: EngineJob) -> Rows:
+    """The job's output rows, one per request input, in the request's order.
+
+    The engine drops the work (an Abort) when the client disconnects or the request's deadline
+    passes first: nobody would read the answer."""
+    state: AppState = request.app.state.poolserve
+    check_job(job, state.config, state.card)
+    pool_request, frames = job.to_wire()
+    work = asyncio.ensure_future(state.engine.pool(pool_request, frames))
+    disconnect = asyncio.ensure_future(wait_for_disconnect(request))
+    timeout = state.config.request_timeout
+    remaining = timeout - (time.monotonic() - request.state.started) if timeout else None
+    try:
+        done, _ = await asyncio.wait((work, disconnect), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnect.cancel()
+    if work not in done:
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await work
+        if disconnect in done:
+            raise ClientDisconnected
+        raise ApiError(
+            504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"
+        )
+    result = work.result()
+    request.state.queue_s, request.state.inference_s = result.queue_time, result.inference_time
+    request.state.tokens = job.prompt_tokens
+    PROMPT_TOKENS.labels(endpoint=request.url.path).inc(job.prompt_tokens)
+    if job.images:
+        IMAGES.labels(endpoint=request.url.path).inc(len(job.images))
+    rows = np.frombuffer(result.data, dtype=result.dtype).reshape(result.rows, result.dim)
+    return rows if job.order is None else rows[job.order]
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Returns when the client goes away; the body was read already, so only http.disconnect can come."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
