@@ -48,7 +48,7 @@ def main() -> int:
     started = time.perf_counter()
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:
-        from engine_core.backlog import Backlog
+        from engine_core.admission import AdmissionLimit
         from engine_core.engine import EngineCore
         from engine_core.flight_recorder import FlightRecorder
         from engine_core.loader import LoadError, load_model
@@ -61,7 +61,7 @@ def main() -> int:
         engine = EngineCore(
             loaded,
             spec.engine_endpoint,
-            backlog=Backlog(config.max_queued_inputs, config.max_queued_tokens),
+            admission=AdmissionLimit(config.max_queued_inputs, config.max_queued_tokens),
             recorder=FlightRecorder(os.path.join(spec.runtime_dir, "engine-flight")),
             beat=lambda: send_heartbeat(spec),
         )

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
-from engine_core.backlog import Backlog
+from engine_core.admission import AdmissionLimit
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
@@ -41,7 +41,7 @@ class EngineCore:
         loaded: LoadedModel,
         endpoint: str,
         *,
-        backlog: Backlog,
+        admission: AdmissionLimit,
         recorder: FlightRecorder,
         beat: Callable[[], None],
     ):
@@ -52,7 +52,7 @@ class EngineCore:
             loaded.card.max_batch_size,
             batch_overhead_tokens=loaded.batch_overhead_tokens,
         )
-        self.backlog = backlog
+        self.admission = admission
         self.recorder = recorder
         self._beat = beat
         self._last_beat = 0.0
@@ -64,7 +64,7 @@ class EngineCore:
         recorder.open()
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.io = EngineIO(
-            self._context, endpoint, loaded.card, backlog=backlog, suspects=suspects, stalled_for=self.stalled_for
+            self._context, endpoint, loaded.card, admission=admission, suspects=suspects, stalled_for=self.stalled_for
         )
         self._outbox = self._context.socket(zmq.PUSH)
         self._outbox.setsockopt(zmq.LINGER, 0)
@@ -108,7 +108,7 @@ class EngineCore:
             self._beat()
         REQUESTS_WAITING.set(len(self._requests) - self._running)
         REQUESTS_RUNNING.set(self._running)
-        INPUTS_QUEUED.set(self.backlog.inputs)
+        INPUTS_QUEUED.set(self.admission.inputs)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -134,7 +134,7 @@ class EngineCore:
     def _release(self, request: PendingRequest) -> None:
         if not request.is_released:
             request.is_released = True
-            self.backlog.release(request.count, request.total_cost)
+            self.admission.release(request.count, request.total_cost)
             if request.started_at is not None:
                 self._running -= 1
 

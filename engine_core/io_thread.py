@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from engine_core.backlog import Backlog
+from engine_core.admission import AdmissionLimit
 from engine_core.scheduler import PendingRequest
 from poolserve.protocol import (
     ERROR_INVALID,
@@ -49,7 +49,7 @@ class InvalidRequest(ValueError):
     pass
 
 
-def admit_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: ModelCard) -> PendingRequest:
+def check_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: ModelCard) -> PendingRequest:
     """Check a request against the model's limits; the API servers check first, this is the backstop."""
     expected = 1 + int(msg.token_types) + int(msg.images > 0)
     if len(frames) != expected:
@@ -108,12 +108,12 @@ class EngineIO:
         endpoint: str,
         card: ModelCard,
         *,
-        backlog: Backlog,
+        admission: AdmissionLimit,
         suspects: dict[bytes, list[int]],
         stalled_for: Callable[[], float],
     ):
         self.card = card
-        self.backlog = backlog
+        self.admission = admission
         self.inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
         self._encoder = make_encoder()
         self._decoder = make_engine_decoder()
@@ -184,8 +184,8 @@ class EngineIO:
             case Abort():
                 self.inbox.put((identity, msg))
             case Ping():
-                backlog = self.backlog
-                self._send(identity, Pong(msg.nonce, self._stalled_for(), backlog.inputs, backlog.tokens))
+                admission = self.admission
+                self._send(identity, Pong(msg.nonce, self._stalled_for(), admission.inputs, admission.tokens))
             case Hello():
                 suspects = self._suspects.pop(identity, [])
                 logger.info(
@@ -198,17 +198,17 @@ class EngineIO:
 
     def _admit(self, identity: bytes, msg: PoolRequest, frames: list[bytes]) -> None:
         try:
-            request = admit_request(identity, msg, frames, self.card)
+            request = check_request(identity, msg, frames, self.card)
         except InvalidRequest as exc:
             logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
             self._refuse(identity, msg.id, f"invalid request: {exc}", ERROR_INVALID)
             return
-        if not self.backlog.try_admit(request.count, request.total_cost, force=msg.attempt > 0):
+        if not self.admission.try_admit(request.count, request.total_cost, force=msg.attempt > 0):
             self._refuse(
                 identity,
                 msg.id,
-                f"the server is at its queue limit ({self.backlog.max_inputs} inputs, "
-                f"{self.backlog.max_tokens} tokens waiting or running)",
+                f"the server is at its queue limit ({self.admission.max_inputs} inputs, "
+                f"{self.admission.max_tokens} tokens waiting or running)",
                 ERROR_OVERLOADED,
             )
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-BACKLOG = 2048
+LISTEN_BACKLOG = 2048
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -16,7 +16,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(BACKLOG)
+        sock.listen(LISTEN_BACKLOG)
     except OSError:
         sock.close()
         raise

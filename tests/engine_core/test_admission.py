@@ -4,7 +4,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine_core.io_thread import InvalidRequest, admit_request
+from engine_core.io_thread import InvalidRequest, check_request
 from poolserve.protocol import PoolRequest
 from tests.poolserve.test_protocol import CARD
 
@@ -14,7 +14,7 @@ def tokens(*ids: int) -> bytes:
 
 
 def test_a_valid_request_is_admitted() -> None:
-    request = admit_request(b"api-0", PoolRequest(1, [2, 1], 8), [tokens(101, 7, 102)], CARD)
+    request = check_request(b"api-0", PoolRequest(1, [2, 1], 8), [tokens(101, 7, 102)], CARD)
     assert request.input_ids(0).tolist() == [101, 7]
     assert request.input_ids(1).tolist() == [102]
     assert request.dimensions == 8
@@ -35,7 +35,7 @@ def test_a_valid_request_is_admitted() -> None:
 )
 def test_malformed_requests_are_refused_not_run(message: PoolRequest, frames: list[bytes], reason: str) -> None:
     with pytest.raises(InvalidRequest, match=reason):
-        admit_request(b"api-0", message, frames, CARD)
+        check_request(b"api-0", message, frames, CARD)
 
 
 PAIR_CARD = msgspec.structs.replace(CARD, uses_token_types=True, type_vocab_size=2)
@@ -54,10 +54,10 @@ def test_values_a_model_cannot_take_are_refused_before_they_reach_a_batch(
     message: PoolRequest, frames: list[bytes], reason: str
 ) -> None:
     with pytest.raises(InvalidRequest, match=reason):
-        admit_request(b"api-0", message, frames, PAIR_CARD)
+        check_request(b"api-0", message, frames, PAIR_CARD)
 
 
 def test_token_types_within_the_models_range_are_admitted() -> None:
     message = PoolRequest(1, [3], token_types=True)
-    request = admit_request(b"api-0", message, [tokens(101, 7, 102), tokens(0, 1, 1)], PAIR_CARD)
+    request = check_request(b"api-0", message, [tokens(101, 7, 102), tokens(0, 1, 1)], PAIR_CARD)
     assert request.input_token_types(0).tolist() == [0, 1, 1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 
-class Backlog:
+class AdmissionLimit:
     """Admitted by the I/O thread, released by the scheduler thread, hence the lock."""
 
     def __init__(self, max_inputs: int, max_tokens: int):
