@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib.metadata import version
 
 from starlette.applications import Starlette
@@ -13,7 +14,7 @@ from starlette.routing import Route
 
 from apiserver.auth import ApiKeyAuth, open_paths
 from apiserver.body_limit import BodySizeLimit
-from apiserver.endpoints import ENDPOINTS
+from apiserver.endpoints import ENDPOINTS, Endpoint
 from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.metrics import get_metrics
 from apiserver.middleware import RequestTelemetry
@@ -22,10 +23,12 @@ from apiserver.state import AppState
 from poolserve.config import Config
 
 
-def build_app(state: AppState) -> Starlette:
-    routes = [Route(e.path, e.route_handler(), methods=[e.method]) for e in ENDPOINTS]
+def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Starlette:
+    """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json."""
+    endpoints = [*ENDPOINTS, *extra_endpoints]
+    routes = [Route(e.path, e.route_handler(), methods=[e.method]) for e in endpoints]
     key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
-    document = encode_openapi(ENDPOINTS, version("poolserve"), key_free)
+    document = encode_openapi(endpoints, version("poolserve"), key_free)
 
     async def openapi(request: Request) -> Response:
         return Response(document, media_type="application/json")

@@ -8,7 +8,7 @@ from apiserver.fair_accept import ServerLoad
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.preprocess import Preprocessor
 from apiserver.tokenizer import TextTokenizer
-from engine_client import EngineClient
+from engine_client import PoolingEngine
 from poolserve.config import Config
 from poolserve.protocol import ModelCard
 
@@ -17,7 +17,7 @@ from poolserve.protocol import ModelCard
 class AppState:
     config: Config
     card: ModelCard
-    engine: EngineClient
+    engine: PoolingEngine
     tokenizer: TextTokenizer
     preprocess: Preprocessor
     images: ImageLoader

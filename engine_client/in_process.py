@@ -1,0 +1,38 @@
+"""An engine in the API server's own process: requests are answered by a function, no socket, no engine.
+
+httpx's MockTransport for the engine wire: the API layer (routes, the request cycle, limits,
+errors) runs unchanged against whatever the function computes, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from engine_client.client import PooledResult
+from poolserve.protocol import Pong, PoolRequest
+
+Answer = Callable[[PoolRequest, list[bytes]], PooledResult | Awaitable[PooledResult]]
+
+
+class InProcessEngine:
+    """Implements PoolingEngine by calling `answer` (sync or async) with each request and its frames.
+
+    Request ids are assigned here, as EngineClient assigns them; `requests` keeps every request sent."""
+
+    def __init__(self, answer: Answer):
+        self.answer = answer
+        self.requests: list[PoolRequest] = []
+        self._ids = itertools.count()
+
+    async def pool(self, request: PoolRequest, frames: list[bytes]) -> PooledResult:
+        request = msgspec.structs.replace(request, id=next(self._ids))
+        self.requests.append(request)
+        result = self.answer(request, frames)
+        return await result if inspect.isawaitable(result) else result
+
+    def latest_pong(self) -> Pong | None:
+        return Pong(0)

@@ -1,0 +1,335 @@
+"""Every endpoint family through the real Starlette app and request cycle, with an in-process engine.
+
+The engine is an InProcessEngine whose rows are computed from the token ids (and pixels) it is
+sent, so each answer can be checked against the tokenizer; no socket, no engine process, and every
+test runs in milliseconds. tests/e2e/ shows the same endpoints on the real engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from apiserver.app import build_app
+from apiserver.endpoints import Endpoint, post
+from apiserver.fair_accept import ServerLoad
+from apiserver.inputs.image_sources import ImageLoader
+from apiserver.inputs.job import EngineJob
+from apiserver.media import MediaFetcher
+from apiserver.operation import Operation, Plan, Rows
+from apiserver.preprocess import INLINE_MAX_BYTES, Preprocessor
+from apiserver.responses import encode_json
+from apiserver.state import AppState
+from apiserver.tokenizer import TextTokenizer
+from engine_client import EngineError, EngineOverloaded, EngineUnavailable, InProcessEngine, PooledResult
+from poolserve.config import Config
+from poolserve.load_board import LoadBoard
+from poolserve.protocol import CLASSIFIER, TOKEN_DTYPE, ImageProcessing, ModelCard, PoolRequest
+
+DIM = 8
+PIXEL_PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+MESSAGE = (
+    "`{param}` has {count} inputs, more than this server's limit of {limit} per request (--max-inputs-per-request)."
+)
+
+
+def text_row(ids: list[int], dim: int) -> list[float]:
+    """The fake engine's row for a text input: its length, its id sum, then a ramp, all from the ids."""
+    return [float(len(ids)), float(sum(ids) % 1000), *(float(ids[0] + j) for j in range(dim - 2))]
+
+
+def image_row(pixels: np.ndarray[Any, Any], dim: int) -> list[float]:
+    return [-1.0, float(pixels.mean()), *([0.0] * (dim - 2))]
+
+
+def answering(output_size: int) -> Callable[[PoolRequest, list[bytes]], PooledResult]:
+    """An engine of `output_size`-long rows, computed from the inputs, in the engine's order: texts, then images."""
+
+    def answer(request: PoolRequest, frames: list[bytes]) -> PooledResult:
+        ids = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
+        dim = request.dimensions or output_size
+        rows, start = [], 0
+        for length in request.lengths:
+            rows.append(text_row(ids[start : start + length].tolist(), output_size)[:dim])
+            start += length
+        if request.images:
+            pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(request.images, -1)
+            rows.extend(image_row(image, output_size)[:dim] for image in pixels)
+        return PooledResult(len(rows), dim, np.asarray(rows, dtype="<f4").tobytes())
+
+    return answer
+
+
+def make_card(bundled_model: Path, **changes: Any) -> ModelCard:
+    card = ModelCard(
+        path=str(bundled_model), architecture="BertModel", kind="embedding",
+        tasks=["embed", "score", "pool", "tokenize"], max_model_len=256, output_size=DIM, vocab_size=30522,
+        pooling="mean", normalize=True, pad_token_id=0,
+        tokenizer_json=(bundled_model / "tokenizer.json").read_text(), device="cpu", dtype="float32",
+    )  # fmt: skip
+    return msgspec.structs.replace(card, **changes)
+
+
+CLASSIFIER_CHANGES: dict[str, Any] = {
+    "architecture": "BertForSequenceClassification", "kind": CLASSIFIER, "tasks": ["classify", "pool", "tokenize"],
+    "output_size": 3, "labels": ["negative", "neutral", "positive"], "activation": "softmax",
+}  # fmt: skip
+CLIP_CHANGES: dict[str, Any] = {
+    "architecture": "CLIPModel", "kind": "clip",
+    "image": ImageProcessing(resize_shortest_edge=2, crop_height=2, crop_width=2), "image_tokens": 4,
+}  # fmt: skip
+
+
+class Served:
+    """A test client of the real app, and the in-process engine behind it."""
+
+    def __init__(self, client: TestClient, engine: InProcessEngine, state: AppState):
+        self.client = client
+        self.engine = engine
+        self.state = state
+
+    def post(self, path: str, body: object, status: int = 200) -> Any:
+        response = self.client.post(path, json=body)
+        assert response.status_code == status, response.text
+        return response.json()
+
+    def tokens(self, text: str) -> list[int]:
+        return self.state.tokenizer.encode([text])[0]
+
+
+@pytest.fixture
+def serve(bundled_model: Path) -> Iterator[Any]:
+    """serve(card changes, config changes, engine answer, extra endpoints) -> Served."""
+    board = LoadBoard.create()
+    opened: list[tuple[TestClient, Preprocessor]] = []
+
+    def start(
+        card: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        engine_answer: Any = None,
+        extra: list[Endpoint] | None = None,
+    ) -> Served:
+        model_card = make_card(bundled_model, **(card or {}))
+        settings = Config(**(config or {}))
+        engine = InProcessEngine(engine_answer or answering(model_card.output_size))
+        preprocess = Preprocessor(settings.preprocess_workers)
+        media = MediaFetcher(max_bytes=settings.max_image_bytes, timeout=1.0, allowed_local_path="")
+        state = AppState(
+            config=settings, card=model_card, engine=engine, tokenizer=TextTokenizer(model_card.tokenizer_json),
+            preprocess=preprocess, images=ImageLoader(media, model_card.image, settings.max_image_pixels),
+            server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
+        )  # fmt: skip
+        client = TestClient(build_app(state, extra or []))
+        opened.append((client, preprocess))
+        return Served(client.__enter__(), engine, state)
+
+    yield start
+    for client, preprocess in opened:
+        client.__exit__(None, None, None)
+        preprocess.close()
+    board.close()
+
+
+def test_embeddings_are_the_engine_rows_of_the_tokenized_inputs(serve: Any) -> None:
+    served = serve()
+    body = served.post("/v1/embeddings", {"input": ["hello", "big world"]})
+    expected = [text_row(served.tokens(text), DIM) for text in ("hello", "big world")]
+    assert [item["embedding"] for item in body["data"]] == expected
+    assert [item["index"] for item in body["data"]] == [0, 1]
+    tokens = sum(len(served.tokens(text)) for text in ("hello", "big world"))
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    assert body["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    [sent] = served.engine.requests
+    assert sent.lengths == [len(served.tokens("hello")), len(served.tokens("big world"))]
+
+
+def test_base64_embeddings_decode_to_the_float_rows_and_dimensions_reach_the_engine(serve: Any) -> None:
+    served = serve()
+    body = served.post("/v1/embeddings", {"input": "hello", "encoding_format": "base64", "dimensions": 4})
+    vector = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
+    assert vector.tolist() == text_row(served.tokens("hello"), DIM)[:4]
+    assert served.engine.requests[0].dimensions == 4
+
+
+def test_pooling_passes_normalize_and_activation_to_the_engine(serve: Any) -> None:
+    served = serve()
+    body = served.post("/pooling", {"input": [[101, 7, 102]], "normalize": False, "activation": False})
+    assert body["data"][0]["data"] == text_row([101, 7, 102], DIM)
+    assert body["id"].startswith("pool-")
+    sent = served.engine.requests[0]
+    assert (sent.normalize, sent.activation) == (0, False)
+
+
+def test_texts_and_images_come_back_in_request_order(serve: Any) -> None:
+    served = serve(card=CLIP_CHANGES)
+    body = served.post("/v1/embeddings", {"input": [{"image": PIXEL_PNG}, "hello"]})
+    first, second = (item["embedding"] for item in body["data"])
+    assert first[0] == -1.0 and second == text_row(served.tokens("hello"), DIM)
+    assert served.engine.requests[0].images == 1
+
+
+def test_score_by_cosine_is_the_dot_product_of_the_engine_rows(serve: Any) -> None:
+    served = serve()
+    body = served.post("/score", {"text_1": "a cat", "text_2": ["a kitten", "a dog"]})
+    left = np.asarray(text_row(served.tokens("a cat"), DIM))
+    expected = [float(left @ np.asarray(text_row(served.tokens(t), DIM))) for t in ("a kitten", "a dog")]
+    np.testing.assert_allclose([item["score"] for item in body["data"]], expected, rtol=1e-6)
+    assert served.engine.requests[0].normalize == 1  # a bi-encoder scores normalized vectors
+
+
+def test_rerank_ranks_best_first_in_both_dialects(serve: Any) -> None:
+    served = serve()
+    documents = ["zebra zebra zebra", "a", "apple pie"]
+    left = np.asarray(text_row(served.tokens("q"), DIM))
+    scores = [float(left @ np.asarray(text_row(served.tokens(d), DIM))) for d in documents]
+    best_first = sorted(range(3), key=lambda i: -scores[i])
+    body = served.post("/v1/rerank", {"query": "q", "documents": documents, "top_n": 2})
+    assert [r["index"] for r in body["results"]] == best_first[:2]
+    assert body["results"][0]["document"] == {"text": documents[best_first[0]]}
+    tei = served.post("/rerank", {"query": "q", "texts": documents, "return_text": True})
+    assert [r["index"] for r in tei] == best_first and tei[0]["text"] == documents[best_first[0]]
+
+
+def test_classify_and_predict_label_the_engine_rows(serve: Any) -> None:
+    served = serve(card=CLASSIFIER_CHANGES)
+    body = served.post("/classify", {"input": ["I love it"]})
+    row = text_row(served.tokens("I love it"), 3)
+    assert body["data"][0]["label"] == CLASSIFIER_CHANGES["labels"][int(np.argmax(row))]
+    assert body["data"][0]["probs"] == row
+    single = served.post("/predict", {"inputs": "I love it"})
+    assert [p["score"] for p in single] == sorted(row, reverse=True)
+    batch = served.post("/predict", {"inputs": ["I love it", "meh", "ok"]})  # two strings would be one pair
+    assert len(batch) == 3 and batch[0] == single
+
+
+def test_tei_embed_truncates_from_the_side_asked(serve: Any) -> None:
+    served = serve(card={"max_model_len": 8})
+    text = "one two three four five six seven eight nine ten"
+    right = served.post("/embed", {"inputs": text, "truncate": True})
+    left = served.post("/embed", {"inputs": text, "truncate": True, "truncation_direction": "Left"})
+    assert right[0][0] == left[0][0] == 8.0
+    assert right != left
+    refused = served.post("/embed", {"inputs": text}, status=400)
+    assert refused["error"]["code"] == "context_length_exceeded"
+
+
+def test_tokenizer_endpoints_never_reach_the_engine(serve: Any) -> None:
+    served = serve()
+    body = served.post("/tokenize", {"prompt": "Hello world"})
+    assert body["tokens"] == served.tokens("Hello world")
+    tei = served.post("/tokenize", {"inputs": ["Hello world"]})
+    assert [t["id"] for t in tei[0]] == body["tokens"]
+    assert served.post("/detokenize", {"tokens": [7592, 2088]}) == {"prompt": "hello world"}
+    assert served.engine.requests == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "card"),
+    [
+        ("/v1/embeddings", {"input": ["a"] * 3}, "input", {}),
+        ("/pooling", {"input": ["a"] * 3}, "input", {}),
+        ("/embed", {"inputs": ["a"] * 3}, "inputs", {}),
+        ("/tokenize", {"inputs": ["a"] * 3}, "inputs", {}),
+        ("/score", {"text_1": "q", "text_2": ["a"] * 3}, "text_2", {}),
+        ("/rerank", {"query": "q", "documents": ["a"] * 3}, "documents", {}),
+        ("/rerank", {"query": "q", "texts": ["a"] * 3}, "texts", {}),
+        ("/classify", {"input": ["a"] * 3}, "input", CLASSIFIER_CHANGES),
+        ("/predict", {"inputs": ["a"] * 3}, "inputs", CLASSIFIER_CHANGES),
+    ],
+)
+def test_too_many_inputs_is_one_message_on_every_endpoint(
+    serve: Any, path: str, body: dict[str, Any], param: str, card: dict[str, Any]
+) -> None:
+    served = serve(card=card, config={"max_inputs_per_request": 2})
+    error = served.post(path, body, status=400)["error"]
+    assert error == {
+        "message": MESSAGE.format(param=param, count=3, limit=2),
+        "type": "invalid_request_error",
+        "param": param,
+        "code": "too_many_inputs",
+    }
+    assert served.engine.requests == []
+
+
+def test_token_image_and_queue_limits_stop_a_request_before_the_engine(serve: Any) -> None:
+    served = serve(card=CLIP_CHANGES, config={"max_tokens_per_request": 5, "max_images_per_request": 1})
+    tokens = served.post("/v1/embeddings", {"input": "one two three four five six"}, status=400)["error"]
+    assert tokens["code"] == "too_many_tokens"
+    assert "limit of 5 per request (--max-tokens-per-request)" in tokens["message"]
+    images = served.post("/v1/embeddings", {"input": [{"image": PIXEL_PNG}] * 2}, status=400)["error"]
+    assert images["code"] == "too_many_images"
+    assert "limit of 1 per request (--max-images-per-request)" in images["message"]
+    queue = serve(config={"max_queued_inputs": 1})
+    assert "whole queue" in queue.post("/v1/embeddings", {"input": ["a", "b"]}, status=413)["error"]["message"]
+    assert served.engine.requests == queue.engine.requests == []
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (EngineOverloaded("full"), 429, "overloaded"),
+        (EngineUnavailable("gone"), 503, "engine_unavailable"),
+        (EngineError("boom"), 500, "engine_error"),
+    ],
+)
+def test_engine_errors_become_their_http_status(serve: Any, error: Exception, status: int, code: str) -> None:
+    def fail(request: PoolRequest, frames: list[bytes]) -> PooledResult:
+        raise error
+
+    served = serve(engine_answer=fail)
+    assert served.post("/v1/embeddings", {"input": "a"}, status=status)["error"]["code"] == code
+
+
+def test_parsing_and_encoding_are_timed_apart(serve: Any) -> None:
+    served = serve()
+    response = served.client.post("/v1/embeddings", json={"input": ["hello"] * 100})
+    assert response.status_code == 200
+    for header in ("x-tokenization-time", "x-encoding-time", "x-queue-time", "x-inference-time"):
+        assert float(response.headers[header]) >= 0
+    assert response.headers["x-compute-tokens"] == str(100 * len(served.tokens("hello")))
+
+
+class Echo(msgspec.Struct, kw_only=True):
+    texts: list[str]
+
+
+def parse_echo(request: Echo, state: AppState) -> Plan[list[str]]:
+    threads.append(("parse", threading.current_thread().name))
+    return Plan([], job=EngineJob(rows=state.tokenizer.encode(request.texts)))
+
+
+async def parse_echo_async(request: Echo, state: AppState) -> Plan[list[str]]:
+    threads.append(("parse", threading.current_thread().name))
+    return Plan([], job=EngineJob(rows=state.tokenizer.encode(request.texts)))
+
+
+def render_echo(plan: Plan[list[str]], rows: Rows, state: AppState) -> bytes:
+    threads.append(("render", threading.current_thread().name))
+    return encode_json({"firsts": rows[:, 0].tolist()})
+
+
+threads: list[tuple[str, str]] = []
+
+
+@pytest.mark.parametrize("parse", [parse_echo, parse_echo_async])
+def test_parse_and_render_of_a_big_request_run_off_the_event_loop(serve: Any, parse: Any) -> None:
+    threads.clear()
+    echo = post("/echo", Operation(Echo, parse, render_echo), "Echo.", "test", None)
+    served = serve(extra=[echo])
+    texts = ["word"] * (INLINE_MAX_BYTES // 4)
+    body = served.post("/echo", {"texts": texts})
+    assert body == {"firsts": [float(len(served.tokens("word")))] * len(texts)}
+    where = dict(threads)
+    # A sync parse runs on the pool; an async one is awaited on the loop (the test client's thread).
+    assert where["parse"].startswith("preprocess") == (parse is parse_echo)
+    assert where["render"].startswith("preprocess")
