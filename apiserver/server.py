@@ -20,6 +20,7 @@ from apiserver.http_server import GatedServer
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
 from apiserver.metrics import sample_loop_lag
+from apiserver.plugins import PluginError, load_plugins
 from apiserver.preprocess import Preprocessor
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
@@ -85,6 +86,11 @@ def run(spec: ChildSpec) -> int:
 
 async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequest) -> int:
     config = spec.config
+    try:
+        plugins = load_plugins(config.plugins)
+    except PluginError as exc:
+        report_boot(spec, BootReport(status="failed", message=f"API server {spec.index}: {exc}"))
+        return EXIT_BOOT_ERROR
     engine = EngineClient(spec.engine_endpoint, spec.index, wait_timeout=config.engine_wait_timeout)
     # A replacement API server may start while the engine itself restarts: wait as long as an engine
     # boot, but stop waiting at once when told to stop.
@@ -125,7 +131,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     )
     server = GatedServer(
         uvicorn.Config(
-            build_app(state),
+            build_app(state, plugins),
             lifespan="off",
             access_log=False,
             log_config=None,

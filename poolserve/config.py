@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import ipaddress
 import os
 import urllib.parse
@@ -23,6 +24,9 @@ AcceptBalance = Literal["connections", "requests", "both", "none"]
 API_KEY_ENV = "POOLSERVE_API_KEY"
 
 MIB = 1024 * 1024
+
+# The entry-point group under which installed packages offer endpoints (apiserver/plugins.py).
+PLUGIN_GROUP = "poolserve.plugins"
 
 
 class ConfigError(ValueError):
@@ -83,6 +87,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_requests_per_connection: int = 1000
     max_connection_age: float = 300.0
     keep_alive_timeout: float = 75.0
+    # Entry-point names of installed plugins whose endpoints to serve (docs/api.md, "Plugins").
+    plugins: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
@@ -131,6 +137,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         for domain in self.allowed_media_domains:
             if not is_hostname(domain):
                 raise ConfigError(f"--allowed-media-domains has value {domain!r}; give host names such as example.com.")
+        check_plugins(self.plugins)
         for origin in self.cors_allowed_origins:
             if not is_origin(origin):
                 raise ConfigError(
@@ -162,6 +169,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
 def check_range(flag: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ConfigError(f"{flag} has value {value!r}; it must be between {low} and {high}.")
+
+
+def check_plugins(names: list[str]) -> None:
+    """Every name is an installed plugin: a typo fails at start-up, not as a missing endpoint later."""
+    if not names:
+        return
+    installed = sorted({entry.name for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP)})
+    for name in names:
+        if name not in installed:
+            listed = ", ".join(installed) if installed else "none"
+            raise ConfigError(f"--plugin has value {name!r}, which is not an installed plugin; installed: {listed}.")
 
 
 def check_api_key(key: str) -> None:

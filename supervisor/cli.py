@@ -246,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Origins browsers may call the API from (https://app.example.com, or * for any); empty: CORS off.",
     )
 
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        dest="plugins",
+        metavar="NAME",
+        help="Serve the endpoint of an installed plugin (a package's `poolserve.plugins` entry point); repeatable.",
+    )
     engine = parser.add_argument_group("engine")
     engine.add_argument(
         "--device", choices=typing.get_args(Device), default="auto", help="auto: CUDA when visible, else CPU."
@@ -342,6 +350,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
             max_requests_per_connection=args.max_requests_per_connection,
             max_connection_age=args.max_connection_age,
             keep_alive_timeout=args.keep_alive_timeout,
+            plugins=args.plugins,
         )
     except ConfigError as exc:
         parser.error(str(exc))

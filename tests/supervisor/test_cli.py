@@ -74,6 +74,7 @@ def test_the_model_path_is_the_default_served_name() -> None:
         (["--allowed-media-domains", "http://x.com/"], "--allowed-media-domains"),
         (["--cors-allowed-origins", "https://app.example.com/"], "--cors-allowed-origins"),
         (["--cors-allowed-origins", "app.example.com"], "--cors-allowed-origins"),
+        (["--plugin", "nope"], "--plugin"),
     ],
 )
 def test_a_bad_value_fails_with_one_sentence_naming_the_flag(

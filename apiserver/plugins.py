@@ -1,0 +1,73 @@
+"""IO-processor plugins: endpoints that installed packages add through the `poolserve.plugins` entry point.
+
+A plugin is an Operation (its request type, parse and render, as every built-in endpoint has) and
+the path it answers on; `launch --plugin NAME` serves it through the same request cycle, limits,
+metrics and /openapi.json as the built-in endpoints (docs/api.md, "Plugins").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from apiserver.endpoints import ENDPOINTS, Endpoint
+from apiserver.errors import ApiError, bad_request
+from apiserver.inputs.job import EngineJob
+from apiserver.inputs.text import tokenize_texts
+from apiserver.limits import check_input_count
+from apiserver.operation import AnyOperation, Operation, Plan, Rows
+from apiserver.responses import encode_json
+from apiserver.state import AppState
+from poolserve.config import PLUGIN_GROUP
+
+# What a plugin module imports, all from here: the endpoint's shape, the engine job, the checks and
+# errors every endpoint uses, and the server state parse and render are given.
+__all__ = [
+    "ApiError",
+    "AppState",
+    "EngineJob",
+    "Operation",
+    "Plan",
+    "Plugin",
+    "Rows",
+    "bad_request",
+    "check_input_count",
+    "encode_json",
+    "tokenize_texts",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    """What a plugin's entry point names. `response`: the msgspec type of a 200 answer, for /openapi.json."""
+
+    path: str
+    operation: AnyOperation
+    summary: str
+    response: Any = None
+
+
+class PluginError(Exception):
+    """A plugin that cannot be served; the message names it and says why."""
+
+
+def load_plugins(names: list[str]) -> list[Endpoint]:
+    """The endpoints of the named plugins (Config checked the names are installed), tagged by plugin."""
+    found = {entry.name: entry for entry in entry_points(group=PLUGIN_GROUP)}
+    taken = {endpoint.path for endpoint in ENDPOINTS}
+    endpoints = []
+    for name in names:
+        try:
+            plugin = found[name].load()
+        except Exception as exc:
+            raise PluginError(f"The plugin {name!r} ({found[name].value}) failed to load: {exc!r}.") from exc
+        if not isinstance(plugin, Plugin) or not isinstance(plugin.operation, Operation):
+            raise PluginError(f"The plugin {name!r} names {plugin!r}, not an apiserver.plugins.Plugin.")
+        if not plugin.path.startswith("/") or plugin.path in taken:
+            raise PluginError(f"The plugin {name!r} asks for the path {plugin.path!r}, which is taken or not a path.")
+        taken.add(plugin.path)
+        endpoints.append(
+            Endpoint(plugin.path, "POST", plugin.summary, f"plugin {name}", plugin.response, plugin.operation)
+        )
+    return endpoints
