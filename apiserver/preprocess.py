@@ -1,4 +1,5 @@
-"""Where request preprocessing runs: a small thread pool, so the event loop stays free for /health.
+"""Where a request's synchronous work runs (parsing it, rendering its answer): a small thread pool, so the
+event loop stays free for /health.
 
 Small work runs inline: handing a one-sentence request to a thread and back costs more (a wake-up
 and two GIL hand-offs) than tokenizing it, and blocks the loop for less time than that hand-off.

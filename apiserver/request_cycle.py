@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import msgspec
@@ -35,6 +36,19 @@ T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """Where time off the loop is added up: a field of the request's state (read by the middleware's
+    timing headers) and a histogram by endpoint."""
+
+    field: str
+    histogram: Histogram
+
+
+PARSING = Timer("preprocess_s", PREPROCESS_SECONDS)  # x-tokenization-time
+ENCODING = Timer("encode_s", ENCODE_SECONDS)  # x-encoding-time
+
+
 def handler_of(operation: AnyOperation) -> Handler:
     """The Starlette endpoint that answers `operation`'s requests; its body decoder is built once."""
     decoder = msgspec.json.Decoder(operation.request)
@@ -48,12 +62,15 @@ def handler_of(operation: AnyOperation) -> Handler:
 async def answer(request: Request, operation: AnyOperation, decoder: msgspec.json.Decoder[Any]) -> Response:
     state: AppState = request.app.state.poolserve
     body = await request.body()
-    parsed = await off_loop(request, "preprocess_s", len(body), parse_body, body, decoder, operation, state)
-    plan: Plan[Any] = await parsed if inspect.isawaitable(parsed) else parsed
+    parsed = await off_loop(request, PARSING, len(body), parse_body, body, decoder, operation, state)
+    if inspect.isawaitable(parsed):
+        with timed(request, PARSING):
+            parsed = await parsed
+    plan: Plan[Any] = parsed
     job = await job_of(request, plan, state)
     rows = NO_ROWS if job is None else await run_job(request, job)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
-    content = await off_loop(request, "encode_s", rows.nbytes or len(body), operation.render, plan, rows, state)
+    content = await off_loop(request, ENCODING, rows.nbytes or len(body), operation.render, plan, rows, state)
     return Response(content, media_type="application/json")
 
 
@@ -64,18 +81,25 @@ def parse_body(
     return operation.parse(decode_body(body, decoder), state)
 
 
-async def off_loop(request: Request, timer: str, size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+async def off_loop(
+    request: Request, timer: Timer, size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
     """Run synchronous work of about `size` bytes on the preprocessing pool (or inline when small), its
-    time added to the request's `timer` (preprocess_s or encode_s) and to that timer's histogram."""
+    time added up by `timer`."""
     state: AppState = request.app.state.poolserve
+    with timed(request, timer):
+        return await state.preprocess.run(size, fn, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def timed(request: Request, timer: Timer) -> Iterator[None]:
     started = time.perf_counter()
     try:
-        return await state.preprocess.run(size, fn, *args, **kwargs)
+        yield
     finally:
         elapsed = time.perf_counter() - started
-        setattr(request.state, timer, getattr(request.state, timer, 0.0) + elapsed)
-        histogram: Histogram = PREPROCESS_SECONDS if timer == "preprocess_s" else ENCODE_SECONDS
-        histogram.labels(endpoint=request.url.path).observe(elapsed)
+        setattr(request.state, timer.field, getattr(request.state, timer.field, 0.0) + elapsed)
+        timer.histogram.labels(endpoint=request.url.path).observe(elapsed)
 
 
 async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJob | None:
@@ -85,7 +109,7 @@ async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJo
     check_image_count(len(plan.remote), state.config.max_images_per_request)
     fetched = await state.images.fetch_all(plan.remote)
     size = sum(len(data) for data in fetched.values())
-    plan.job = await off_loop(request, "preprocess_s", size, plan.build, lambda s: state.images.load(s, fetched))
+    plan.job = await off_loop(request, PARSING, size, plan.build, lambda s: state.images.load(s, fetched))
     return plan.job
 
 
