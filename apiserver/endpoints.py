@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from apiserver.operation import AnyOperation
-from apiserver.request_cycle import handler_of
+from apiserver.request_cycle import Handler, handler_of
 from apiserver.routes.classify import CLASSIFY
 from apiserver.routes.embeddings import EMBEDDINGS
 from apiserver.routes.meta import get_version, list_models, live, ready
@@ -25,8 +21,6 @@ from apiserver.schemas.pooling import PoolingResponse
 from apiserver.schemas.scoring import RerankResponse, ScoreResponse, TeiRerankResponse
 from apiserver.schemas.tei import EmbedResponse, InfoResponse, PredictResponse
 from apiserver.schemas.tokenize import DetokenizeResponse, TeiTokenizeResponse, TokenizeResponse
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(frozen=True, slots=True)
