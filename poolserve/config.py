@@ -6,7 +6,8 @@ import importlib.metadata
 import ipaddress
 import os
 import urllib.parse
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -39,56 +40,279 @@ def default_api_server_count() -> int:
     return max(1, min(8, cores // 2))
 
 
-class Config(msgspec.Struct, kw_only=True, frozen=True):
-    """Every setting of a poolserve instance. Cheap to build and to validate; nothing is loaded here."""
+FlagGroup = Literal["model", "HTTP", "images", "access", "engine", "logs"]
 
-    model: str = ""
-    served_model_name: list[str] = msgspec.field(default_factory=list)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_server_count: int = 1
-    max_batch_tokens: int = 0
-    max_batch_size: int = 0
-    max_model_len: int = 0
-    preprocess_workers: int = 1
-    device: Device = "auto"
-    dtype: DType = "auto"
-    pooling: Pooling = "auto"
-    torch_threads: int = 0
-    trust_remote_code: bool = False
-    max_inputs_per_request: int = 2048
-    max_image_bytes: int = 20 * MIB
-    max_image_pixels: int = 40_000_000
-    image_fetch_timeout: float = 10.0
-    allowed_local_media_path: str = ""
-    max_queued_inputs: int = 4096
-    max_queued_tokens: int = 262_144
-    request_timeout: float = 300.0
-    engine_wait_timeout: float = 30.0
-    worker_timeout: float = 30.0
-    engine_start_timeout: float = 300.0
-    shutdown_timeout: float = 30.0
-    log_level: LogLevel = "info"
-    log_format: LogFormat = "text"
-    access_log: bool = False
-    # Access and hostile input (docs/security.md).
-    api_key: str = ""
-    protect_metrics: bool = False
-    # Room for one --max-image-bytes image as a base64 data URL (4/3 of its bytes) and the JSON around it.
-    max_request_bytes: int = 32 * MIB
-    # A full request of the bundled model (2048 inputs of 256 tokens); a long-context model gets no more.
-    max_tokens_per_request: int = 2048 * 256
-    max_images_per_request: int = 32
-    allowed_media_domains: list[str] = msgspec.field(default_factory=list)
-    allow_private_media_urls: bool = False
-    cors_allowed_origins: list[str] = msgspec.field(default_factory=list)
+
+@dataclass(frozen=True)
+class Flag:
+    """How a Config field shows in `launch --help`: its section, its help, and what argparse cannot
+    infer from the field's type. The flag is the field's name with dashes (`max_batch_size` is
+    `--max-batch-size`), its default is the field's default, a Literal's values are its choices, a
+    list takes one or more values (or, with `repeated_as`, one value per repeated flag) and a bool
+    is a switch."""
+
+    group: FlagGroup
+    help: str
+    metavar: str | None = None
+    # An environment variable that gives the default when the flag is absent, read by the CLI only.
+    env: str | None = None
+    # A list given one value per flag (`--plugin a --plugin b`), under this singular name instead of
+    # the field's.
+    repeated_as: str | None = None
+
+
+class Config(msgspec.Struct, kw_only=True, frozen=True):
+    """Every setting of a poolserve instance. Cheap to build and to validate; nothing is loaded here.
+
+    Each field is one `launch` flag (its name with dashes); its `Flag` carries the help, and its
+    default is the flag's default, so both are written here once.
+    """
+
+    model: Annotated[
+        str, Flag("model", "Model folder (a Hugging Face layout) or hub id. Empty: the bundled all-MiniLM-L6-v2.")
+    ] = ""
+    served_model_name: Annotated[
+        list[str],
+        Flag(
+            "model",
+            "Name(s) clients use in the `model` field; the first is reported in responses. "
+            "Default: --model as given, or sentence-transformers/all-MiniLM-L6-v2 for the bundled model.",
+            metavar="NAME",
+        ),
+    ] = msgspec.field(default_factory=list)
+    max_model_len: Annotated[
+        int,
+        Flag(
+            "model",
+            "Longest input in tokens; longer inputs get 400 unless the request asks for truncation. "
+            "0: the model's own limit (Sentence-Transformers' max_seq_length when the folder has one).",
+        ),
+    ] = 0
+    pooling: Annotated[
+        Pooling,
+        Flag(
+            "model",
+            "How token states become one vector. auto: the folder's Sentence-Transformers Pooling config, "
+            "else last-token for decoder models and mean for encoders.",
+        ),
+    ] = "auto"
+    trust_remote_code: Annotated[bool, Flag("model", "Allow model code shipped in the folder.")] = False
+
+    host: Annotated[
+        str,
+        Flag(
+            "HTTP",
+            "Address to listen on. Only this machine can connect by default; 0.0.0.0 or :: opens the server to "
+            "the network (the ready line says so): pair it with --api-key.",
+        ),
+    ] = "127.0.0.1"
+    port: Annotated[int, Flag("HTTP", "TCP port; 0 picks a free one (the ready line says which).")] = 8000
+    api_server_count: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "API-server processes sharing the listening socket (default: half the usable cores, 1 to 8).",
+        ),
+    ] = msgspec.field(default_factory=default_api_server_count)
     # Spreading connections over the API servers (docs/operations.md, "How connections are spread").
-    accept_balance: AcceptBalance = "both"
-    max_requests_per_connection: int = 1000
-    max_connection_age: float = 300.0
-    keep_alive_timeout: float = 75.0
-    # Entry-point names of installed plugins whose endpoints to serve (docs/api.md, "Plugins").
-    plugins: list[str] = msgspec.field(default_factory=list)
+    accept_balance: Annotated[
+        AcceptBalance,
+        Flag(
+            "HTTP",
+            "What the API servers compare to share connections (fair accept): a server holding more than the "
+            "least-loaded one stops accepting until it is back at its share, and the next connection goes to a "
+            "sibling. both: open connections plus requests in flight (measured best when a proxy's few "
+            "connections carry unequal load); connections: open connections only (exactly even for many similar "
+            "clients); requests: requests in flight only; none: leave it to the kernel (measured: one server "
+            "took 100% of 32 keep-alive clients).",
+        ),
+    ] = "both"
+    max_requests_per_connection: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "A keep-alive connection closes after this many requests (that response says `Connection: close`; "
+            "no request is cut), so a proxy's long-lived connections spread again over the API servers. 1000 is "
+            "nginx's keepalive_requests; a reconnect every 100 or more requests cost no measurable throughput "
+            "even on the cheapest endpoint (every 10: -26%). 0: no limit.",
+        ),
+    ] = 1000
+    max_connection_age: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Seconds after which a keep-alive connection closes after its next response, so API servers added "
+            "(SIGTTIN) or restarted (SIGHUP) get their share of a proxy's connections within this time, at the "
+            "cost of one reconnect per connection per period. 0: no limit.",
+        ),
+    ] = 300.0
+    keep_alive_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Seconds an idle keep-alive connection stays open after a response. Longer than the idle timeout "
+            "of the proxy or load balancer in front (nginx upstream keepalive_timeout 60 s, AWS ALB 60 s), so "
+            "the proxy, not the server, closes a connection it might be about to reuse (that race loses "
+            "requests).",
+        ),
+    ] = 75.0
+    plugins: Annotated[
+        list[str],
+        Flag(
+            "HTTP",
+            "Serve the endpoint of an installed plugin (a package's `poolserve.plugins` entry point); repeatable "
+            '(docs/api.md, "Plugins").',
+            metavar="NAME",
+            repeated_as="plugin",
+        ),
+    ] = msgspec.field(default_factory=list)
+    preprocess_workers: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Threads per API server that parse and tokenize requests; 0 runs that inline on the event loop.",
+        ),
+    ] = 1
+    max_inputs_per_request: Annotated[
+        int,
+        Flag("HTTP", "Most inputs (texts, images, pairs, documents) one request may carry; more gets 400."),
+    ] = 2048
+    max_queued_inputs: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Admission limit for the whole server: inputs waiting or running in the engine, from every API "
+            "server. A request past it gets 429 with Retry-After at once.",
+        ),
+    ] = 4096
+    max_queued_tokens: Annotated[
+        int, Flag("HTTP", "The same limit counted in tokens (an image counts its vision tokens).")
+    ] = 262_144
+    request_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Seconds a request may take end to end before it gets 504 and the engine drops its work; 0: none.",
+        ),
+    ] = 300.0
+    engine_wait_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Seconds a new request waits for an engine that is restarting before it gets 503 with Retry-After.",
+        ),
+    ] = 30.0
+    worker_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "A process whose heartbeat (beaten by its event loop or its scheduler loop) is silent this long is "
+            "killed and replaced; /health reports a forward pass running over a third of it. 0: off.",
+        ),
+    ] = 30.0
+    # A full request of the bundled model (2048 inputs of 256 tokens); a long-context model gets no more.
+    max_tokens_per_request: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Most tokens one request may send to the model, all its inputs together (after truncation); more gets 400.",
+        ),
+    ] = 2048 * 256
+    # Room for one --max-image-bytes image as a base64 data URL (4/3 of its bytes) and the JSON around it.
+    max_request_bytes: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Largest request body accepted, checked on Content-Length and while a chunked body arrives; "
+            "larger gets 413. The default fits one --max-image-bytes image as a base64 data URL.",
+        ),
+    ] = 32 * MIB
+    shutdown_timeout: Annotated[
+        float,
+        Flag("HTTP", "Seconds in-flight requests get to finish after SIGTERM before the processes are stopped."),
+    ] = 30.0
+
+    max_image_bytes: Annotated[
+        int, Flag("images", "Largest encoded image accepted, inline or fetched; larger gets 413.")
+    ] = 20 * MIB
+    max_image_pixels: Annotated[
+        int,
+        Flag("images", "Most pixels (width x height) an image may declare; more is refused before decoding (400)."),
+    ] = 40_000_000
+    image_fetch_timeout: Annotated[
+        float, Flag("images", "Seconds to fetch an http(s) image URL, connection to last byte.")
+    ] = 10.0
+    allowed_local_media_path: Annotated[
+        str,
+        Flag(
+            "images",
+            "Folder whose files requests may name as images (file:// URLs or paths); empty: no local files.",
+            metavar="DIR",
+        ),
+    ] = ""
+    max_images_per_request: Annotated[
+        int,
+        Flag("images", "Most images one request may carry; more gets 400 before any is fetched or decoded."),
+    ] = 32
+    allowed_media_domains: Annotated[
+        list[str],
+        Flag(
+            "images",
+            "Host names http(s) image URLs may name (each redirect too); empty: any public host.",
+            metavar="HOST",
+        ),
+    ] = msgspec.field(default_factory=list)
+    allow_private_media_urls: Annotated[
+        bool,
+        Flag(
+            "images",
+            "Let image URLs reach loopback, private, link-local (cloud metadata) and other non-public "
+            "addresses. Off: every address a URL or redirect resolves to must be public, checked on the "
+            "connection made.",
+        ),
+    ] = False
+
+    # Access (docs/security.md).
+    api_key: Annotated[
+        str,
+        Flag(
+            "access",
+            "Require `Authorization: Bearer KEY` on every endpoint but /health, /ping and /metrics (401 "
+            f"otherwise). Default: the {API_KEY_ENV} environment variable, which keeps the key out of `ps`; "
+            "unset or empty: no key.",
+            env=API_KEY_ENV,
+        ),
+    ] = ""
+    protect_metrics: Annotated[bool, Flag("access", "Require the API key on /metrics too (needs --api-key).")] = False
+    cors_allowed_origins: Annotated[
+        list[str],
+        Flag(
+            "access",
+            "Origins browsers may call the API from (https://app.example.com, or * for any); empty: CORS off.",
+            metavar="ORIGIN",
+        ),
+    ] = msgspec.field(default_factory=list)
+
+    device: Annotated[Device, Flag("engine", "auto: CUDA when visible, else CPU.")] = "auto"
+    dtype: Annotated[DType, Flag("engine", "Weights' precision. auto: float16 on CUDA, float32 on CPU.")] = "auto"
+    max_batch_tokens: Annotated[
+        int,
+        Flag("engine", "Token budget of one forward pass, padding included. 0: 8192 on CPU, 32768 on CUDA."),
+    ] = 0
+    max_batch_size: Annotated[int, Flag("engine", "Most inputs in one forward pass. 0: 32 on CPU, 256 on CUDA.")] = 0
+    torch_threads: Annotated[int, Flag("engine", "torch intra-op threads in the engine; 0: torch's default.")] = 0
+    engine_start_timeout: Annotated[
+        float, Flag("engine", "Seconds the engine gets to load the model before start-up is abandoned.")
+    ] = 300.0
+
+    log_level: Annotated[LogLevel, Flag("logs", "Log verbosity.")] = "info"
+    log_format: Annotated[
+        LogFormat,
+        Flag("logs", "One line per record: readable text, or one JSON object (for log shippers)."),
+    ] = "text"
+    access_log: Annotated[
+        bool, Flag("logs", "Log one line per request: request id, method, path, status, duration, tokens.")
+    ] = False
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
@@ -216,3 +218,34 @@ def test_bad_connection_flags_fail_naming_the_flag(
         parse_config(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_config_field_is_exactly_one_flag_with_the_field_s_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    flags = {action.dest: action.option_strings for action in build_parser()._actions if action.dest != "help"}
+    fields = msgspec.structs.fields(Config)
+    assert sorted(flags) == sorted(field.name for field in fields)
+    # The field's name with dashes; a repeated list flag takes the singular its Flag names.
+    renamed = {"plugins": ["--plugin"]}
+    for field in fields:
+        assert flags[field.name] == renamed.get(field.name, ["--" + field.name.replace("_", "-")])
+    defaults = {action.dest: action.default for action in build_parser()._actions}
+    for field in fields:
+        expected = field.default if field.default_factory is msgspec.NODEFAULT else field.default_factory()
+        if field.name == "api_key":  # read from the environment after parsing, so it stays out of --help
+            assert defaults[field.name] is argparse.SUPPRESS
+        else:
+            assert defaults[field.name] == expected, field.name
+    assert parse_config([]) == Config()
+
+
+def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
+    choices = {action.dest: action.choices for action in build_parser()._actions if action.choices}
+    assert choices == {
+        "pooling": ("auto", "mean", "cls", "last"),
+        "accept_balance": ("connections", "requests", "both", "none"),
+        "device": ("auto", "cpu", "cuda"),
+        "dtype": ("auto", "float32", "float16", "bfloat16"),
+        "log_level": ("debug", "info", "warning", "error"),
+        "log_format": ("text", "json"),
+    }
