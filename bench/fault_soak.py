@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.utils import LaunchedServer, wait_until
+from bench.server_process import PoolserveProcess, start_poolserve, wait_until
 
 FAULTS = ("kill-api-server", "kill-engine", "sighup", "scale-up-down")
 
@@ -56,13 +56,9 @@ def client_loop(url: str, stop: threading.Event, tally: Tally, started: float, s
                     tally.failures.append((time.monotonic() - started, f"HTTP {status}"))
 
 
-def api_server_pids(server: LaunchedServer) -> list[int]:
-    return server.child_pid("apiserver")
-
-
-def inject(server: LaunchedServer, fault: str) -> str:
+def inject(server: PoolserveProcess, fault: str) -> str:
     if fault == "kill-api-server":
-        pid = random.choice(api_server_pids(server))
+        pid = random.choice(server.child_pid("apiserver"))
         os.kill(pid, signal.SIGKILL)
         return f"kill -9 API server {pid}"
     if fault == "kill-engine":
@@ -72,15 +68,15 @@ def inject(server: LaunchedServer, fault: str) -> str:
     if fault == "sighup":
         server.proc.send_signal(signal.SIGHUP)
         return "SIGHUP (rolling restart)"
-    count = len(api_server_pids(server))
+    count = len(server.child_pid("apiserver"))
     server.proc.send_signal(signal.SIGTTIN)
-    wait_until(lambda: len(api_server_pids(server)) == count + 1, 30)
+    wait_until(lambda: len(server.child_pid("apiserver")) == count + 1, 30)
     time.sleep(2)
     server.proc.send_signal(signal.SIGTTOU)
     return "SIGTTIN then SIGTTOU"
 
 
-def settle(server: LaunchedServer) -> None:
+def settle(server: PoolserveProcess) -> None:
     """Wait until the server is whole again: an engine answering, every API server up."""
     with httpx.Client(base_url=server.url, timeout=10) as client:
         wait_until(lambda: client.get("/health").status_code == 200, 120, interval=0.2)
@@ -95,7 +91,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     random.seed(args.seed)
-    server = LaunchedServer("--api-server-count", str(args.api_servers)).wait_ready()
+    server = start_poolserve(["--api-server-count", str(args.api_servers)])
     tally, stop, started = Tally(), threading.Event(), time.monotonic()
     faults: list[tuple[float, str]] = []
     threads = [

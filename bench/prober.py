@@ -6,6 +6,7 @@ lag to what should be the server's answer time.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import multiprocessing
 import multiprocessing.connection
@@ -20,6 +21,11 @@ def probe_loop(url: str, path: str, interval: float, stop: multiprocessing.conne
     missed because a probe ran long is skipped, not made up for, so a slow server is not flooded."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=10)
+    # One probe before measuring, so the connection is made (as a monitor's already is) and the
+    # first measured probe is not also a connect.
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        connection.request("GET", path)
+        connection.getresponse().read()
     # (when, latency) and (when, status): CLOCK_MONOTONIC is shared by every process on Linux, so
     # the parent can keep just the probes inside its measured window.
     latencies: list[tuple[float, float]] = []

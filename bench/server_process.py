@@ -1,8 +1,9 @@
-"""Servers the bench starts and stops: poolserve's `launch`, the trivial server, and Infinity.
+"""Servers the bench and the tests start and stop: poolserve's `launch`, the trivial server, and Infinity.
 
 Each runs in its own session with its output in temporary files (a pipe nobody reads would
-block it); `stop()` sends SIGTERM to the PID it started, then SIGKILL to that process group if
-anything is left, and is safe to call twice. Also reads each process's memory from /proc.
+block it), polled for readiness against a deadline; `stop()` sends SIGTERM to the PID it started,
+then SIGKILL to that process group if anything is left, and is safe to call twice. Also reads
+each process's children, command line and memory from /proc.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 POOLSERVE_READY = re.compile(r"poolserve ready in (?P<reported>[\d.]+)s on http://(?P<host>[^:]+):(?P<port>\d+)")
 TRIVIAL_READY = re.compile(r"trivial server listening on http://(?P<host>[^:]+):(?P<port>\d+)")
@@ -47,7 +49,6 @@ class ServerProcess:
         )
         self.port = 0
         self.ready_after = 0.0
-        self.ready_reported = 0.0
         self.is_stopped = False
 
     @property
@@ -58,8 +59,18 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def stdout(self) -> str:
+        return Path(self._out.name).read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return Path(self._err.name).read_text(errors="replace")
+
     def output(self) -> str:
-        return Path(self._out.name).read_text(errors="replace") + Path(self._err.name).read_text(errors="replace")
+        return self.stdout() + self.stderr()
+
+    def log(self) -> str:
+        """Both streams, labelled: what a failure message shows."""
+        return f"--- stdout ---\n{self.stdout()}\n--- stderr ---\n{self.stderr()}"
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.output().splitlines()[-lines:])
@@ -88,6 +99,20 @@ class ServerProcess:
         self.port = int(found[0]["port"])
         return found[0]
 
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit code, once the process has exited by itself."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name} did not exit within {timeout:.0f}s\n{self.log()}") from None
+
+    def children(self) -> list[int]:
+        return child_pids(self.pid)
+
+    def child_pid(self, module: str) -> list[int]:
+        """Pids of the children started as `python -m <module>`."""
+        return [pid for pid in self.children() if module in cmdline(pid)]
+
     def stop(self, grace: float = 30.0) -> None:
         if self.is_stopped:
             return
@@ -113,17 +138,29 @@ class ServerProcess:
         self.stop()
 
 
-def start_poolserve(args: Sequence[str], timeout: float = 300.0) -> ServerProcess:
-    """`launch --host 127.0.0.1 --port 0 ARGS`, returned once its ready line is out."""
-    argv = [sys.executable, "-m", "supervisor", "--host", "127.0.0.1", "--port", "0", *args]
-    server = ServerProcess("poolserve", argv, env={"HF_HUB_OFFLINE": "1"})
+class PoolserveProcess(ServerProcess):
+    """`launch --host 127.0.0.1 --port 0 ARGS`, offline, started at once; `wait_ready()` reads the
+    port from its ready line."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None):
+        argv = [sys.executable, "-m", "supervisor", "--host", "127.0.0.1", "--port", "0", *args]
+        super().__init__("poolserve", argv, env={"HF_HUB_OFFLINE": "1", **(env or {})})
+        self.ready_reported = 0.0  # the start-up time the ready line itself states
+
+    def wait_ready(self, timeout: float = 60.0) -> Self:
+        match = self.wait_for_line(POOLSERVE_READY, timeout)
+        self.ready_reported = float(match["reported"])
+        return self
+
+
+def start_poolserve(args: Sequence[str], timeout: float = 300.0) -> PoolserveProcess:
+    """A PoolserveProcess, returned once its ready line is out (stopped if it never is)."""
+    server = PoolserveProcess(args)
     try:
-        match = server.wait_for_line(POOLSERVE_READY, timeout)
+        return server.wait_ready(timeout)
     except BaseException:
         server.stop()
         raise
-    server.ready_reported = float(match["reported"])
-    return server
 
 
 def start_trivial_server(reply_items: int = 0, reply_dim: int = 384, timeout: float = 30.0) -> ServerProcess:
@@ -173,6 +210,24 @@ def start_infinity(
         server.stop()
         raise
     return server
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Poll `predicate` until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of `pid` (of its main thread, which is where a Python parent forks)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
 
 
 def process_tree(pid: int) -> list[int]:

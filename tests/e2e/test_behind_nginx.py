@@ -18,7 +18,8 @@ import msgspec
 import pytest
 
 from bench.clients import RawClient, prepare_request
-from tests.utils import LaunchedServer, wait_until
+from bench.server_process import wait_until
+from tests.utils import LaunchedServer
 
 NGINX_CONF = """
 daemon off;

@@ -17,8 +17,9 @@ import msgspec
 import pytest
 
 from bench.clients import RawClient, RawConnection, prepare_request
+from bench.server_process import wait_until
 from bench.spread import describe, measure_spread, open_connections_reported
-from tests.utils import LaunchedServer, api_server_pids, ready_line_time, wait_until
+from tests.utils import LaunchedServer, api_server_pids, ready_line_time
 
 BODY = msgspec.json.encode({"input": "a short query about keep-alive connections"})
 

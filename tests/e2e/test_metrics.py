@@ -17,7 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.utils import LaunchedServer, SteadyLoad, wait_until
+from bench.server_process import wait_until
+from tests.utils import LaunchedServer, SteadyLoad
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
 

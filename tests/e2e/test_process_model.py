@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.utils import LaunchedServer, child_pids, is_alive, mapped_libraries, runtime_dirs_of, wait_until
+from bench.server_process import child_pids, wait_until
+from tests.utils import LaunchedServer, is_alive, mapped_libraries, runtime_dirs_of
 
 HEAVY_MODULES = ("torch", "transformers")
 # Imports every module an API server or the supervisor can load, in a fresh interpreter, and prints

@@ -21,10 +21,11 @@ import zmq
 
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
+from bench.server_process import cmdline
 from poolserve.protocol import Abort, Outputs, Ping, Pong, PoolRequest, make_client_decoder, make_encoder
 from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
-from tests.utils import LaunchedServer, cmdline, is_alive, runtime_dirs_of, socket_inodes
+from tests.utils import LaunchedServer, is_alive, runtime_dirs_of, socket_inodes
 
 KEY, ORIGIN, BODY_LIMIT, TOKEN_LIMIT = API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 IMAGE_LIMIT = 4
