@@ -14,46 +14,21 @@ import os
 import random
 import re
 import signal
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from bench.server_process import PoolserveProcess, start_poolserve, wait_until
+from bench.steady_load import SteadyLoad
 
 FAULTS = ("kill-api-server", "kill-engine", "sighup", "scale-up-down")
 
 
-@dataclass
-class Tally:
-    statuses: Counter[int] = field(default_factory=Counter)
-    errors: Counter[str] = field(default_factory=Counter)
-    # (seconds since start, what) of each failure
-    failures: list[tuple[float, str]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def client_loop(url: str, stop: threading.Event, tally: Tally, started: float, seed: int) -> None:
-    rng = random.Random(seed)
-    with httpx.Client(base_url=url, timeout=120) as client:
-        while not stop.is_set():
-            body = {
-                "input": [f"soak sentence {rng.randint(0, 10**6)} about search" for _ in range(rng.choice((1, 4, 16)))]
-            }
-            try:
-                status = client.post("/v1/embeddings", json=body).status_code
-            except httpx.HTTPError as exc:
-                with tally.lock:
-                    tally.errors[type(exc).__name__] += 1
-                    tally.failures.append((time.monotonic() - started, type(exc).__name__))
-                continue
-            with tally.lock:
-                tally.statuses[status] += 1
-                if status != 200:
-                    tally.failures.append((time.monotonic() - started, f"HTTP {status}"))
+def soak_body(rng: random.Random) -> dict[str, object]:
+    """1, 4 or 16 sentences, each unlikely to repeat (so no cache could answer it)."""
+    return {"input": [f"soak sentence {rng.randint(0, 10**6)} about search" for _ in range(rng.choice((1, 4, 16)))]}
 
 
 def inject(server: PoolserveProcess, fault: str) -> str:
@@ -92,41 +67,33 @@ def main() -> None:
     args = parser.parse_args()
     random.seed(args.seed)
     server = start_poolserve(["--api-server-count", str(args.api_servers)])
-    tally, stop, started = Tally(), threading.Event(), time.monotonic()
+    started = time.monotonic()
     faults: list[tuple[float, str]] = []
-    threads = [
-        threading.Thread(target=client_loop, args=(server.url, stop, tally, started, i), daemon=True)
-        for i in range(args.clients)
-    ]
     try:
-        for thread in threads:
-            thread.start()
-        deadline = started + args.minutes * 60
-        schedule = iter(FAULTS * 1000)
-        while time.monotonic() + args.interval < deadline:
-            time.sleep(args.interval)
-            fault = next(schedule)
-            faults.append((time.monotonic() - started, inject(server, fault)))
-            settle(server)
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        with SteadyLoad(server.url, clients=args.clients, body=soak_body, timeout=120) as load:
+            deadline = started + args.minutes * 60
+            schedule = iter(FAULTS * 1000)
+            while time.monotonic() + args.interval < deadline:
+                time.sleep(args.interval)
+                fault = next(schedule)
+                faults.append((time.monotonic() - started, inject(server, fault)))
+                settle(server)
+            time.sleep(max(0.0, deadline - time.monotonic()))
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(130)
         log = server.stderr()
         server.stop()
-    sent = sum(tally.statuses.values()) + sum(tally.errors.values())
+    misses = [(at - started, what) for at, what in load.misses]
     report = {
         "minutes": args.minutes,
         "clients": args.clients,
         "api_servers": args.api_servers,
-        "sent": sent,
-        "ok": tally.statuses[200],
-        "statuses": dict(tally.statuses),
-        "connection_errors": dict(tally.errors),
+        "sent": load.total,
+        "ok": load.statuses[200],
+        "statuses": dict(load.statuses),
+        "connection_errors": dict(Counter(name for _, name in load.failures)),
         "poison_pills": len(re.findall("failing it as the cause", log)),
         "faults": [
-            {"at": round(at, 1), "fault": what, "failures_within_5s": [w for t, w in tally.failures if 0 <= t - at < 5]}
+            {"at": round(at, 1), "fault": what, "failures_within_5s": [w for t, w in misses if 0 <= t - at < 5]}
             for at, what in faults
         ],
     }

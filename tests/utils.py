@@ -1,13 +1,11 @@
-"""What the end-to-end tests add to the bench's harness (bench/server_process.py): a launcher with the
-tests' environment, /proc readers, and steady load that counts every outcome."""
+"""What the end-to-end tests add to the bench's harness (bench/server_process.py, bench/steady_load.py):
+a launcher with the tests' environment, and /proc readers."""
 
 from __future__ import annotations
 
 import os
 import re
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -54,64 +52,6 @@ def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: fl
 
 def mapped_libraries(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
-
-
-class SteadyLoad:
-    """Concurrent clients sending requests back to back, counting every outcome, bounded by `stop()`.
-
-    Each client keeps one keep-alive connection (as real clients do) and remembers which API
-    server answered it last, so a failure can be traced to the process its connection was on.
-    """
-
-    def __init__(self, url: str, clients: int = 8, body: dict[str, object] | None = None, path: str = "/v1/embeddings"):
-        self.url = url
-        self.path = path
-        self.body = body or {"input": "a steady stream of short sentences"}
-        self.clients = clients
-        self.statuses: Counter[int] = Counter()
-        # (server the client's connection was last answered by, exception type name)
-        self.failures: list[tuple[str | None, str]] = []
-        self.latencies: list[float] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
-
-    def __enter__(self) -> SteadyLoad:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
-
-    @property
-    def total(self) -> int:
-        return sum(self.statuses.values()) + len(self.failures)
-
-    def wait_for(self, count: int, timeout: float = 30) -> None:
-        """Wait until at least `count` responses came back (load is really flowing)."""
-        assert wait_until(lambda: sum(self.statuses.values()) >= count, timeout), f"only {self.statuses}"
-
-    def _client(self) -> None:
-        last_server: str | None = None
-        with httpx.Client(base_url=self.url, timeout=60) as client:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                try:
-                    response = client.post(self.path, json=self.body)
-                except httpx.HTTPError as exc:
-                    with self._lock:
-                        self.failures.append((last_server, type(exc).__name__))
-                    continue
-                last_server = response.headers.get("x-poolserve-server", last_server)
-                with self._lock:
-                    self.statuses[response.status_code] += 1
-                    self.latencies.append(time.perf_counter() - started)
 
 
 def socket_inodes(pid: int) -> set[str]:

@@ -18,7 +18,8 @@ import pytest
 from bench.models import TINY, save_with_tokenizer
 from bench.prober import Prober
 from bench.server_process import wait_until
-from tests.utils import LaunchedServer, SteadyLoad, api_server_pids, is_alive, ready_line_time
+from bench.steady_load import SteadyLoad
+from tests.utils import LaunchedServer, api_server_pids, is_alive, ready_line_time
 
 # Token ids in the bundled BERT vocabulary on which the faulty model's forward pass crashes or hangs.
 CRASH_TOKEN = 29_999

@@ -18,7 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.server_process import wait_until
-from tests.utils import LaunchedServer, SteadyLoad
+from bench.steady_load import SteadyLoad
+from tests.utils import LaunchedServer
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
 
