@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import msgspec
-import numpy as np
 from prometheus_client import Histogram
 from starlette.requests import Request
 from starlette.responses import Response
@@ -120,8 +119,7 @@ async def run_job(request: Request, job: EngineJob) -> Rows:
     passes first: nobody would read the answer."""
     state: AppState = request.app.state.poolserve
     check_job(job, state.config, state.card)
-    pool_request, frames = job.to_wire()
-    work = asyncio.ensure_future(state.engine.pool(pool_request, frames))
+    work = asyncio.ensure_future(state.engine.pool(job.to_wire()))
     disconnect = asyncio.ensure_future(wait_for_disconnect(request))
     timeout = state.config.request_timeout
     remaining = timeout - (time.monotonic() - request.state.started) if timeout else None
@@ -144,7 +142,7 @@ async def run_job(request: Request, job: EngineJob) -> Rows:
     PROMPT_TOKENS.labels(endpoint=request.url.path).inc(job.prompt_tokens)
     if job.images:
         IMAGES.labels(endpoint=request.url.path).inc(len(job.images))
-    rows = np.frombuffer(result.data, dtype=result.dtype).reshape(result.rows, result.dim)
+    rows = result.vectors
     return rows if job.order is None else rows[job.order]
 
 

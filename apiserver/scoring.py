@@ -54,4 +54,4 @@ def plan_scores(
     def cosine(vectors: Rows) -> list[float]:
         return np.einsum("ij,ij->i", vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
-    return ScorePlan(EngineJob(rows=rows, normalize=1), cosine)
+    return ScorePlan(EngineJob(rows=rows, normalize=True), cosine)

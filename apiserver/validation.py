@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 
 from apiserver.errors import ApiError, bad_request, from_validation_error
-from poolserve.protocol import ModelCard
+from poolserve.protocol import ModelCard, Task
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def check_model(requested: str | None, served: list[str]) -> None:
         )
 
 
-def require_task(card: ModelCard, task: str, endpoint: str) -> None:
+def require_task(card: ModelCard, task: Task, endpoint: str) -> None:
     if not card.supports(task):
         raise bad_request(
             f"{endpoint} needs a model that can {task}; this model ({card.architecture}, a {card.kind} model) "

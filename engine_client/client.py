@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -25,17 +27,19 @@ from zmq.utils.monitor import parse_monitor_message
 from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
 from poolserve.protocol import (
     ERROR_OVERLOADED,
-    OUTPUT_DTYPE,
     Abort,
+    ClientWire,
+    Frame,
     Hello,
     ModelCard,
     Outputs,
     Ping,
     Pong,
+    PoolJob,
     PoolRequest,
+    ProtocolError,
     Ready,
-    make_client_decoder,
-    make_encoder,
+    decode_rows,
 )
 
 logger = logging.getLogger("poolserve.engine_client")
@@ -52,20 +56,19 @@ PONG_STALE_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class PooledResult:
-    """`rows` x `dim` float32 vectors, little-endian, row after row."""
+    """One float32 row per input (texts first, then images), a read-only view of the reply's frame."""
 
-    rows: int
-    dim: int
-    data: bytes
-    dtype: str = OUTPUT_DTYPE
+    vectors: npt.NDArray[np.float32]
     queue_time: float = 0.0
     inference_time: float = 0.0
 
 
 @dataclass(slots=True)
 class InFlight:
+    """A request sent and not yet answered: its header (resubmissions bump `attempt`) and its job."""
+
     request: PoolRequest
-    frames: list[bytes]
+    job: PoolJob
     future: asyncio.Future[PooledResult]
     blames: int = 0
 
@@ -83,8 +86,7 @@ class EngineClient:
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
         # HANDSHAKE_SUCCEEDED, not CONNECTED: only after the ZMTP handshake does IMMEDIATE let a send through.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        self._encoder = make_encoder()
-        self._decoder = make_client_decoder()
+        self._wire = ClientWire()
         self._ids = itertools.count()
         self._in_flight: dict[int, InFlight] = {}
         self._pings: dict[int, asyncio.Future[Pong]] = {}
@@ -133,7 +135,7 @@ class EngineClient:
         self._socket.close()
         self._context.term()
 
-    async def pool(self, request: PoolRequest, frames: list[bytes]) -> PooledResult:
+    async def pool(self, job: PoolJob) -> PooledResult:
         """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here.
 
         While the engine restarts, a new request waits for it up to `wait_timeout` seconds."""
@@ -143,11 +145,7 @@ class EngineClient:
             except TimeoutError:
                 raise EngineUnavailable(f"no engine came back within {self.wait_timeout:g}s") from None
         request_id = next(self._ids)
-        entry = InFlight(
-            msgspec.structs.replace(request, id=request_id),
-            frames,
-            asyncio.get_running_loop().create_future(),
-        )
+        entry = InFlight(job.header(request_id), job, asyncio.get_running_loop().create_future())
         self._in_flight[request_id] = entry
         try:
             await self._submit(entry)
@@ -156,7 +154,7 @@ class EngineClient:
             # The caller went away (client disconnect, timeout): the engine need not compute it.
             if self._in_flight.pop(request_id, None) is not None and self._ready.is_set():
                 with contextlib.suppress(EngineUnavailable):
-                    await self._send([self._encoder.encode(Abort([request_id]))])
+                    await self._send(self._wire.encode(Abort([request_id])))
             raise
         finally:
             self._in_flight.pop(request_id, None)
@@ -169,7 +167,7 @@ class EngineClient:
         future: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
         self._pings[nonce] = future
         try:
-            await self._send([self._encoder.encode(Ping(nonce))])
+            await self._send(self._wire.encode(Ping(nonce)))
             return await asyncio.wait_for(future, timeout)
         except (TimeoutError, EngineUnavailable):
             return None
@@ -202,7 +200,7 @@ class EngineClient:
         attempt = entry.request.attempt
         while True:
             try:
-                await self._send([self._encoder.encode(entry.request), *entry.frames])
+                await self._send(self._wire.encode_pool(entry.request, entry.job))
                 return
             except EngineUnavailable:
                 await asyncio.sleep(SEND_RETRY_S)
@@ -210,7 +208,7 @@ class EngineClient:
             if not self._ready.is_set() or resubmitted or entry.request.id not in self._in_flight:
                 return
 
-    async def _send(self, frames: list[bytes]) -> None:
+    async def _send(self, frames: list[Frame]) -> None:
         try:
             await self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again as exc:
@@ -220,12 +218,13 @@ class EngineClient:
         while True:
             frames = await self._socket.recv_multipart()
             try:
-                msg = self._decoder.decode(frames[0])
-            except msgspec.DecodeError:
+                msg = self._wire.decode(frames)
+                rows = decode_rows(msg, frames[1:]) if isinstance(msg, Outputs) else []
+            except ProtocolError:
                 logger.exception("dropped an undecodable reply from the engine")
                 continue
             if isinstance(msg, Outputs):
-                self._resolve(msg, frames)
+                self._resolve(msg, rows)
             elif isinstance(msg, Pong):
                 ping = self._pings.get(msg.nonce)
                 if ping is not None and not ping.done():
@@ -233,20 +232,16 @@ class EngineClient:
             elif isinstance(msg, Ready):
                 await self._on_ready(msg)
 
-    def _resolve(self, msg: Outputs, frames: list[bytes]) -> None:
-        for i, out in enumerate(msg.outputs):
+    def _resolve(self, msg: Outputs, rows: list[npt.NDArray[np.float32]]) -> None:
+        for out, vectors in zip(msg.outputs, rows, strict=True):
             entry = self._in_flight.pop(out.id, None)
-            if entry is None or entry.future.done():
-                continue
-            if out.code == ERROR_OVERLOADED:
-                entry.future.set_exception(EngineOverloaded(out.error))
-            elif out.error:
-                entry.future.set_exception(EngineError(out.error))
-            else:
-                result = PooledResult(
-                    out.rows, out.dim, frames[i + 1], queue_time=out.queue_time, inference_time=out.inference_time
-                )
-                entry.future.set_result(result)
+            if entry is not None and not entry.future.done():
+                entry.future.set_result(PooledResult(vectors, out.queue_time, out.inference_time))
+        for failure in msg.failures:
+            entry = self._in_flight.pop(failure.id, None)
+            if entry is not None and not entry.future.done():
+                overloaded = failure.code == ERROR_OVERLOADED
+                entry.future.set_exception((EngineOverloaded if overloaded else EngineError)(failure.message))
 
     async def _on_ready(self, ready: Ready) -> None:
         """A (new) engine answered the handshake: blame its suspects, resubmit what is in flight."""
@@ -290,10 +285,10 @@ class EngineClient:
 
     async def _say_hello(self) -> None:
         """A connection is not a ready engine: Hello until Ready comes back (which resubmits)."""
-        hello = self._encoder.encode(Hello(self.server_index, os.getpid()))
+        hello = self._wire.encode(Hello(self.server_index, os.getpid()))
         while not self._ready.is_set():
             with contextlib.suppress(EngineUnavailable):
-                await self._send([hello])
+                await self._send(hello)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), HELLO_RETRY_S)
 

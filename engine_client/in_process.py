@@ -10,28 +10,26 @@ import inspect
 import itertools
 from collections.abc import Awaitable, Callable
 
-import msgspec
-
 from engine_client.client import PooledResult
-from poolserve.protocol import Pong, PoolRequest
+from poolserve.protocol import Pong, PoolJob, PoolRequest
 
-Answer = Callable[[PoolRequest, list[bytes]], PooledResult | Awaitable[PooledResult]]
+Answer = Callable[[PoolRequest, PoolJob], PooledResult | Awaitable[PooledResult]]
 
 
 class InProcessEngine:
-    """Implements PoolingEngine by calling `answer` (sync or async) with each request and its frames.
+    """Implements PoolingEngine by calling `answer` (sync or async) with each request's header and job.
 
-    Request ids are assigned here, as EngineClient assigns them; `requests` keeps every request sent."""
+    Request ids are assigned here, as EngineClient assigns them; `requests` keeps every header sent."""
 
     def __init__(self, answer: Answer):
         self.answer = answer
         self.requests: list[PoolRequest] = []
         self._ids = itertools.count()
 
-    async def pool(self, request: PoolRequest, frames: list[bytes]) -> PooledResult:
-        request = msgspec.structs.replace(request, id=next(self._ids))
+    async def pool(self, job: PoolJob) -> PooledResult:
+        request = job.header(next(self._ids))
         self.requests.append(request)
-        result = self.answer(request, frames)
+        result = self.answer(request, job)
         return await result if inspect.isawaitable(result) else result
 
     def latest_pong(self) -> Pong | None:

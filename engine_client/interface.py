@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from engine_client.client import PooledResult
-from poolserve.protocol import Pong, PoolRequest
+from poolserve.protocol import Pong, PoolJob
 
 
 class PoolingEngine(Protocol):
-    async def pool(self, request: PoolRequest, frames: list[bytes]) -> PooledResult:
-        """Run one request (its header and frames, as the wire carries them) and return its rows.
+    async def pool(self, job: PoolJob) -> PooledResult:
+        """Run one request (its arrays and options; the engine side gives it its id) and return its rows.
 
         Raises EngineUnavailable, EngineOverloaded or EngineError (engine_client.errors); cancelling
         the call drops the work."""

@@ -27,7 +27,7 @@ from engine_core.metrics import (
 )
 from engine_core.postprocess import finish_rows
 from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
-from poolserve.protocol import ERROR_MODEL, OUTPUT_DTYPE, Outputs, PooledOutput, make_encoder
+from poolserve.protocol import ERROR_MODEL, EngineWire, PooledOutput, RequestFailed
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -69,7 +69,7 @@ class EngineCore:
         self._outbox = self._context.socket(zmq.PUSH)
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(OUTBOX_ENDPOINT)
-        self._encoder = make_encoder()
+        self._wire = EngineWire()
         self._requests: dict[tuple[bytes, int], PendingRequest] = {}
         self._running = 0
         self.should_exit = False
@@ -189,7 +189,8 @@ class EngineCore:
 
     def _reply(self, finished: list[PendingRequest], failed: list[PendingRequest], error: str) -> None:
         """Send results and errors, one message per API server."""
-        by_server: dict[bytes, list[tuple[PooledOutput, bytes | memoryview]]] = defaultdict(list)
+        outputs: dict[bytes, list[tuple[PooledOutput, npt.NDArray[np.float32]]]] = defaultdict(list)
+        failures: dict[bytes, list[RequestFailed]] = defaultdict(list)
         for request in finished:
             self._requests.pop(request.key, None)
             self._release(request)
@@ -209,11 +210,11 @@ class EngineCore:
                 queue_time=started - request.admitted_at,
                 inference_time=time.monotonic() - started,
             )
-            by_server[request.identity].append((out, np.ascontiguousarray(vectors, dtype=OUTPUT_DTYPE).data))
+            outputs[request.identity].append((out, vectors))
         for request in failed:
             self._requests.pop(request.key, None)
             self._release(request)
-            by_server[request.identity].append((PooledOutput(request.id, 0, 0, error, ERROR_MODEL), b""))
-        for identity, outputs in by_server.items():
-            header = self._encoder.encode(Outputs([out for out, _ in outputs]))
-            self._outbox.send_multipart([identity, header, *(data for _, data in outputs)], copy=False)
+            failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, error))
+        for identity in outputs.keys() | failures.keys():
+            frames = self._wire.encode_outputs(outputs.get(identity, []), failures.get(identity, []))
+            self._outbox.send_multipart([identity, *frames], copy=False)

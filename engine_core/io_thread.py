@@ -13,8 +13,6 @@ import queue
 import threading
 from collections.abc import Callable
 
-import msgspec
-import numpy as np
 import zmq
 
 from engine_core.admission import AdmissionLimit
@@ -22,19 +20,20 @@ from engine_core.scheduler import PendingRequest
 from poolserve.protocol import (
     ERROR_INVALID,
     ERROR_OVERLOADED,
-    TOKEN_DTYPE,
-    TOKEN_ITEMSIZE,
     Abort,
+    EngineWire,
+    ErrorCode,
+    Frame,
     Hello,
     ModelCard,
-    Outputs,
     Ping,
     Pong,
-    PooledOutput,
+    PoolJob,
     PoolRequest,
+    ProtocolError,
     Ready,
-    make_encoder,
-    make_engine_decoder,
+    RequestFailed,
+    decode_job,
 )
 
 logger = logging.getLogger("poolserve.engine")
@@ -49,55 +48,39 @@ class InvalidRequest(ValueError):
     pass
 
 
-def check_request(identity: bytes, msg: PoolRequest, frames: list[bytes], card: ModelCard) -> PendingRequest:
-    """Check a request against the model's limits; the API servers check first, this is the backstop."""
-    expected = 1 + int(msg.token_types) + int(msg.images > 0)
-    if len(frames) != expected:
-        raise InvalidRequest(f"expected {expected} data frame(s), got {len(frames)}")
-    if msg.images < 0 or msg.count == 0:
-        raise InvalidRequest("no inputs")
-    try:
-        lengths = np.asarray(msg.lengths, dtype=np.int64)
-    except OverflowError:  # msgpack integers reach 2**64 - 1
-        lengths = np.asarray([-1])
-    if lengths.size and (lengths.min() < 1 or lengths.max() > card.max_model_len):
+def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: ModelCard) -> PendingRequest:
+    """Check a request's values against the model's limits; the API servers check first, this is the backstop."""
+    lengths, tokens, token_types = job.lengths, job.tokens, job.token_types
+    if lengths.size and lengths.max() > card.max_model_len:
         raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
-    size = int(lengths.sum()) * TOKEN_ITEMSIZE
-    if len(frames[0]) != size:
-        raise InvalidRequest("token frame size does not match the lengths")
-    tokens = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= card.vocab_size):
         raise InvalidRequest(f"token ids must be within 0..{card.vocab_size - 1}")
-    token_types = None
-    if msg.token_types:
-        if not card.uses_token_types or len(frames[1]) != size:
-            raise InvalidRequest("this model takes no token types, or their frame does not match the tokens")
-        token_types = np.frombuffer(frames[1], dtype=TOKEN_DTYPE)
+    if token_types is not None:
+        if not card.uses_token_types:
+            raise InvalidRequest("this model takes no token types")
         # An id past the model's type embeddings would fail the whole batch it lands in (and on CUDA, the device).
         if token_types.size and (token_types.min() < 0 or token_types.max() >= card.type_vocab_size):
             raise InvalidRequest(f"token type ids must be within 0..{card.type_vocab_size - 1}")
-    pixels = None
-    if msg.images:
+    if job.pixels is not None:
         if card.image is None:
             raise InvalidRequest("this model takes no images")
         height, width = card.image.output_size
-        if len(frames[-1]) != msg.images * height * width * 3:
-            raise InvalidRequest(f"the pixel frame must hold {msg.images} images of {height}x{width}x3 bytes")
-        pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(msg.images, height, width, 3)
-    if not 0 <= msg.dimensions <= card.output_size:
+        if job.pixels.shape[1:3] != (height, width):
+            raise InvalidRequest(f"images must be {height}x{width} pixels")
+    if not 0 <= job.dimensions <= card.output_size:
         raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
     return PendingRequest(
         identity=identity,
-        id=msg.id,
+        id=request.id,
         lengths=lengths,
         tokens=tokens,
-        dimensions=msg.dimensions,
-        normalize=card.normalize if msg.normalize < 0 else bool(msg.normalize),
-        activation=msg.activation,
+        dimensions=job.dimensions,
+        normalize=card.normalize if job.normalize is None else job.normalize,
+        activation=job.activation,
         token_types=token_types,
-        pixels=pixels,
+        pixels=job.pixels,
         image_cost=max(card.image_tokens, 1),
-        is_suspect=msg.is_suspect,
+        is_suspect=request.is_suspect,
     )
 
 
@@ -115,8 +98,7 @@ class EngineIO:
         self.card = card
         self.admission = admission
         self.inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
-        self._encoder = make_encoder()
-        self._decoder = make_engine_decoder()
+        self._wire = EngineWire()
         self._suspects = suspects
         self._stalled_for = stalled_for
         self._router = context.socket(zmq.ROUTER)
@@ -174,8 +156,8 @@ class EngineIO:
             return
         identity = frames[0]
         try:
-            msg = self._decoder.decode(frames[1])
-        except msgspec.DecodeError as exc:
+            msg = self._wire.decode(frames[1:])
+        except ProtocolError as exc:
             logger.warning("dropped an undecodable message from %r: %s", identity, exc)
             return
         match msg:
@@ -185,7 +167,10 @@ class EngineIO:
                 self.inbox.put((identity, msg))
             case Ping():
                 admission = self.admission
-                self._send(identity, Pong(msg.nonce, self._stalled_for(), admission.inputs, admission.tokens))
+                self._send(
+                    identity,
+                    self._wire.encode(Pong(msg.nonce, self._stalled_for(), admission.inputs, admission.tokens)),
+                )
             case Hello():
                 suspects = self._suspects.pop(identity, [])
                 logger.info(
@@ -194,12 +179,12 @@ class EngineIO:
                     msg.pid,
                     f"; {len(suspects)} of its requests were running when the last engine died" if suspects else "",
                 )
-                self._router.send_multipart([identity, self._encoder.encode(Ready(self.card, suspects))])
+                self._send(identity, self._wire.encode(Ready(self.card, suspects)))
 
     def _admit(self, identity: bytes, msg: PoolRequest, frames: list[bytes]) -> None:
         try:
-            request = check_request(identity, msg, frames, self.card)
-        except InvalidRequest as exc:
+            request = check_request(identity, msg, decode_job(msg, frames), self.card)
+        except (ProtocolError, InvalidRequest) as exc:
             logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
             self._refuse(identity, msg.id, f"invalid request: {exc}", ERROR_INVALID)
             return
@@ -214,8 +199,8 @@ class EngineIO:
             return
         self.inbox.put(request)
 
-    def _refuse(self, identity: bytes, request_id: int, error: str, code: str) -> None:
-        self._send(identity, Outputs([PooledOutput(request_id, 0, 0, error, code)]), b"")
+    def _refuse(self, identity: bytes, request_id: int, error: str, code: ErrorCode) -> None:
+        self._send(identity, self._wire.encode_outputs([], [RequestFailed(request_id, code, error)]))
 
-    def _send(self, identity: bytes, msg: Outputs | Pong, *data: bytes) -> None:
-        self._router.send_multipart([identity, self._encoder.encode(msg), *data])
+    def _send(self, identity: bytes, frames: list[Frame]) -> None:
+        self._router.send_multipart([identity, *frames])

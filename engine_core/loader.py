@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from engine_core.image_config import ImageConfigError, read_image_processing
-from engine_core.pooling import POOLING_MODES
+from engine_core.pooling import POOLING_MODES, PoolingMode
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
 from engine_core.st_metadata import MetadataError, read_pooling_metadata
 from poolserve.config import Config
@@ -34,8 +34,12 @@ from poolserve.protocol import (
     TASK_POOL,
     TASK_SCORE,
     TASK_TOKENIZE,
+    Activation,
+    CardPooling,
     ImageProcessing,
     ModelCard,
+    ModelKind,
+    Task,
 )
 
 logger = logging.getLogger("poolserve.engine")
@@ -92,7 +96,9 @@ def select_dtype(requested: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
 
 
-def choose_pooling(requested: str, folder: Path, model_config: PretrainedConfig) -> tuple[str, bool, int | None]:
+def choose_pooling(
+    requested: str, folder: Path, model_config: PretrainedConfig
+) -> tuple[PoolingMode, bool, int | None]:
     """Pooling mode, whether to normalize, and Sentence-Transformers' max length, from the folder."""
     try:
         metadata = read_pooling_metadata(folder)
@@ -106,14 +112,15 @@ def choose_pooling(requested: str, folder: Path, model_config: PretrainedConfig)
             arch.endswith("ForCausalLM") for arch in (model_config.architectures or [])
         )
         pooling = "last" if is_decoder else "mean"
-    if pooling not in POOLING_MODES:
+    mode = next((mode for mode in POOLING_MODES if mode == pooling), None)
+    if mode is None:
         raise LoadError(f"pooling mode {pooling!r} is not supported; use one of {', '.join(POOLING_MODES)}.")
     # Without Sentence-Transformers metadata, embeddings are normalized, as OpenAI's are.
     normalize = True if metadata.normalize is None else metadata.normalize
-    return pooling, normalize, metadata.max_seq_length
+    return mode, normalize, metadata.max_seq_length
 
 
-def model_kind(model_config: PretrainedConfig) -> str:
+def model_kind(model_config: PretrainedConfig) -> ModelKind:
     if model_config.model_type == "clip":
         return CLIP
     if any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or [])):
@@ -126,12 +133,13 @@ def text_config_of(model_config: PretrainedConfig) -> PretrainedConfig:
     return getattr(model_config, "text_config", None) or model_config
 
 
-def classifier_activation(model_config: PretrainedConfig) -> str:
+def classifier_activation(model_config: PretrainedConfig) -> Activation:
     """The activation a classifier's scores get: the Sentence-Transformers CrossEncoder's own choice
     when the config records one, else sigmoid for one label or multi-label problems, softmax otherwise."""
     st_config = getattr(model_config, "sentence_transformers", None)
     named = str(st_config.get("activation_fn", "")) if isinstance(st_config, dict) else ""
-    for marker, activation in (("Identity", "none"), ("Sigmoid", "sigmoid"), ("Softmax", "softmax")):
+    markers: tuple[tuple[str, Activation], ...] = (("Identity", "none"), ("Sigmoid", "sigmoid"), ("Softmax", "softmax"))
+    for marker, activation in markers:
         if marker in named:
             return activation
     if model_config.num_labels == 1 or model_config.problem_type == "multi_label_classification":
@@ -139,7 +147,7 @@ def classifier_activation(model_config: PretrainedConfig) -> str:
     return "softmax"
 
 
-def tasks_of(kind: str, num_labels: int) -> list[str]:
+def tasks_of(kind: ModelKind, num_labels: int) -> list[Task]:
     if kind == CLASSIFIER:
         # A one-label classifier is a cross-encoder: it scores pairs.
         return (
@@ -206,11 +214,13 @@ def load_model(config: Config) -> LoadedModel:
         raise LoadError(f"{folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
     kind = model_kind(model_config)
     text_config = text_config_of(model_config)
-    pooling, normalize, st_max = ("", False, None)
+    # A classifier's head and CLIP's projection make the vector; the rest pool token states.
+    mode: PoolingMode = "mean"
+    pooling: CardPooling = "none"
+    normalize, st_max = False, None
     if kind != CLASSIFIER:
-        pooling, normalize, st_max = choose_pooling(config.pooling, folder, model_config)
-    if kind == CLIP:
-        pooling = "projection"
+        mode, normalize, st_max = choose_pooling(config.pooling, folder, model_config)
+        pooling = "projection" if kind == CLIP else mode
     max_model_len = choose_max_model_len(config.max_model_len, tokenizer.model_max_length, model_config, st_max)
     image, image_tokens = load_image_processing(folder, model_config) if kind == CLIP else (None, 0)
     model = load_weights(kind, folder, dtype, trust).to(device).eval()
@@ -228,7 +238,7 @@ def load_model(config: Config) -> LoadedModel:
         assert image is not None
         runner = ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
     else:
-        runner = EmbeddingRunner(model, pooling=pooling, pad_token_id=pad_token_id, device=device)
+        runner = EmbeddingRunner(model, pooling=mode, pad_token_id=pad_token_id, device=device)
     warm_up = np.asarray(backend.encode("warm up").ids, dtype=np.int32)
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
-POOLING_MODES = ("mean", "cls", "last")
+PoolingMode = Literal["mean", "cls", "last"]
+POOLING_MODES: tuple[PoolingMode, ...] = ("mean", "cls", "last")
 
 
 def pool_mean(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -28,4 +30,4 @@ def pool_last(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -
 
 Pooler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-POOLERS: dict[str, Pooler] = {"mean": pool_mean, "cls": pool_cls, "last": pool_last}
+POOLERS: dict[PoolingMode, Pooler] = {"mean": pool_mean, "cls": pool_cls, "last": pool_last}

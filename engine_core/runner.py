@@ -14,7 +14,7 @@ import numpy.typing as npt
 import torch
 
 from engine_core.pixels import normalize_pixels
-from engine_core.pooling import POOLERS
+from engine_core.pooling import POOLERS, PoolingMode
 from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
@@ -62,7 +62,7 @@ def to_numpy(rows: torch.Tensor) -> npt.NDArray[np.float32]:
 class EmbeddingRunner:
     """An encoder or decoder (AutoModel) whose token states are pooled into one vector."""
 
-    def __init__(self, model: torch.nn.Module, *, pooling: str, pad_token_id: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, *, pooling: PoolingMode, pad_token_id: int, device: torch.device):
         self.model = model
         self.pooler = POOLERS[pooling]
         self.pad_token_id = pad_token_id

@@ -1,19 +1,68 @@
-"""The wire between API servers and the engine core: msgspec messages plus raw array frames.
+"""The wire between API servers and the engine core: its messages, their frames, and their encoding.
 
-A message is a multipart ZeroMQ message: frame 0 is a msgpack-encoded Struct from the unions
-below; arrays follow as raw little-endian frames (token ids int32, pooled outputs float32)
-whose shapes the Struct carries. Nothing is pickled. New fields get defaults and go last
-(msgspec's schema-evolution rules), so an API server and an engine one version apart still talk.
+A message is a multipart ZeroMQ message: frame 0 is a msgpack-encoded Struct from the tagged unions
+below; arrays follow as raw little-endian frames (token ids int32, pixels uint8, pooled rows float32)
+whose shapes the Struct carries. Nothing is pickled. Every process comes from one install, so both
+ends always run this same module and no field has to stay readable by an older peer. Each end
+builds its codec (`ClientWire`, `EngineWire`) once and reuses it, as msgspec advises.
 """
 
 from __future__ import annotations
 
-import msgspec
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, TypeVar
 
-TOKEN_DTYPE = "<i4"
-OUTPUT_DTYPE = "<f4"
-TOKEN_ITEMSIZE = 4
-OUTPUT_ITEMSIZE = 4
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+TOKEN_DTYPE: Final = "<i4"
+OUTPUT_DTYPE: Final = "<f4"
+TOKEN_ITEMSIZE: Final = 4
+OUTPUT_ITEMSIZE: Final = 4
+
+I32 = npt.NDArray[np.int32]
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+# What arrives (bytes from a socket, or any buffer), and what goes out: headers as bytes, arrays as
+# flat byte views of their memory (sent without a copy).
+Buffer = bytes | bytearray | memoryview
+Frame = bytes | memoryview
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """A message that breaks this module's layout: undecodable, or frames that do not match its header."""
+
+
+# Closed vocabularies; msgspec refuses any other value on decode.
+
+# Model kinds, and what each kind's output row is.
+ModelKind = Literal["embedding", "classifier", "clip"]
+EMBEDDING: Final = "embedding"  # AutoModel + pooling: one vector per input
+CLASSIFIER: Final = "classifier"  # AutoModelForSequenceClassification: one logit per label (cross-encoders: 1 label)
+CLIP: Final = "clip"  # text and image towers projected into one space
+
+# Tasks a model card may list; each endpoint needs one of them.
+Task = Literal["embed", "classify", "score", "pool", "tokenize"]
+TASK_EMBED: Final = "embed"
+TASK_CLASSIFY: Final = "classify"
+TASK_SCORE: Final = "score"
+TASK_POOL: Final = "pool"
+TASK_TOKENIZE: Final = "tokenize"
+
+# How token states become one vector: a pooling mode, CLIP's projection, or none (a classifier's head).
+CardPooling = Literal["mean", "cls", "last", "projection", "none"]
+# What a classifier's logits go through when a request asks for scores.
+Activation = Literal["sigmoid", "softmax", "none"]
+
+# Why the engine refused or failed a request.
+ErrorCode = Literal["invalid", "overloaded", "model_error"]
+ERROR_INVALID: Final = "invalid"
+ERROR_OVERLOADED: Final = "overloaded"
+ERROR_MODEL: Final = "model_error"
 
 
 class ImageProcessing(msgspec.Struct, kw_only=True, frozen=True):
@@ -49,31 +98,18 @@ class ImageProcessing(msgspec.Struct, kw_only=True, frozen=True):
         return (self.resize_height, self.resize_width)
 
 
-# Model kinds, and what each kind's output row is.
-EMBEDDING = "embedding"  # AutoModel + pooling: one vector per input
-CLASSIFIER = "classifier"  # AutoModelForSequenceClassification: one logit per label (cross-encoders: 1 label)
-CLIP = "clip"  # text and image towers projected into one space
-
-# Tasks a model card may list; each endpoint needs one of them.
-TASK_EMBED = "embed"
-TASK_CLASSIFY = "classify"
-TASK_SCORE = "score"
-TASK_POOL = "pool"
-TASK_TOKENIZE = "tokenize"
-
-
 class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     """What an API server needs to know of the model, told by the engine in its handshake."""
 
     path: str
     architecture: str
-    kind: str
-    tasks: list[str]
+    kind: ModelKind
+    tasks: list[Task]
     max_model_len: int
     # Length of each output row: the embedding size, or the number of labels of a classifier.
     output_size: int
     vocab_size: int
-    pooling: str
+    pooling: CardPooling
     normalize: bool
     pad_token_id: int
     # The model's fast tokenizer as transformers builds it (padding and truncation off), so an API
@@ -81,10 +117,9 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     tokenizer_json: str
     device: str
     dtype: str
-    # Classifiers: label names in output order, and the activation their config calls for
-    # ("sigmoid", "softmax" or "none").
+    # Classifiers: label names in output order, and the activation their config calls for.
     labels: list[str] = msgspec.field(default_factory=list)
-    activation: str = "none"
+    activation: Activation = "none"
     # Whether the model takes token type ids (BERT-style pairs).
     uses_token_types: bool = False
     # Image models: how to preprocess, and what one image costs in the token budget.
@@ -96,28 +131,26 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # How many token type ids the model has embeddings for (2 for BERT), so that the engine can refuse others.
     type_vocab_size: int = 0
 
-    def supports(self, task: str) -> bool:
+    def supports(self, task: Task) -> bool:
         return task in self.tasks
 
 
 # API server -> engine ---------------------------------------------------------------------
 
 
-class Hello(msgspec.Struct, tag="hello", array_like=True):
+class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     server_index: int
     pid: int
 
 
-class PoolRequest(msgspec.Struct, tag="pool", array_like=True):
-    """Run `len(lengths)` text inputs and `images` images through the model, as one unit.
+class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
+    """The header of one request: `len(lengths)` text inputs and `images` images, run as one unit.
 
-    Frames after the header: the token ids of every text input, concatenated (int32); then,
-    when `token_types`, their token type ids in the same layout (int32); then, when `images`,
-    the images' uint8 pixels (images x height x width x 3, the card's output size). Output rows
-    come back text inputs first, then images, each in the order sent.
+    Data frames after it: the token ids of every text input, concatenated (int32); then, when
+    `token_types`, their token type ids in the same layout (int32); then, when `images`, the images'
+    pixels (images x image_height x image_width x 3, uint8). Output rows come back texts first,
+    then images, each in the order sent. The options are PoolJob's.
 
-    `dimensions` 0 means the full output size. `normalize` -1 means the model's own choice.
-    `activation` applies a classifier's activation (sigmoid/softmax) to its logits.
     `attempt` counts resubmissions after engine crashes: a resubmitted request was admitted
     already (no queue limit applies), and one that was running when an engine died runs in
     batches of its own (`is_suspect`), so that a second crash names the culprit.
@@ -126,33 +159,138 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True):
     id: int
     lengths: list[int]
     dimensions: int = 0
-    normalize: int = -1
+    normalize: bool | None = None
     activation: bool = True
     token_types: bool = False
     images: int = 0
+    image_height: int = 0
+    image_width: int = 0
     attempt: int = 0
     is_suspect: bool = False
 
-    @property
-    def count(self) -> int:
-        return len(self.lengths) + self.images
 
-
-class Abort(msgspec.Struct, tag="abort", array_like=True):
+class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
     ids: list[int]
 
 
-class Ping(msgspec.Struct, tag="ping", array_like=True):
+class Ping(msgspec.Struct, tag="ping", array_like=True, frozen=True):
     nonce: int
 
 
 ToEngine = Hello | PoolRequest | Abort | Ping
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PoolJob:
+    """What one request asks of the model: its inputs as arrays, and how its rows are finished.
+
+    A PoolRequest and its data frames, less what the engine client adds (the request id and the
+    resubmission state). `lengths` cut `tokens` (and `token_types`) into the text inputs; `pixels`
+    holds the images. `dimensions` 0 means the full output size; `normalize` None means the
+    model's own choice; `activation` applies a classifier's activation to its logits.
+    """
+
+    lengths: npt.NDArray[np.int64]
+    tokens: I32
+    token_types: I32 | None = None
+    pixels: U8 | None = None
+    dimensions: int = 0
+    normalize: bool | None = None
+    activation: bool = True
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: Sequence[Sequence[int]],
+        type_rows: Sequence[Sequence[int]] | None = None,
+        images: Sequence[U8] = (),
+        *,
+        dimensions: int = 0,
+        normalize: bool | None = None,
+        activation: bool = True,
+    ) -> PoolJob:
+        """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        total = int(lengths.sum())
+        tokens = np.fromiter(itertools.chain.from_iterable(rows), dtype=TOKEN_DTYPE, count=total)
+        token_types = None
+        if type_rows is not None:
+            token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
+        pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
+        return cls(lengths, tokens, token_types, pixels, dimensions, normalize, activation)
+
+    @property
+    def images(self) -> int:
+        return 0 if self.pixels is None else len(self.pixels)
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths) + self.images
+
+    def header(self, request_id: int, *, attempt: int = 0, is_suspect: bool = False) -> PoolRequest:
+        height, width = (0, 0) if self.pixels is None else self.pixels.shape[1:3]
+        return PoolRequest(
+            id=request_id,
+            lengths=self.lengths.tolist(),
+            dimensions=self.dimensions,
+            normalize=self.normalize,
+            activation=self.activation,
+            token_types=self.token_types is not None,
+            images=self.images,
+            image_height=height,
+            image_width=width,
+            attempt=attempt,
+            is_suspect=is_suspect,
+        )
+
+    def frames(self) -> list[Frame]:
+        """The data frames: flat byte views of the arrays, sent without a copy."""
+        arrays = [np.ascontiguousarray(self.tokens, dtype=TOKEN_DTYPE)]
+        if self.token_types is not None:
+            arrays.append(np.ascontiguousarray(self.token_types, dtype=TOKEN_DTYPE))
+        if self.pixels is not None:
+            arrays.append(np.ascontiguousarray(self.pixels, dtype=np.uint8))
+        return [byte_view(array) for array in arrays]
+
+
+def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
+    """A request's arrays as read-only views of its data frames (no copy); ProtocolError when they
+    do not match its header. Whether the model can take them is the engine's check, not the wire's."""
+    expected = 1 + int(request.token_types) + int(request.images > 0)
+    if len(frames) != expected:
+        raise ProtocolError(f"expected {expected} data frame(s), got {len(frames)}")
+    if request.images < 0 or not (request.lengths or request.images):
+        raise ProtocolError("no inputs")
+    token_bytes = memoryview(frames[0]).nbytes
+    try:
+        lengths = np.asarray(request.lengths, dtype=np.int64)
+    except OverflowError:  # msgpack integers reach 2**64 - 1
+        raise ProtocolError("input lengths must be within 1..2**63 - 1") from None
+    if lengths.size and lengths.min() < 1:
+        raise ProtocolError("input lengths must be at least 1")
+    # Bounding each length by the frame first keeps their sum from overflowing.
+    too_long = lengths.size and lengths.max() > token_bytes // TOKEN_ITEMSIZE
+    if too_long or int(lengths.sum()) * TOKEN_ITEMSIZE != token_bytes:
+        raise ProtocolError("token frame size does not match the lengths")
+    tokens = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
+    token_types = None
+    if request.token_types:
+        if memoryview(frames[1]).nbytes != token_bytes:
+            raise ProtocolError("the token type frame does not match the token frame")
+        token_types = np.frombuffer(frames[1], dtype=TOKEN_DTYPE)
+    pixels = None
+    if request.images:
+        count, height, width = request.images, request.image_height, request.image_width
+        if height < 1 or width < 1 or memoryview(frames[-1]).nbytes != count * height * width * 3:
+            raise ProtocolError(f"the pixel frame must hold {count} images of {height}x{width}x3 bytes")
+        pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(count, height, width, 3)
+    return PoolJob(lengths, tokens, token_types, pixels, request.dimensions, request.normalize, request.activation)
+
+
 # engine -> API server ---------------------------------------------------------------------
 
 
-class Ready(msgspec.Struct, tag="ready", array_like=True):
+class Ready(msgspec.Struct, tag="ready", array_like=True, frozen=True):
     """The handshake's answer. `suspects`: ids of this API server's requests that were running
     in a forward pass when the previous engine died."""
 
@@ -160,32 +298,33 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
     suspects: list[int] = msgspec.field(default_factory=list)
 
 
-# Why the engine refused or failed a request (PooledOutput.code).
-ERROR_INVALID = "invalid"
-ERROR_OVERLOADED = "overloaded"
-ERROR_MODEL = "model_error"
-
-
-class PooledOutput(msgspec.Struct, array_like=True):
-    """One finished request: `rows` x `dim` float32 values in its own frame, or an error and an empty one."""
+class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
+    """One finished request, whose `rows` x `dim` float32 values travel in their own frame."""
 
     id: int
     rows: int
     dim: int
-    error: str = ""
-    code: str = ""
     # Seconds between admission and the first forward pass, and from there to the last one.
     queue_time: float = 0.0
     inference_time: float = 0.0
 
 
-class Outputs(msgspec.Struct, tag="outputs", array_like=True):
-    """Finished requests for one API server, sent together; output i's data is frame i + 1."""
+class RequestFailed(msgspec.Struct, array_like=True, frozen=True):
+    """A request the engine refused or failed, and why; it has no frame."""
 
-    outputs: list[PooledOutput]
+    id: int
+    code: ErrorCode
+    message: str
 
 
-class Pong(msgspec.Struct, tag="pong", array_like=True):
+class Outputs(msgspec.Struct, tag="outputs", array_like=True, frozen=True):
+    """What finished for one API server, sent together: output i's rows are data frame i."""
+
+    outputs: list[PooledOutput] = msgspec.field(default_factory=list)
+    failures: list[RequestFailed] = msgspec.field(default_factory=list)
+
+
+class Pong(msgspec.Struct, tag="pong", array_like=True, frozen=True):
     """The answer to a Ping, from the engine's I/O thread, with the scheduler's state: how long it
     has been inside one step (a hung forward pass shows here), and what is waiting."""
 
@@ -198,15 +337,74 @@ class Pong(msgspec.Struct, tag="pong", array_like=True):
 FromEngine = Ready | Outputs | Pong
 
 
-def make_encoder() -> msgspec.msgpack.Encoder:
-    return msgspec.msgpack.Encoder()
+def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[F32]:
+    """Each output's rows, as read-only views of its data frame (no copy); ProtocolError when they do not fit."""
+    if len(frames) != len(msg.outputs):
+        raise ProtocolError(f"{len(msg.outputs)} output(s) came with {len(frames)} data frame(s)")
+    rows = []
+    for out, frame in zip(msg.outputs, frames, strict=True):
+        if out.rows < 0 or out.dim < 0 or memoryview(frame).nbytes != out.rows * out.dim * OUTPUT_ITEMSIZE:
+            raise ProtocolError(f"output {out.id}'s frame does not hold {out.rows}x{out.dim} float32 values")
+        rows.append(np.frombuffer(frame, dtype=OUTPUT_DTYPE).reshape(out.rows, out.dim))
+    return rows
 
 
-def make_engine_decoder() -> msgspec.msgpack.Decoder[ToEngine]:
-    """Decodes what the engine receives; built once per process and reused."""
-    return msgspec.msgpack.Decoder(ToEngine)
+def byte_view(array: npt.NDArray[np.generic]) -> memoryview:
+    """A C-contiguous array's memory as a flat byte view (len() counts bytes, as for a received frame)."""
+    return array.data.cast("B")
 
 
-def make_client_decoder() -> msgspec.msgpack.Decoder[FromEngine]:
-    """Decodes what an API server receives; built once per process and reused."""
-    return msgspec.msgpack.Decoder(FromEngine)
+# The two ends -------------------------------------------------------------------------------
+
+
+def decode_header(decoder: msgspec.msgpack.Decoder[T], frames: Sequence[Buffer]) -> T:
+    if not frames:
+        raise ProtocolError("a message with no frames")
+    try:
+        return decoder.decode(frames[0])
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+        raise ProtocolError(str(exc)) from exc
+
+
+class ClientWire:
+    """An API server's end: encodes what it sends the engine, decodes what comes back."""
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder: msgspec.msgpack.Decoder[FromEngine] = msgspec.msgpack.Decoder(FromEngine)
+
+    def encode(self, msg: Hello | Abort | Ping) -> list[Frame]:
+        return [self._encoder.encode(msg)]
+
+    def encode_pool(self, request: PoolRequest, job: PoolJob) -> list[Frame]:
+        return [self._encoder.encode(request), *job.frames()]
+
+    def decode(self, frames: Sequence[Buffer]) -> FromEngine:
+        """The message in frame 0; an Outputs message's rows are `decode_rows(msg, frames[1:])`."""
+        return decode_header(self._decoder, frames)
+
+
+class EngineWire:
+    """The engine's end: decodes what API servers send, encodes its answers."""
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder: msgspec.msgpack.Decoder[ToEngine] = msgspec.msgpack.Decoder(ToEngine)
+
+    def encode(self, msg: Ready | Pong) -> list[Frame]:
+        return [self._encoder.encode(msg)]
+
+    def encode_outputs(
+        self, outputs: Sequence[tuple[PooledOutput, F32]], failures: Sequence[RequestFailed] = ()
+    ) -> list[Frame]:
+        """Finished requests with their rows (each `out.rows` x `out.dim`), and failed ones."""
+        frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]
+        for out, rows in outputs:
+            if rows.shape != (out.rows, out.dim):
+                raise ValueError(f"output {out.id} has rows of shape {rows.shape}, not {out.rows}x{out.dim}")
+            frames.append(byte_view(np.ascontiguousarray(rows, dtype=OUTPUT_DTYPE)))
+        return frames
+
+    def decode(self, frames: Sequence[Buffer]) -> ToEngine:
+        """The message in frame 0; a PoolRequest's arrays are `decode_job(msg, frames[1:])`."""
+        return decode_header(self._decoder, frames)

@@ -13,7 +13,7 @@ from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
 from apiserver.tokenizer import Direction, TextTokenizer
-from poolserve.protocol import TOKEN_DTYPE, ModelCard, PoolRequest
+from poolserve.protocol import ModelCard, PoolJob
 
 Pixels = npt.NDArray[np.uint8]
 
@@ -27,32 +27,24 @@ class EngineJob:
     # answers texts first, then images).
     order: list[int] | None = None
     dimensions: int = 0
-    normalize: int = -1
+    # None: the model's own choice.
+    normalize: bool | None = None
     activation: bool = True
 
     @property
     def prompt_tokens(self) -> int:
         return sum(len(row) for row in self.rows)
 
-    def to_wire(self) -> tuple[PoolRequest, list[bytes]]:
-        lengths = [len(row) for row in self.rows]
-        total = sum(lengths)
-        frames = [np.fromiter(itertools.chain.from_iterable(self.rows), dtype=TOKEN_DTYPE, count=total).tobytes()]
-        if self.type_rows is not None:
-            types = itertools.chain.from_iterable(self.type_rows)
-            frames.append(np.fromiter(types, dtype=TOKEN_DTYPE, count=total).tobytes())
-        if self.images:
-            frames.append(np.stack(self.images).tobytes())
-        request = PoolRequest(
-            id=0,
-            lengths=lengths,
+    def to_wire(self) -> PoolJob:
+        """What the engine client sends: the rows and images as arrays, with the request's options."""
+        return PoolJob.from_rows(
+            self.rows,
+            self.type_rows,
+            self.images,
             dimensions=self.dimensions,
             normalize=self.normalize,
             activation=self.activation,
-            token_types=self.type_rows is not None,
-            images=len(self.images),
         )
-        return request, frames
 
 
 def images_not_taken(source: ImageSource) -> ApiError:

@@ -18,6 +18,7 @@ from apiserver.operation import JobBuilder, Plan
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
+from poolserve.protocol import Task
 
 I = TypeVar("I", bound=ItemsRequest)  # noqa: E741
 
@@ -40,18 +41,17 @@ def check_images(items: list[Item], state: AppState) -> None:
     check_image_count(len(sources), state.config.max_images_per_request)
 
 
-def plan_items_request(state: AppState, request: I, *, task: str, endpoint: str, activation: bool = True) -> Plan[I]:
+def plan_items_request(state: AppState, request: I, *, task: Task, endpoint: str, activation: bool = True) -> Plan[I]:
     """Validate a request that carries `input` or `messages` and plan its job."""
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
-    normalize = -1 if request.normalize is None else int(request.normalize)
 
     def build(load_image: Callable[[ImageSource], Pixels]) -> EngineJob:
         job = build_job(items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image)
-        job.dimensions, job.normalize, job.activation = dimensions, normalize, activation
+        job.dimensions, job.normalize, job.activation = dimensions, request.normalize, activation
         return job
 
     return plan_job(state, items, build, request)

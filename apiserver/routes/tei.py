@@ -45,7 +45,7 @@ def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
         option=truncation.option,
     )
     job.dimensions = check_dimensions(request.dimensions, state.card)
-    job.normalize = int(request.normalize)
+    job.normalize = request.normalize
     return Plan(None, job=job)
 
 

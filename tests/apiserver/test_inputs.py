@@ -61,11 +61,17 @@ def test_unknown_fields_are_ignored_like_openai_extensions(tokenizer: TextTokeni
 
 
 def test_the_wire_form_concatenates_token_ids() -> None:
-    job = EngineJob(rows=[[1, 2], [3]], type_rows=[[0, 1], [0]], dimensions=8, normalize=0, activation=False)
-    request, frames = job.to_wire()
-    assert (request.lengths, request.dimensions, request.normalize, request.activation) == ([2, 1], 8, 0, False)
+    job = EngineJob(rows=[[1, 2], [3]], type_rows=[[0, 1], [0]], dimensions=8, normalize=False, activation=False)
+    request = job.to_wire().header(5)
+    assert (request.id, request.lengths, request.dimensions, request.normalize, request.activation) == (
+        5,
+        [2, 1],
+        8,
+        False,
+        False,
+    )
     assert request.token_types and request.images == 0
-    assert frames == [
+    assert [bytes(frame) for frame in job.to_wire().frames()] == [
         np.asarray([1, 2, 3], dtype=TOKEN_DTYPE).tobytes(),
         np.asarray([0, 1, 0], dtype=TOKEN_DTYPE).tobytes(),
     ]

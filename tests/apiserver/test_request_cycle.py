@@ -32,7 +32,7 @@ from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, InProcessEngine, PooledResult
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard
-from poolserve.protocol import CLASSIFIER, TOKEN_DTYPE, ImageProcessing, ModelCard, PoolRequest
+from poolserve.protocol import CLASSIFIER, ImageProcessing, ModelCard, PoolJob, PoolRequest
 
 DIM = 8
 PIXEL_PNG = (
@@ -52,20 +52,20 @@ def image_row(pixels: np.ndarray[Any, Any], dim: int) -> list[float]:
     return [-1.0, float(pixels.mean()), *([0.0] * (dim - 2))]
 
 
-def answering(output_size: int) -> Callable[[PoolRequest, list[bytes]], PooledResult]:
+def answering(output_size: int) -> Callable[[PoolRequest, PoolJob], PooledResult]:
     """An engine of `output_size`-long rows, computed from the inputs, in the engine's order: texts, then images."""
 
-    def answer(request: PoolRequest, frames: list[bytes]) -> PooledResult:
-        ids = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
+    def answer(request: PoolRequest, job: PoolJob) -> PooledResult:
+        ids = job.tokens
         dim = request.dimensions or output_size
         rows, start = [], 0
         for length in request.lengths:
             rows.append(text_row(ids[start : start + length].tolist(), output_size)[:dim])
             start += length
-        if request.images:
-            pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(request.images, -1)
+        if job.pixels is not None:
+            pixels = job.pixels.reshape(request.images, -1)
             rows.extend(image_row(image, output_size)[:dim] for image in pixels)
-        return PooledResult(len(rows), dim, np.asarray(rows, dtype="<f4").tobytes())
+        return PooledResult(np.asarray(rows, dtype=np.float32).reshape(len(rows), dim))
 
     return answer
 
@@ -184,7 +184,7 @@ def test_score_by_cosine_is_the_dot_product_of_the_engine_rows(serve: Any) -> No
     left = np.asarray(text_row(served.tokens("a cat"), DIM))
     expected = [float(left @ np.asarray(text_row(served.tokens(t), DIM))) for t in ("a kitten", "a dog")]
     np.testing.assert_allclose([item["score"] for item in body["data"]], expected, rtol=1e-6)
-    assert served.engine.requests[0].normalize == 1  # a bi-encoder scores normalized vectors
+    assert served.engine.requests[0].normalize is True  # a bi-encoder scores normalized vectors
 
 
 def test_rerank_ranks_best_first_in_both_dialects(serve: Any) -> None:
@@ -283,7 +283,7 @@ def test_token_image_and_queue_limits_stop_a_request_before_the_engine(serve: An
     ],
 )
 def test_engine_errors_become_their_http_status(serve: Any, error: Exception, status: int, code: str) -> None:
-    def fail(request: PoolRequest, frames: list[bytes]) -> PooledResult:
+    def fail(request: PoolRequest, job: PoolJob) -> PooledResult:
         raise error
 
     served = serve(engine_answer=fail)

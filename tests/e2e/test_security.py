@@ -22,7 +22,7 @@ import zmq
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
 from bench.server_process import cmdline
-from poolserve.protocol import Abort, Outputs, Ping, Pong, PoolRequest, make_client_decoder, make_encoder
+from poolserve.protocol import Abort, ClientWire, Outputs, Ping, Pong, PoolRequest
 from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
 from tests.utils import LaunchedServer, is_alive, runtime_dirs_of, socket_inodes
@@ -417,7 +417,8 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
     (folder,) = runtime_dirs_of(engine)
     with server.client() as client:
         before = client.post("/v1/embeddings", json=NORMAL).json()["data"][0]["embedding"]
-    encode_msg = make_encoder().encode
+    wire = ClientWire()
+    encode_msg = msgspec.msgpack.encode
     garbage: list[list[bytes]] = [
         [os.urandom(64)],
         [b""],
@@ -437,7 +438,7 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         72: [encode_msg(PoolRequest(72, [2]))],
         73: [encode_msg(PoolRequest(73, [2])), tokens(101, 99999)],
         74: [encode_msg(PoolRequest(74, [2**64 - 1])), tokens(101)],
-        75: [encode_msg(PoolRequest(75, [1], images=1)), tokens(101), b"\0" * 12],
+        75: [encode_msg(PoolRequest(75, [1], images=1, image_height=2, image_width=2)), tokens(101), b"\0" * 12],
         76: [encode_msg(PoolRequest(76, [2], token_types=True)), tokens(101, 102), tokens(0, 7)],
         77: [encode_msg(PoolRequest(77, [1], dimensions=-3)), tokens(101)],
     }
@@ -449,16 +450,15 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         dealer.connect(f"ipc://{folder}/engine.sock")
         for frames in [*garbage, *refused.values()]:
             dealer.send_multipart(frames)
-        dealer.send_multipart([encode_msg(Ping(4242))])
-        decoder = make_client_decoder()
+        dealer.send_multipart(wire.encode(Ping(4242)))
         errors: dict[int, str] = {}
         while True:
-            reply = decoder.decode(dealer.recv_multipart()[0])
+            reply = wire.decode(dealer.recv_multipart())
             if isinstance(reply, Pong):
                 assert reply.nonce == 4242
                 break
-            assert isinstance(reply, Outputs)
-            errors.update({out.id: out.error for out in reply.outputs})
+            assert isinstance(reply, Outputs) and not reply.outputs
+            errors.update({failure.id: failure.message for failure in reply.failures})
         assert set(errors) == set(refused)
         assert all(error.startswith("invalid request") for error in errors.values())
     finally:

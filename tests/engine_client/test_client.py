@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from engine_client import EngineClient
-from poolserve.protocol import PoolRequest
+from poolserve.protocol import PoolJob
 
 
 def test_a_send_refused_before_the_disconnect_is_seen_keeps_the_request_for_the_next_engine(tmp_path: Path) -> None:
@@ -13,7 +13,7 @@ def test_a_send_refused_before_the_disconnect_is_seen_keeps_the_request_for_the_
     async def scenario() -> tuple[int, bool]:
         client = EngineClient(f"ipc://{tmp_path}/nobody.sock", 0)
         client._ready.set()  # as it was the moment before the engine died
-        work = asyncio.ensure_future(client.pool(PoolRequest(0, [1]), [b"\x01\x00\x00\x00"]))
+        work = asyncio.ensure_future(client.pool(PoolJob.from_rows([[1]])))
         await asyncio.sleep(0.05)
         in_flight_while_refused = client.in_flight
         client._ready.clear()  # the disconnect arrives

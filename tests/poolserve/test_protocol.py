@@ -1,21 +1,32 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from poolserve.protocol import (
     Abort,
+    Buffer,
+    ClientWire,
+    EngineWire,
+    Frame,
     Hello,
+    ImageProcessing,
     ModelCard,
     Outputs,
     Ping,
     Pong,
     PooledOutput,
+    PoolJob,
     PoolRequest,
+    ProtocolError,
     Ready,
-    make_client_decoder,
-    make_encoder,
-    make_engine_decoder,
+    RequestFailed,
+    decode_job,
+    decode_rows,
 )
 
 CARD = ModelCard(
@@ -33,46 +44,206 @@ CARD = ModelCard(
     device="cpu",
     dtype="float32",
 )
+CLIP_CARD = msgspec.structs.replace(
+    CARD,
+    kind="clip",
+    pooling="projection",
+    image=ImageProcessing(crop_height=4, crop_width=3),
+    image_tokens=50,
+)
+
+
+def received(frames: Sequence[Frame]) -> list[bytes]:
+    """What the other end's recv_multipart gives: every frame as bytes."""
+    return [bytes(frame) for frame in frames]
+
+
+def image(seed: int) -> npt.NDArray[np.uint8]:
+    return np.random.default_rng(seed).integers(0, 256, (4, 3, 3), dtype=np.uint8)
+
+
+def assert_same_job(decoded: PoolJob, sent: PoolJob) -> None:
+    np.testing.assert_array_equal(decoded.lengths, sent.lengths)
+    np.testing.assert_array_equal(decoded.tokens, sent.tokens)
+    for got, want in ((decoded.token_types, sent.token_types), (decoded.pixels, sent.pixels)):
+        assert (got is None) == (want is None)
+        if got is not None:
+            np.testing.assert_array_equal(got, want)
+    assert (decoded.dimensions, decoded.normalize, decoded.activation) == (
+        sent.dimensions,
+        sent.normalize,
+        sent.activation,
+    )
+
+
+JOBS = {
+    "texts": PoolJob.from_rows([[101, 7, 102], [101, 102]], dimensions=64),
+    "pairs": PoolJob.from_rows([[101, 7, 102, 8, 102]], [[0, 0, 0, 1, 1]], normalize=False, activation=False),
+    "images only": PoolJob.from_rows([], images=[image(1), image(2)], normalize=True),
+    "texts and images": PoolJob.from_rows([[5]], images=[image(3)]),
+}
+
+
+@pytest.mark.parametrize("job", JOBS.values(), ids=JOBS.keys())
+def test_a_pool_request_round_trips_with_its_frames(job: PoolJob) -> None:
+    frames = received(ClientWire().encode_pool(job.header(7, attempt=2, is_suspect=True), job))
+    header = EngineWire().decode(frames)
+    assert header == job.header(7, attempt=2, is_suspect=True)
+    assert isinstance(header, PoolRequest)
+    assert_same_job(decode_job(header, frames[1:]), job)
+
+
+def test_a_request_header_describes_its_frames() -> None:
+    header = JOBS["texts and images"].header(3)
+    assert (header.lengths, header.token_types, header.images) == ([1], False, 1)
+    assert (header.image_height, header.image_width) == (4, 3)
+    assert header.normalize is None  # the model's own choice, sent as nil
+
+
+def test_decoded_arrays_are_views_of_the_received_frames_not_copies() -> None:
+    job = JOBS["pairs"]
+    frames = received(ClientWire().encode_pool(job.header(1), job))
+    decoded = decode_job(job.header(1), frames[1:])
+    assert decoded.token_types is not None
+    for array, frame in ((decoded.tokens, frames[1]), (decoded.token_types, frames[2])):
+        assert np.shares_memory(array, np.frombuffer(frame, dtype=np.uint8))
+        assert not array.flags.writeable
+
+
+def test_sent_frames_are_views_of_the_jobs_arrays_not_copies() -> None:
+    job = JOBS["images only"]
+    _, tokens, pixels = ClientWire().encode_pool(job.header(1), job)
+    assert isinstance(pixels, memoryview) and pixels.nbytes == 2 * 4 * 3 * 3
+    assert job.pixels is not None and np.shares_memory(np.frombuffer(pixels, dtype=np.uint8), job.pixels)
+    assert isinstance(tokens, memoryview) and tokens.nbytes == 0
+
+
+@pytest.mark.parametrize("message", [Hello(1, 1234), Abort([1, 2]), Ping(5)])
+def test_header_only_messages_to_the_engine_round_trip(message: Hello | Abort | Ping) -> None:
+    assert EngineWire().decode(received(ClientWire().encode(message))) == message
 
 
 @pytest.mark.parametrize(
     "message",
     [
-        Hello(1, 1234),
-        PoolRequest(7, [3, 4, 1], 64),
-        PoolRequest(8, [2]),
-        PoolRequest(9, [], normalize=0, activation=False, images=3),
-        PoolRequest(10, [4], token_types=True),
-        Abort([1, 2]),
-        Ping(5),
+        Ready(CARD),
+        Ready(CLIP_CARD, suspects=[3, 4]),
+        Pong(9),
+        Pong(1, stalled_for=2.5, queued_inputs=3, queued_tokens=40),
     ],
 )
-def test_messages_to_the_engine_round_trip(message: object) -> None:
-    assert make_engine_decoder().decode(make_encoder().encode(message)) == message
+def test_header_only_messages_from_the_engine_round_trip(message: Ready | Pong) -> None:
+    assert ClientWire().decode(received(EngineWire().encode(message))) == message
+
+
+def test_outputs_round_trip_with_one_float32_frame_per_finished_request() -> None:
+    first = np.arange(6, dtype=np.float32).reshape(2, 3)
+    second = np.ones((1, 384), dtype=np.float32)
+    outputs = [(PooledOutput(1, 2, 3, queue_time=0.5), first), (PooledOutput(2, 1, 384, inference_time=0.1), second)]
+    failures = [RequestFailed(3, "model_error", "boom"), RequestFailed(4, "overloaded", "full")]
+    frames = received(EngineWire().encode_outputs(outputs, failures))
+    assert len(frames) == 3  # failures take no frame
+    msg = ClientWire().decode(frames)
+    assert msg == Outputs([out for out, _ in outputs], failures)
+    assert isinstance(msg, Outputs)
+    rows = decode_rows(msg, frames[1:])
+    for got, want, frame in zip(rows, (first, second), frames[1:], strict=True):
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.float32 and np.shares_memory(got, np.frombuffer(frame, dtype=np.uint8))
+
+
+def test_rows_of_another_dtype_or_layout_are_sent_as_contiguous_float32() -> None:
+    rows = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]
+    frames = received(EngineWire().encode_outputs([(PooledOutput(1, 3, 2), rows)]))
+    msg = ClientWire().decode(frames)
+    assert isinstance(msg, Outputs)
+    np.testing.assert_array_equal(decode_rows(msg, frames[1:])[0], rows.astype(np.float32))
+
+
+def test_rows_that_do_not_match_their_output_are_a_bug_caught_before_sending() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        EngineWire().encode_outputs([(PooledOutput(1, 2, 3), np.zeros((3, 2), dtype=np.float32))])
 
 
 @pytest.mark.parametrize(
-    "message",
-    [Ready(CARD), Outputs([PooledOutput(1, 2, 384), PooledOutput(2, 0, 0, "boom")]), Pong(9)],
+    ("field", "value"), [("kind", "transformer"), ("tasks", ["embed", "dance"]), ("activation", "relu")]
 )
-def test_messages_from_the_engine_round_trip(message: object) -> None:
-    assert make_client_decoder().decode(make_encoder().encode(message)) == message
+def test_a_card_outside_the_closed_vocabularies_is_refused_on_decode(field: str, value: object) -> None:
+    card = msgspec.to_builtins(CARD)
+    card[field] = value
+    with pytest.raises(ProtocolError, match=f"\\$.*{field}"):
+        ClientWire().decode([msgspec.msgpack.encode(["ready", card])])
 
 
-def test_a_new_trailing_field_keeps_old_peers_compatible() -> None:
-    # An older sender without `dimensions` still decodes: new fields get defaults and go last.
-    old = msgspec.msgpack.encode(["pool", 3, [5]])
-    assert make_engine_decoder().decode(old) == PoolRequest(3, [5], 0, normalize=-1, activation=True)
+def test_an_unknown_error_code_is_refused_on_decode() -> None:
+    with pytest.raises(ProtocolError, match="Invalid enum value 'teapot'"):
+        ClientWire().decode([msgspec.msgpack.encode(["outputs", [], [[1, "teapot", "no"]]])])
+
+
+GARBAGE: list[list[Buffer]] = [
+    [],
+    [b""],
+    [b"\xc1"],
+    [msgspec.msgpack.encode(["nope", 1])],
+    [msgspec.msgpack.encode({"a": 1})],
+    [msgspec.msgpack.encode(["pool", "x"])],
+    [msgspec.msgpack.encode(["pool", 1, ["not", "ints"]])],
+    [msgspec.msgpack.encode(["pool", 1, [2], 0, 3])],  # normalize is a bool or nil, not -1 .. 1
+    [msgspec.msgpack.encode(12345)],
+]
+
+
+@pytest.mark.parametrize("frames", GARBAGE)
+def test_garbage_to_the_engine_is_a_protocol_error_not_a_crash(frames: list[Buffer]) -> None:
+    with pytest.raises(ProtocolError):
+        EngineWire().decode(frames)
+
+
+def test_each_end_refuses_the_other_directions_messages() -> None:
+    with pytest.raises(ProtocolError):
+        ClientWire().decode(ClientWire().encode(Hello(0, 1)))
+    with pytest.raises(ProtocolError):
+        EngineWire().decode(EngineWire().encode(Pong(1)))
+
+
+def tokens(*ids: int) -> bytes:
+    return np.asarray(ids, dtype="<i4").tobytes()
 
 
 @pytest.mark.parametrize(
-    "garbage", [b"", b"\xc1", msgspec.msgpack.encode(["nope", 1]), msgspec.msgpack.encode({"a": 1})]
+    ("header", "frames", "reason"),
+    [
+        (PoolRequest(1, []), [b""], "no inputs"),
+        (PoolRequest(1, [1], images=-3), [tokens(1)], "no inputs"),
+        (PoolRequest(1, [1]), [], "expected 1 data frame"),
+        (PoolRequest(1, [1], token_types=True), [tokens(1)], "expected 2 data frame"),
+        (PoolRequest(1, [0]), [b""], "lengths"),
+        (PoolRequest(1, [2**64 - 1]), [tokens(1)], "lengths"),
+        (PoolRequest(1, [2**62, 2**62, 2**62, 2**62]), [tokens(1)], "token frame size"),
+        (PoolRequest(1, [3]), [tokens(1, 2)], "token frame size"),
+        (PoolRequest(1, [1]), [b"\x01\x00\x00"], "token frame size"),
+        (PoolRequest(1, [2], token_types=True), [tokens(1, 2), tokens(0)], "token type frame"),
+        (PoolRequest(1, [], images=1, image_height=4, image_width=3), [b"", b"\0" * 35], "4x3x3"),
+        (PoolRequest(1, [], images=1), [b"", b""], "0x0x3"),
+    ],
 )
-def test_garbage_is_a_decode_error_not_a_crash(garbage: bytes) -> None:
-    with pytest.raises(msgspec.DecodeError):
-        make_engine_decoder().decode(garbage)
+def test_frames_that_do_not_match_their_header_are_a_clear_protocol_error(
+    header: PoolRequest, frames: list[bytes], reason: str
+) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        decode_job(header, frames)
 
 
-def test_engine_messages_are_not_accepted_as_client_messages() -> None:
-    with pytest.raises(msgspec.ValidationError):
-        make_client_decoder().decode(make_encoder().encode(Hello(0, 1)))
+@pytest.mark.parametrize(
+    ("outputs", "frames", "reason"),
+    [
+        ([PooledOutput(1, 1, 2)], [], "1 output"),
+        ([PooledOutput(1, 1, 2)], [b"\0" * 4], "1x2 float32"),
+        ([PooledOutput(1, -1, -2)], [b"\0" * 8], "float32"),
+    ],
+)
+def test_reply_frames_that_do_not_match_their_outputs_are_a_clear_protocol_error(
+    outputs: list[PooledOutput], frames: list[bytes], reason: str
+) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        decode_rows(Outputs(outputs), frames)

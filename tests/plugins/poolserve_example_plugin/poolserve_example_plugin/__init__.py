@@ -37,7 +37,7 @@ def parse(request: NearestRequest, state: AppState) -> Plan[None]:
     texts = [request.query, *request.candidates]
     params = ["query", *(f"candidates[{i}]" for i in range(len(request.candidates)))]
     rows = tokenize_texts(texts, params, None, state.tokenizer, state.card)
-    return Plan(None, job=EngineJob(rows=rows, normalize=1))
+    return Plan(None, job=EngineJob(rows=rows, normalize=True))
 
 
 def render(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
