@@ -26,7 +26,8 @@ from engine_core.metrics import (
     REQUESTS_WAITING,
 )
 from engine_core.postprocess import finish_rows
-from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
+from engine_core.request_state import PendingRequest
+from engine_core.scheduler import Scheduler, WorkItem
 from poolserve.protocol import ERROR_MODEL, EngineWire, PooledOutput, RequestFailed
 
 logger = logging.getLogger("poolserve.engine")

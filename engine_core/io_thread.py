@@ -16,7 +16,7 @@ from collections.abc import Callable
 import zmq
 
 from engine_core.admission import AdmissionLimit
-from engine_core.scheduler import PendingRequest
+from engine_core.request_state import InvalidRequest, PendingRequest, check_request
 from poolserve.protocol import (
     ERROR_INVALID,
     ERROR_OVERLOADED,
@@ -28,7 +28,6 @@ from poolserve.protocol import (
     ModelCard,
     Ping,
     Pong,
-    PoolJob,
     PoolRequest,
     ProtocolError,
     Ready,
@@ -42,46 +41,6 @@ OUTBOX_ENDPOINT = "inproc://engine-outbox"
 
 # What the scheduler thread receives: a request to run, or (identity, Abort).
 InboxItem = PendingRequest | tuple[bytes, Abort]
-
-
-class InvalidRequest(ValueError):
-    pass
-
-
-def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: ModelCard) -> PendingRequest:
-    """Check a request's values against the model's limits; the API servers check first, this is the backstop."""
-    lengths, tokens, token_types = job.lengths, job.tokens, job.token_types
-    if lengths.size and lengths.max() > card.max_model_len:
-        raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= card.vocab_size):
-        raise InvalidRequest(f"token ids must be within 0..{card.vocab_size - 1}")
-    if token_types is not None:
-        if not card.uses_token_types:
-            raise InvalidRequest("this model takes no token types")
-        # An id past the model's type embeddings would fail the whole batch it lands in (and on CUDA, the device).
-        if token_types.size and (token_types.min() < 0 or token_types.max() >= card.type_vocab_size):
-            raise InvalidRequest(f"token type ids must be within 0..{card.type_vocab_size - 1}")
-    if job.pixels is not None:
-        if card.image is None:
-            raise InvalidRequest("this model takes no images")
-        height, width = card.image.output_size
-        if job.pixels.shape[1:3] != (height, width):
-            raise InvalidRequest(f"images must be {height}x{width} pixels")
-    if not 0 <= job.dimensions <= card.output_size:
-        raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
-    return PendingRequest(
-        identity=identity,
-        id=request.id,
-        lengths=lengths,
-        tokens=tokens,
-        dimensions=job.dimensions,
-        normalize=card.normalize if job.normalize is None else job.normalize,
-        activation=job.activation,
-        token_types=token_types,
-        pixels=job.pixels,
-        image_cost=max(card.image_tokens, 1),
-        is_suspect=request.is_suspect,
-    )
 
 
 class EngineIO:

@@ -9,85 +9,20 @@ request can be overtaken, while still giving sorting enough inputs to work with.
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
+
+from engine_core.request_state import PendingRequest
 
 WINDOW_BATCHES = 4
 
 
-@dataclass(eq=False, slots=True)
-class PendingRequest:
-    """One request from one API server, batched as a unit however many inputs it holds.
-
-    Inputs 0 .. len(lengths)-1 are texts; the `len(pixels)` inputs after them are images.
-    """
-
-    identity: bytes
-    id: int
-    lengths: npt.NDArray[np.int64]
-    tokens: npt.NDArray[np.int32]
-    dimensions: int = 0
-    normalize: bool = False
-    activation: bool = False
-    token_types: npt.NDArray[np.int32] | None = None
-    pixels: npt.NDArray[np.uint8] | None = None
-    # What one image costs in the padded-token budget (its vision tokens).
-    image_cost: int = 1
-    # Running when an engine died: runs in batches of its own, so a second crash names it.
-    is_suspect: bool = False
-    admitted_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
-    offsets: npt.NDArray[np.int64] = field(init=False)
-    texts: int = field(init=False)
-    count: int = field(init=False)
-    remaining: int = field(init=False)
-    is_cancelled: bool = False
-    is_released: bool = False
-    output: npt.NDArray[np.float32] | None = None
-
-    def __post_init__(self) -> None:
-        self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=self.offsets[1:])
-        self.texts = len(self.lengths)
-        self.count = self.texts + (0 if self.pixels is None else len(self.pixels))
-        self.remaining = self.count
-
-    @property
-    def key(self) -> tuple[bytes, int]:
-        return (self.identity, self.id)
-
-    @property
-    def total_cost(self) -> int:
-        """What the request weighs in the token budget and the admission limit."""
-        return int(self.lengths.sum()) + (self.count - self.texts) * self.image_cost
-
-    def is_image(self, index: int) -> bool:
-        return index >= self.texts
-
-    def cost(self, index: int) -> int:
-        return self.image_cost if index >= self.texts else int(self.lengths[index])
-
-    def input_ids(self, index: int) -> npt.NDArray[np.int32]:
-        return self.tokens[self.offsets[index] : self.offsets[index + 1]]
-
-    def input_token_types(self, index: int) -> npt.NDArray[np.int32]:
-        """Token type ids of a text input; all zeros (the first segment) when none were sent."""
-        if self.token_types is None:
-            return np.zeros(int(self.lengths[index]), dtype=np.int32)
-        return self.token_types[self.offsets[index] : self.offsets[index + 1]]
-
-    def image(self, index: int) -> npt.NDArray[np.uint8]:
-        assert self.pixels is not None
-        image: npt.NDArray[np.uint8] = self.pixels[index - self.texts]
-        return image
-
-
 @dataclass(frozen=True, slots=True)
 class WorkItem:
+    """One input of a request, as the scheduler places it in a batch."""
+
     request: PendingRequest
     index: int
     length: int

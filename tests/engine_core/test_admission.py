@@ -4,8 +4,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine_core.io_thread import InvalidRequest, check_request
-from engine_core.scheduler import PendingRequest
+from engine_core.request_state import InvalidRequest, PendingRequest, check_request
 from poolserve.protocol import ModelCard, PoolJob, PoolRequest, decode_job
 from tests.poolserve.test_protocol import CARD, CLIP_CARD
 

@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from engine_core.scheduler import PendingRequest, Scheduler, WorkItem
+from engine_core.request_state import PendingRequest
+from engine_core.scheduler import Scheduler, WorkItem
 
 
 def make_request(request_id: int, lengths: list[int], identity: bytes = b"api-0") -> PendingRequest:

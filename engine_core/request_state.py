@@ -1,0 +1,133 @@
+"""One request's state inside the engine, from admission to its reply: its inputs, progress and rows."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from poolserve.protocol import ModelCard, PoolJob, PoolRequest
+
+
+@dataclass(eq=False, slots=True)
+class PendingRequest:
+    """One request from one API server, batched as a unit however many inputs it holds.
+
+    Inputs 0 .. len(lengths)-1 are texts; the `len(pixels)` inputs after them are images.
+    """
+
+    identity: bytes
+    id: int
+    lengths: npt.NDArray[np.int64]
+    tokens: npt.NDArray[np.int32]
+    dimensions: int = 0
+    normalize: bool = False
+    activation: bool = False
+    token_types: npt.NDArray[np.int32] | None = None
+    pixels: npt.NDArray[np.uint8] | None = None
+    # What one image costs in the padded-token budget (its vision tokens).
+    image_cost: int = 1
+    # Running when an engine died: runs in batches of its own, so a second crash names it.
+    is_suspect: bool = False
+    admitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    offsets: npt.NDArray[np.int64] = field(init=False)
+    texts: int = field(init=False)
+    count: int = field(init=False)
+    remaining: int = field(init=False)
+    is_cancelled: bool = False
+    is_released: bool = False
+    output: npt.NDArray[np.float32] | None = None
+
+    def __post_init__(self) -> None:
+        self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        self.texts = len(self.lengths)
+        self.count = self.texts + (0 if self.pixels is None else len(self.pixels))
+        self.remaining = self.count
+
+    @property
+    def key(self) -> tuple[bytes, int]:
+        return (self.identity, self.id)
+
+    @property
+    def total_cost(self) -> int:
+        """What the request weighs in the token budget and the admission limit."""
+        return int(self.lengths.sum()) + (self.count - self.texts) * self.image_cost
+
+    def is_image(self, index: int) -> bool:
+        return index >= self.texts
+
+    def cost(self, index: int) -> int:
+        return self.image_cost if index >= self.texts else int(self.lengths[index])
+
+    def input_ids(self, index: int) -> npt.NDArray[np.int32]:
+        return self.tokens[self.offsets[index] : self.offsets[index + 1]]
+
+    def input_token_types(self, index: int) -> npt.NDArray[np.int32]:
+        """Token type ids of a text input; all zeros (the first segment) when none were sent."""
+        if self.token_types is None:
+            return np.zeros(int(self.lengths[index]), dtype=np.int32)
+        return self.token_types[self.offsets[index] : self.offsets[index + 1]]
+
+    def image(self, index: int) -> npt.NDArray[np.uint8]:
+        assert self.pixels is not None
+        image: npt.NDArray[np.uint8] = self.pixels[index - self.texts]
+        return image
+
+    def start(self, now: float) -> bool:
+        """Mark the request running from `now`, when its first input enters a forward pass; True that first time."""
+        if self.started_at is not None:
+            return False
+        self.started_at = now
+        return True
+
+    def add_row(self, index: int, row: npt.NDArray[np.float32]) -> bool:
+        """Keep input `index`'s raw output row; True when it was the last one missing."""
+        if self.output is None:
+            self.output = np.empty((self.count, row.shape[0]), dtype=np.float32)
+        self.output[index] = row
+        self.remaining -= 1
+        return self.remaining == 0
+
+
+class InvalidRequest(ValueError):
+    """A well-formed request with values the model cannot take; it is refused, never run."""
+
+
+def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: ModelCard) -> PendingRequest:
+    """Check a request's values against the model's limits; the API servers check first, this is the backstop."""
+    lengths, tokens, token_types = job.lengths, job.tokens, job.token_types
+    if lengths.size and lengths.max() > card.max_model_len:
+        raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= card.vocab_size):
+        raise InvalidRequest(f"token ids must be within 0..{card.vocab_size - 1}")
+    if token_types is not None:
+        if not card.uses_token_types:
+            raise InvalidRequest("this model takes no token types")
+        # An id past the model's type embeddings would fail the whole batch it lands in (and on CUDA, the device).
+        if token_types.size and (token_types.min() < 0 or token_types.max() >= card.type_vocab_size):
+            raise InvalidRequest(f"token type ids must be within 0..{card.type_vocab_size - 1}")
+    if job.pixels is not None:
+        if card.image is None:
+            raise InvalidRequest("this model takes no images")
+        height, width = card.image.output_size
+        if job.pixels.shape[1:3] != (height, width):
+            raise InvalidRequest(f"images must be {height}x{width} pixels")
+    if not 0 <= job.dimensions <= card.output_size:
+        raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
+    return PendingRequest(
+        identity=identity,
+        id=request.id,
+        lengths=lengths,
+        tokens=tokens,
+        dimensions=job.dimensions,
+        normalize=card.normalize if job.normalize is None else job.normalize,
+        activation=job.activation,
+        token_types=token_types,
+        pixels=job.pixels,
+        image_cost=max(card.image_tokens, 1),
+        is_suspect=request.is_suspect,
+    )
