@@ -49,7 +49,7 @@ def main() -> int:
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:
         from engine_core.admission import AdmissionLimit
-        from engine_core.engine import EngineCore
+        from engine_core.engine import EngineProcess
         from engine_core.flight_recorder import FlightRecorder
         from engine_core.loader import LoadError, load_model
     except Exception as exc:
@@ -58,7 +58,7 @@ def main() -> int:
     try:
         config = spec.config
         loaded = load_model(config)
-        engine = EngineCore(
+        engine = EngineProcess(
             loaded,
             spec.engine_endpoint,
             admission=AdmissionLimit(config.max_queued_inputs, config.max_queued_tokens),

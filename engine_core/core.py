@@ -1,0 +1,171 @@
+"""The engine's step, with no I/O: requests in, batches through the model, finished rows and failures out.
+
+A step is `next_batch()` then `run_batch()`: one forward pass. The process shell (engine.py) owns
+the sockets, threads, heartbeats and the flight recorder, and writes the record between the two
+halves; tests drive the same two calls in process, with a real model and no sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_core.admission import AdmissionLimit
+from engine_core.loader import LoadedModel
+from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS
+from engine_core.postprocess import finish_rows
+from engine_core.request_state import PendingRequest
+from engine_core.scheduler import Scheduler, WorkItem
+from poolserve.protocol import ERROR_MODEL, PooledOutput, RequestFailed
+
+logger = logging.getLogger("poolserve.engine")
+
+F32 = npt.NDArray[np.float32]
+RequestKey = tuple[bytes, int]
+
+
+@dataclass(slots=True)
+class StepOutputs:
+    """What one step finished, by API server: each finished request's rows, and the failed requests."""
+
+    outputs: dict[bytes, list[tuple[PooledOutput, F32]]] = field(default_factory=lambda: defaultdict(list))
+    failures: dict[bytes, list[RequestFailed]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def servers(self) -> set[bytes]:
+        return self.outputs.keys() | self.failures.keys()
+
+
+class EngineCore:
+    """The scheduler, the model runner and postprocessing, over the requests admitted so far."""
+
+    def __init__(self, loaded: LoadedModel, admission: AdmissionLimit):
+        self.card = loaded.card
+        self.runner = loaded.runner
+        self.scheduler = Scheduler(
+            loaded.card.max_batch_tokens,
+            loaded.card.max_batch_size,
+            batch_overhead_tokens=loaded.batch_overhead_tokens,
+        )
+        self.admission = admission
+        self._requests: dict[RequestKey, PendingRequest] = {}
+        # Batches cut from the scheduler's current window, not run yet.
+        self._batches: deque[list[WorkItem]] = deque()
+        self.running = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._requests) - self.running
+
+    def has_work(self) -> bool:
+        return bool(self._batches) or self.scheduler.has_work()
+
+    def add(self, request: PendingRequest) -> None:
+        """A request admitted (and counted against the admission limit) by the I/O thread."""
+        self._requests[request.key] = request
+        self.scheduler.add(request)
+
+    def abort(self, identity: bytes, ids: list[int]) -> None:
+        """Drop requests nobody waits for any more; their inputs not yet run never will be."""
+        for request_id in ids:
+            request = self._requests.pop((identity, request_id), None)
+            if request is not None:
+                request.is_cancelled = True
+                self._release(request)
+
+    def next_batch(self) -> list[WorkItem] | None:
+        """The inputs of the next forward pass (the scheduler cuts a window into batches, served in
+        turn), or None when nothing is waiting. Inputs of requests aborted meanwhile are left out."""
+        while self._batches or self.scheduler.has_work():
+            if not self._batches:
+                # Empty when every request left in the queue was aborted.
+                self._batches.extend(self.scheduler.next_batches())
+                continue
+            live = [item for item in self._batches.popleft() if not item.request.is_cancelled]
+            if live:
+                return live
+        return None
+
+    def run_batch(self, batch: list[WorkItem]) -> StepOutputs:
+        """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
+        started = time.monotonic()
+        for request in requests_of(batch):
+            if request.start(started):
+                self.running += 1
+                QUEUE_SECONDS.observe(started - request.admitted_at)
+        try:
+            rows = self._forward(batch)
+        except Exception as exc:
+            failed = requests_of(batch)
+            logger.exception("forward pass failed for requests %s", [r.id for r in failed])
+            return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
+        modality = "image" if batch[0].is_image else "text"
+        FORWARD_SECONDS.labels(modality=modality).observe(time.monotonic() - started)
+        BATCH_INPUTS.observe(len(batch))
+        BATCH_TOKENS.observe(len(batch) * max(item.length for item in batch))
+        finished = [
+            item.request for row, item in zip(rows, batch, strict=True) if item.request.add_row(item.index, row)
+        ]
+        return self._finish(finished)
+
+    def _forward(self, batch: list[WorkItem]) -> F32:
+        """The scheduler never mixes texts and images in a batch."""
+        if batch[0].is_image:
+            return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
+        rows = [item.request.input_ids(item.index) for item in batch]
+        type_rows = None
+        if any(item.request.token_types is not None for item in batch):
+            type_rows = [item.request.input_token_types(item.index) for item in batch]
+        return self.runner.run_texts(rows, type_rows)
+
+    def _finish(self, finished: list[PendingRequest]) -> StepOutputs:
+        """Complete requests' rows as their clients asked for them (normalized, truncated, activated)."""
+        step = StepOutputs()
+        now = time.monotonic()
+        for request in finished:
+            self._requests.pop(request.key, None)
+            self._release(request)
+            assert request.output is not None
+            vectors = finish_rows(
+                request.output,
+                self.card,
+                normalize=request.normalize,
+                activation=request.activation,
+                dimensions=request.dimensions,
+            )
+            started = request.started_at or request.admitted_at
+            out = PooledOutput(
+                request.id,
+                vectors.shape[0],
+                vectors.shape[1],
+                queue_time=started - request.admitted_at,
+                inference_time=now - started,
+            )
+            step.outputs[request.identity].append((out, vectors))
+        return step
+
+    def _fail(self, failed: list[PendingRequest], error: str) -> StepOutputs:
+        step = StepOutputs()
+        for request in failed:
+            request.is_cancelled = True
+            self._requests.pop(request.key, None)
+            self._release(request)
+            step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, error))
+        return step
+
+    def _release(self, request: PendingRequest) -> None:
+        if not request.is_released:
+            request.is_released = True
+            self.admission.release(request.count, request.total_cost)
+            if request.started_at is not None:
+                self.running -= 1
+
+
+def requests_of(batch: list[WorkItem]) -> list[PendingRequest]:
+    """The requests with inputs in a batch, each once, in batch order."""
+    return list({item.request.key: item.request for item in batch}.values())

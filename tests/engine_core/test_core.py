@@ -1,0 +1,139 @@
+"""The engine's step in process: a real model (the bundled one), no sockets, no threads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from engine_core.admission import AdmissionLimit
+from engine_core.core import EngineCore, StepOutputs
+from engine_core.loader import LoadedModel, load_model
+from engine_core.postprocess import l2_normalize
+from engine_core.request_state import check_request
+from poolserve.config import Config
+from poolserve.protocol import PooledOutput, PoolJob
+
+F32 = npt.NDArray[np.float32]
+HELLO = [101, 7592, 102]
+SENTENCES = [[101, 7592, 2088, 102], [101, 1037, 2204, 2154, 2000, 2017, 102], HELLO, [101, 102]]
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    # Batches of at most two inputs, so that a request of more inputs spans several steps.
+    return load_model(Config(device="cpu", max_batch_size=2))
+
+
+@pytest.fixture
+def core(loaded: LoadedModel) -> Iterator[EngineCore]:
+    core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096))
+    yield core
+    # Whatever a test did, every admitted input was released exactly once.
+    assert (core.admission.inputs, core.admission.tokens, core.running, core.waiting) == (0, 0, 0, 0)
+
+
+def submit(core: EngineCore, identity: bytes, request_id: int, job: PoolJob) -> None:
+    """What the I/O thread does with a decoded request: check it, count it against the admission limit, queue it."""
+    request = check_request(identity, job.header(request_id), job, core.card)
+    assert core.admission.try_admit(request.count, request.total_cost)
+    core.add(request)
+
+
+def run_until_idle(core: EngineCore) -> tuple[dict[tuple[bytes, int], tuple[PooledOutput, F32]], int]:
+    """Every step until nothing waits: the finished outputs by (server, id), and how many steps ran."""
+    outputs: dict[tuple[bytes, int], tuple[PooledOutput, F32]] = {}
+    steps = 0
+    while (batch := core.next_batch()) is not None:
+        step = core.run_batch(batch)
+        steps += 1
+        assert not step.failures
+        for identity, finished in step.outputs.items():
+            outputs.update({(identity, out.id): (out, rows) for out, rows in finished})
+    return outputs, steps
+
+
+def reference(loaded: LoadedModel, rows: list[list[int]]) -> F32:
+    return np.concatenate([loaded.runner.run_texts([np.asarray(row, dtype=np.int32)], None) for row in rows])
+
+
+def test_requests_from_two_servers_come_back_as_the_model_computes_them(core: EngineCore, loaded: LoadedModel) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows(SENTENCES[:3]))
+    submit(core, b"api-1", 1, PoolJob.from_rows(SENTENCES[3:]))
+    outputs, steps = run_until_idle(core)
+    assert set(outputs) == {(b"api-0", 1), (b"api-1", 1)}
+    assert steps == 2  # four inputs in batches of two
+    out, rows = outputs[(b"api-0", 1)]
+    assert (out.rows, out.dim) == (3, loaded.card.output_size)
+    # The bundled model asks for normalized embeddings; batching (padding) changes them by float noise only.
+    np.testing.assert_allclose(rows, l2_normalize(reference(loaded, SENTENCES[:3])), atol=1e-5)
+    np.testing.assert_allclose(outputs[(b"api-1", 1)][1], l2_normalize(reference(loaded, SENTENCES[3:])), atol=1e-5)
+    assert out.queue_time >= 0 and out.inference_time > 0
+
+
+def test_a_request_finishes_only_when_its_last_input_has_run(core: EngineCore) -> None:
+    submit(core, b"api-0", 7, PoolJob.from_rows(SENTENCES))
+    first = core.run_batch(batch) if (batch := core.next_batch()) else StepOutputs()
+    assert not first.servers and core.running == 1
+    outputs, _ = run_until_idle(core)
+    assert outputs[(b"api-0", 7)][1].shape[0] == 4
+
+
+def test_the_requests_options_shape_its_rows(core: EngineCore, loaded: LoadedModel) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO], normalize=False))
+    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO], dimensions=8))
+    outputs, _ = run_until_idle(core)
+    raw = reference(loaded, [HELLO])
+    np.testing.assert_allclose(outputs[(b"api-0", 1)][1], raw, atol=1e-5)
+    matryoshka = outputs[(b"api-0", 2)][1]
+    assert matryoshka.shape == (1, 8)
+    np.testing.assert_allclose(matryoshka, l2_normalize(raw[:, :8]), atol=1e-5)
+
+
+def test_an_aborted_request_never_runs_and_gives_back_its_place_in_the_queue(core: EngineCore) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows(SENTENCES))
+    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO]))
+    assert core.admission.inputs == 5
+    core.abort(b"api-0", [1])
+    core.abort(b"api-1", [2])  # another server's ids: nothing of api-0's is touched
+    assert core.admission.inputs == 1
+    outputs, steps = run_until_idle(core)
+    assert set(outputs) == {(b"api-0", 2)} and steps == 1
+
+
+@pytest.mark.parametrize("inputs", [4, 12], ids=["within one window", "past the scheduler's window"])
+def test_an_abort_between_steps_saves_the_inputs_not_run_yet(core: EngineCore, inputs: int) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO] * inputs))
+    batch = core.next_batch()
+    assert batch is not None
+    core.run_batch(batch)
+    core.abort(b"api-0", [1])
+    assert core.next_batch() is None
+    assert not core.has_work()
+
+
+class Exploding:
+    def run_texts(self, rows: object, type_rows: object) -> F32:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    def run_images(self, pixels: object) -> F32:
+        raise RuntimeError("unreachable")
+
+
+def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(core: EngineCore, loaded: LoadedModel) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO]))
+    submit(core, b"api-1", 2, PoolJob.from_rows([HELLO]))
+    core.runner = Exploding()
+    batch = core.next_batch()
+    assert batch is not None
+    step = core.run_batch(batch)
+    assert not step.outputs and step.servers == {b"api-0", b"api-1"}
+    (failure,) = step.failures[b"api-0"]
+    assert (failure.id, failure.code) == (1, "model_error")
+    assert "RuntimeError: CUDA error" in failure.message
+    core.runner = loaded.runner
+    submit(core, b"api-0", 3, PoolJob.from_rows([HELLO]))
+    outputs, _ = run_until_idle(core)
+    assert set(outputs) == {(b"api-0", 3)}
