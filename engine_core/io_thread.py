@@ -117,7 +117,12 @@ class EngineIO:
         try:
             msg = self._wire.decode(frames[1:])
         except ProtocolError as exc:
-            logger.warning("dropped an undecodable message from %r: %s", identity, exc)
+            request_id = self._wire.request_id_of(frames[1:])
+            if request_id is None:
+                logger.warning("dropped an undecodable message from %r: %s", identity, exc)
+            else:
+                logger.warning("refused request %d from %r: %s", request_id, identity, exc)
+                self._refuse(identity, request_id, f"invalid request: {exc}", ERROR_INVALID)
             return
         match msg:
             case PoolRequest():

@@ -408,3 +408,14 @@ class EngineWire:
     def decode(self, frames: Sequence[Buffer]) -> ToEngine:
         """The message in frame 0; a PoolRequest's arrays are `decode_job(msg, frames[1:])`."""
         return decode_header(self._decoder, frames)
+
+    def request_id_of(self, frames: Sequence[Buffer]) -> int | None:
+        """The id of a PoolRequest whose header does not decode (a field of the wrong type), so that
+        its sender gets a failure instead of waiting for its timeout; None for anything else."""
+        try:
+            header = msgspec.msgpack.decode(frames[0]) if frames else None
+        except msgspec.DecodeError:
+            return None
+        if not (isinstance(header, list) and len(header) > 1 and header[0] == PoolRequest.__struct_config__.tag):
+            return None
+        return header[1] if type(header[1]) is int else None

@@ -426,13 +426,12 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         [os.urandom(4 * 1024 * 1024)],
         [msgspec.msgpack.encode({"a": 1})],
         [msgspec.msgpack.encode(["pool", "x"])],
-        [msgspec.msgpack.encode(["pool", 1, ["not", "ints"]])],
         [msgspec.msgpack.encode(["nope", 1])],
         [msgspec.msgpack.encode(12345)],
         [msgspec.msgpack.encode(["hello", "x", "y"])],
         [encode_msg(Abort([0, 1, 2, 3, 4, 5]))],  # ids of other peers' requests: keyed by sender, no effect
     ]
-    # Well-formed headers whose data does not fit: each gets an error reply, never a batch.
+    # Requests that cannot run: each gets an error reply, never a batch.
     refused = {
         71: [encode_msg(PoolRequest(71, [3])), tokens(101, 102)],
         72: [encode_msg(PoolRequest(72, [2]))],
@@ -441,6 +440,9 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         75: [encode_msg(PoolRequest(75, [1], images=1, image_height=2, image_width=2)), tokens(101), b"\0" * 12],
         76: [encode_msg(PoolRequest(76, [2], token_types=True)), tokens(101, 102), tokens(0, 7)],
         77: [encode_msg(PoolRequest(77, [1], dimensions=-3)), tokens(101)],
+        # Headers with a field of the wrong type: undecodable, yet their id is readable, so they are answered.
+        78: [encode_msg(["pool", 78, ["not", "ints"]]), tokens(101)],
+        79: [encode_msg(["pool", 79, [1], 0, 1]), tokens(101)],  # normalize is a bool or nil, not 1
     }
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)

@@ -199,6 +199,22 @@ def test_garbage_to_the_engine_is_a_protocol_error_not_a_crash(frames: list[Buff
         EngineWire().decode(frames)
 
 
+@pytest.mark.parametrize(
+    ("frames", "request_id"),
+    [
+        ([msgspec.msgpack.encode(["pool", 7, [2], 0, 3])], 7),  # answerable: its sender gets a failure
+        ([msgspec.msgpack.encode(["pool", 7, ["not", "ints"]])], 7),
+        ([msgspec.msgpack.encode(["pool", "x"])], None),
+        ([msgspec.msgpack.encode(["pool", True])], None),
+        ([msgspec.msgpack.encode(["ping", 7])], None),
+        ([b"\xc1"], None),
+        ([], None),
+    ],
+)
+def test_a_pool_request_that_does_not_decode_still_names_its_id(frames: list[Buffer], request_id: int | None) -> None:
+    assert EngineWire().request_id_of(frames) == request_id
+
+
 def test_each_end_refuses_the_other_directions_messages() -> None:
     with pytest.raises(ProtocolError):
         ClientWire().decode(ClientWire().encode(Hello(0, 1)))
