@@ -20,8 +20,17 @@ import httpx
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# NAT64's well-known prefix: its addresses carry the IPv4 address a packet ends up at.
+# IPv6 ranges whose addresses carry an IPv4 address in their low 32 bits: NAT64's well-known prefix
+# (RFC 6052) and the deprecated IPv4-compatible form (`::127.0.0.1`, RFC 4291), which Python's
+# ipaddress counts as global whatever it embeds.
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+# Refused whole rather than unwrapped. Local-use NAT64 (RFC 8215): the operator picks the prefix length
+# (/48 to /96), so where the IPv4 address sits cannot be known, and IANA lists the range as not globally
+# reachable; Python 3.11 counts it as global. Teredo (RFC 4380): the client's address is obfuscated and
+# a Teredo relay reaches whatever it names; Python already counts the range as not global, said here so
+# that the refusal does not hang on one Python version's tables.
+NEVER_PUBLIC = (ipaddress.IPv6Network("64:ff9b:1::/48"), ipaddress.IPv6Network("2001::/32"))
 
 # httpx's defaults.
 MAX_CONNECTIONS = 100
@@ -33,20 +42,23 @@ class BlockedDestination(Exception):
 
 
 def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address stands for (mapped, 6to4, NAT64), whose reach is what counts."""
+    """The IPv4 address an IPv6 address stands for (mapped, compatible, 6to4, NAT64), whose reach is what counts."""
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in NAT64:
+    if address in NAT64 or address in IPV4_COMPATIBLE:
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 
 
 def is_public(address: IpAddress) -> bool:
     """Globally reachable unicast: not loopback, private, link-local (169.254.169.254, the cloud metadata
-    service), shared (100.64/10), reserved, documentation, multicast or unspecified."""
+    service), shared (100.64/10), reserved, documentation, multicast or unspecified. An IPv6 address that
+    embeds an IPv4 address is public only if that address is too."""
     if isinstance(address, ipaddress.IPv6Address):
+        if any(address in network for network in NEVER_PUBLIC):
+            return False
         inner = embedded_ipv4(address)
         if inner is not None and not is_public(inner):
             return False
