@@ -96,7 +96,7 @@ def main() -> int:
     )
     from engine_core.metrics import publish_model_info
 
-    publish_model_info(card)
+    publish_model_info(card, model_name=spec.config.model_names[0])
     report_boot(spec, BootReport(status="ready", message=summary))
     engine.run()
     logger.info("engine stopped")

@@ -51,17 +51,19 @@ INPUTS_QUEUED = Gauge(
     "Inputs waiting or running in the engine: what the admission limit counts.",
     multiprocess_mode="livemostrecent",
 )
+# Labelled with the served name, not card.path: /metrics is open to anyone who can reach the port
+# (unless --protect-metrics), and a filesystem path tells them how the host is laid out.
 MODEL_INFO = Gauge(
     "poolserve_model_info",
     "The model the engine serves (always 1; the facts are labels).",
-    ["path", "architecture", "kind", "pooling", "device", "dtype", "max_model_len", "output_size"],
+    ["model_name", "architecture", "kind", "pooling", "device", "dtype", "max_model_len", "output_size"],
     multiprocess_mode="livemostrecent",
 )
 
 
-def publish_model_info(card: ModelCard) -> None:
+def publish_model_info(card: ModelCard, *, model_name: str) -> None:
     MODEL_INFO.labels(
-        path=card.path,
+        model_name=model_name,
         architecture=card.architecture,
         kind=card.kind,
         pooling=card.pooling,

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
+from poolserve.config import BUNDLED_MODEL_NAME
 from tests.utils import LaunchedServer
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
@@ -134,6 +135,9 @@ def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedS
     assert value(after_idle, "poolserve_api_servers") == 2
     info = [key for key in after_idle if key[0] == "poolserve_model_info"]
     assert len(info) == 1 and dict(info[0][1])["architecture"] == "BertModel"
+    # The served name, never the model's filesystem path: /metrics is open without the API key.
+    assert dict(info[0][1])["model_name"] == BUNDLED_MODEL_NAME
+    assert not any(label.startswith("/") for _, label in info[0][1])
 
 
 def test_timing_headers_request_ids_and_the_access_log(metered: LaunchedServer) -> None:
