@@ -32,12 +32,25 @@ Image.MAX_IMAGE_PIXELS = None
 
 WHITE = (255, 255, 255, 255)
 
+# How elongated an image may be, long side to short: Qwen2-VL's processors (in transformers and vLLM)
+# refuse past 200:1 too. A shortest-edge resize scales the long side with the short one, so a 92-byte
+# 1x5000 PNG becomes 224x1120000 pixels (750 MB of RGB) at CLIP's 224, and 1x100000 a MemoryError.
+MAX_ASPECT_RATIO = 200
+# What the resize may produce, in pixels (48 MiB as RGB): 200:1 at a shortest edge of 224 is 10M.
+# It binds the models with a larger shortest edge, whose 200:1 images would still be too big.
+MAX_RESIZED_PIXELS = 16_777_216
+
 
 def decode_image(data: bytes, *, max_pixels: int, param: str) -> Image.Image:
-    """The image in `data`, fully decoded, upright, its first frame if animated.
+    """The image in `data`, fully decoded, upright, its first frame if animated."""
+    return decoded(open_image(data, max_pixels=max_pixels, param=param), param=param)
 
-    The declared size is checked against `max_pixels` before decoding, so a small file that claims a
-    huge canvas is refused without the allocation. Truncated or corrupt files are errors, never padded.
+
+def open_image(data: bytes, *, max_pixels: int, param: str) -> Image.Image:
+    """The image in `data` with its header read and no pixel decoded.
+
+    The declared size is checked against `max_pixels` here, so a small file that claims a huge canvas
+    is refused without the allocation.
     """
     if not data:
         raise ApiError(400, f"{param} is empty; expected an image.", param=param)
@@ -61,6 +74,38 @@ def decode_image(data: bytes, *, max_pixels: int, param: str) -> Image.Image:
             f"{param} is {width}x{height} = {width * height} pixels; the limit is {max_pixels}.",
             param=param,
         )
+    return image
+
+
+def check_shape(width: int, height: int, spec: ImageProcessing, *, param: str) -> None:
+    """Refuse an image whose resize would cost far more memory than its pixels: too elongated, or too big
+    once resized. Called on the header's size; the EXIF rotation that may follow swaps width and height,
+    which changes neither the ratio nor the resized area."""
+    short, long = sorted((width, height))
+    if long > MAX_ASPECT_RATIO * short:
+        ratio = f"{long / short:.1f}".rstrip("0").rstrip(".")
+        raise ApiError(
+            400,
+            f"{param} is {width}x{height}, an aspect ratio of {ratio}:1; "
+            f"this server takes images up to {MAX_ASPECT_RATIO}:1.",
+            param=param,
+        )
+    if spec.do_resize:
+        resized_height, resized_width = resized_size(height, width, spec)
+        if resized_height * resized_width > MAX_RESIZED_PIXELS:
+            raise ApiError(
+                400,
+                f"{param} is {width}x{height}; the model's resize would make it {resized_width}x{resized_height} "
+                f"= {resized_width * resized_height} pixels; the limit is {MAX_RESIZED_PIXELS}.",
+                param=param,
+            )
+
+
+def decoded(image: Image.Image, *, param: str) -> Image.Image:
+    """`image` (opened by open_image) with its pixels decoded and turned upright.
+
+    Truncated or corrupt files are errors, never padded.
+    """
     try:
         image.load()
         # As transformers' load_image does: phone photos are stored sideways with an EXIF tag saying so.
@@ -90,8 +135,13 @@ def preprocess_image(image: Image.Image, spec: ImageProcessing) -> npt.NDArray[n
 
 
 def load_image_pixels(data: bytes, spec: ImageProcessing, *, max_pixels: int, param: str) -> npt.NDArray[np.uint8]:
-    """Decode `data` and preprocess it for the model `spec` describes; client errors are ApiErrors."""
-    image = decode_image(data, max_pixels=max_pixels, param=param)
+    """Decode `data` and preprocess it for the model `spec` describes; client errors are ApiErrors.
+
+    Every size check is made on the header, before a pixel is allocated.
+    """
+    image = open_image(data, max_pixels=max_pixels, param=param)
+    check_shape(image.width, image.height, spec, param=param)
+    image = decoded(image, param=param)
     try:
         return preprocess_image(image, spec)
     except (OSError, ValueError) as exc:

@@ -15,7 +15,14 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
 
 from apiserver.errors import ApiError
-from apiserver.images import decode_image, load_image_pixels, preprocess_image, resized_size
+from apiserver.images import (
+    MAX_ASPECT_RATIO,
+    MAX_RESIZED_PIXELS,
+    decode_image,
+    load_image_pixels,
+    preprocess_image,
+    resized_size,
+)
 from engine_core.image_config import read_image_processing
 from engine_core.pixels import normalize_pixels
 from poolserve.protocol import ImageProcessing
@@ -32,7 +39,8 @@ PROCESSORS: dict[str, Any] = {
     "siglip": SiglipImageProcessorPil(size={"height": 24, "width": 40}),
 }
 
-SIZES = [(30, 50), (61, 23), (40, 40), (1, 1), (3, 7), (17, 33), (300, 257), (10, 12)]
+# (1, 200) and (200, 1): the most elongated images taken (MAX_ASPECT_RATIO).
+SIZES = [(30, 50), (61, 23), (40, 40), (1, 1), (3, 7), (17, 33), (300, 257), (10, 12), (1, 200), (200, 1)]
 
 # (mode, format): the modes each format can hold, transparency included.
 CASES = [
@@ -234,3 +242,56 @@ def test_images_past_pillows_own_bomb_limit_decode_when_within_ours(tmp_path: Pa
     Image.new("1", (width, height)).save(path)
     image = decode_image(path.read_bytes(), max_pixels=100_000_000, param="input[0]")
     assert image.size == (width, height)
+
+
+def thin_png(width: int, height: int) -> bytes:
+    """A real PNG of one gray value: a few hundred bytes whatever its size."""
+    return encode(Image.new("L", (width, height), 128), "PNG")
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "ratio"),
+    [(1, 5000, "5000"), (5000, 1, "5000"), (1, 100_000, "100000"), (100_000, 1, "100000"), (2, 401, "200.5")],
+)
+def test_images_more_elongated_than_the_bound_are_refused(
+    specs: dict[str, ImageProcessing], width: int, height: int, ratio: str
+) -> None:
+    # At a real CLIP's shortest edge of 224, 1x5000 would resize to 224x1120000 (750 MB of RGB).
+    for spec in (specs["clip"], specs["siglip"]):
+        with pytest.raises(ApiError) as caught:
+            load_image_pixels(thin_png(width, height), spec, max_pixels=40_000_000, param="input[1]")
+        assert caught.value.status == 400 and caught.value.param == "input[1]"
+        assert caught.value.message == (
+            f"input[1] is {width}x{height}, an aspect ratio of {ratio}:1; "
+            f"this server takes images up to {MAX_ASPECT_RATIO}:1."
+        )
+
+
+def test_the_bounds_are_checked_on_the_header_before_any_pixel_is_decoded(specs: dict[str, ImageProcessing]) -> None:
+    # The PNG claims 40,000,000x1 (within max_pixels) and holds 64 bytes of pixel data: decoding it would
+    # fail as truncated, so the aspect-ratio message shows the check came first. Resized at a shortest edge
+    # of 224 it would be 224x8960000000, which pillow cannot even represent (OverflowError).
+    started = time.perf_counter()
+    with pytest.raises(ApiError, match=r"40000000x1, an aspect ratio of 40000000:1"):
+        load_image_pixels(png_claiming(40_000_000, 1), specs["clip"], max_pixels=40_000_000, param="input[0]")
+    assert time.perf_counter() - started < 0.2
+
+
+def test_the_resized_size_is_bounded_for_models_with_a_large_shortest_edge() -> None:
+    spec = ImageProcessing(resize_shortest_edge=400, crop_height=400, crop_width=400)
+    # 150:1 is within the ratio, but resized to a shortest edge of 400 it would be 400x60000 = 24M pixels.
+    with pytest.raises(ApiError) as caught:
+        load_image_pixels(thin_png(150, 1), spec, max_pixels=40_000_000, param="input[0]")
+    assert caught.value.status == 400
+    assert caught.value.message == (
+        f"input[0] is 150x1; the model's resize would make it 60000x400 = 24000000 pixels; "
+        f"the limit is {MAX_RESIZED_PIXELS}."
+    )
+    # 100:1 resizes to 40000x400 = 16M pixels, within the bound.
+    assert load_image_pixels(thin_png(100, 1), spec, max_pixels=40_000_000, param="input[0]").shape == (400, 400, 3)
+
+
+def test_a_fixed_size_resize_has_no_resized_bound_but_the_ratio_still_holds(specs: dict[str, ImageProcessing]) -> None:
+    # SigLIP resizes to 24x40 whatever comes in: a big image within the ratio is fine.
+    pixels = load_image_pixels(thin_png(4000, 20), specs["siglip"], max_pixels=40_000_000, param="input[0]")
+    assert pixels.shape == (24, 40, 3)
