@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
+from PIL import Image
 
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
@@ -300,6 +301,14 @@ HOSTILE_IMAGES = {
     "loopback as a decimal number": ("http://2130706433/cat.png", 400, "not a public address"),
     "IPv6 loopback": ("http://[::1]/cat.png", 400, "not a public address"),
     "a private network": ("http://10.0.0.1/cat.png", 400, "not a public address"),
+    # IPv6 addresses that carry an IPv4 address (Python's ipaddress counts the first and fourth as global).
+    "IPv4-compatible loopback": ("http://[::127.0.0.1]:9/cat.png", 400, "not a public address"),
+    "IPv4-mapped loopback": ("http://[::ffff:127.0.0.1]:9/cat.png", 400, "not a public address"),
+    "NAT64 metadata": ("http://[64:ff9b::169.254.169.254]/latest/", 400, "not a public address"),
+    "local-use NAT64 loopback": ("http://[64:ff9b:1::7f00:1]:9/cat.png", 400, "not a public address"),
+    "6to4 loopback": ("http://[2002:7f00:1::1]:9/cat.png", 400, "not a public address"),
+    "Teredo": ("http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/cat.png", 400, "not a public address"),
+    "a 1x5000 PNG": (data_url(encode(Image.new("L", (1, 5000)))), 400, "an aspect ratio of 5000:1"),
     "a file URL": ("file:///etc/passwd", 400, "not allowed"),
 }
 
