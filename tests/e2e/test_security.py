@@ -23,6 +23,7 @@ from PIL import Image
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
 from bench.server_process import cmdline
+from poolserve.config import BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, Outputs, Ping, Pong, PoolRequest
 from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
@@ -100,7 +101,11 @@ def test_probes_and_metrics_stay_open_without_a_key(guarded: LaunchedServer) -> 
     with guarded.client() as client:
         for path in OPEN_PATHS:
             assert client.get(path).status_code == 200, path
-        assert client.get("/metrics").status_code == 200
+        metrics = client.get("/metrics")
+        assert metrics.status_code == 200
+    # Open to anyone, so it names the model as clients do, not by the folder it was loaded from.
+    (info,) = [line for line in metrics.text.splitlines() if line.startswith("poolserve_model_info{")]
+    assert f'model_name="{BUNDLED_MODEL_NAME}"' in info and "path=" not in info and '"/' not in info
 
 
 def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: LaunchedServer) -> None:
