@@ -341,8 +341,10 @@ class Supervisor:
 
     def _spawn(self, role: str, index: int = 0) -> ChildProcess:
         if role == "engine":
-            # The engine has no use for the API key: one process fewer holds it.
-            child = spawn_child("engine", msgspec.structs.replace(self.config, api_key=""), self.runtime_dir)
+            # The engine has no use for the API key: one process fewer holds it. --protect-metrics goes with
+            # it, since the copy is validated again and a protected /metrics without a key is refused.
+            keyless = msgspec.structs.replace(self.config, api_key="", protect_metrics=False)
+            child = spawn_child("engine", keyless, self.runtime_dir)
         else:
             child = spawn_child(
                 "api", self.config, self.runtime_dir, index=index, listener=self.listener, board=self.board

@@ -23,7 +23,7 @@ from PIL import Image
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
 from bench.server_process import cmdline
-from poolserve.config import BUNDLED_MODEL_NAME
+from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, Outputs, Ping, Pong, PoolRequest
 from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
@@ -106,6 +106,22 @@ def test_probes_and_metrics_stay_open_without_a_key(guarded: LaunchedServer) -> 
     # Open to anyone, so it names the model as clients do, not by the folder it was loaded from.
     (info,) = [line for line in metrics.text.splitlines() if line.startswith("poolserve_model_info{")]
     assert f'model_name="{BUNDLED_MODEL_NAME}"' in info and "path=" not in info and '"/' not in info
+
+
+def test_a_key_and_protect_metrics_start_together_and_metrics_then_needs_the_key() -> None:
+    # The engine's keyless copy of the config once kept --protect-metrics and failed to validate.
+    launched = LaunchedServer("--api-server-count", "1", "--protect-metrics", env={API_KEY_ENV: KEY})
+    try:
+        launched.wait_ready()
+        with launched.client() as client:
+            assert client.get("/metrics").status_code == 401
+            assert client.get("/metrics", headers=bearer("wrong")).status_code == 401
+            response = client.get("/metrics", headers=bearer())
+            assert response.status_code == 200
+            assert "# TYPE poolserve_" in response.text
+            assert client.get("/health").status_code == 200
+    finally:
+        launched.stop()
 
 
 def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: LaunchedServer) -> None:
