@@ -11,7 +11,7 @@ from apiserver.errors import error_response
 
 # Paths anyone may call without a key: load balancers' and orchestrators' probes carry no credentials.
 # Everything else, unknown paths included, needs the key (deny by default).
-OPEN_PATHS = frozenset({"/health", "/ping"})
+OPEN_PATHS = frozenset({"/health", "/health/ready", "/health/live", "/ping"})
 # Open too unless --protect-metrics: Prometheus scrapers are usually set up without credentials.
 METRICS_PATH = "/metrics"
 

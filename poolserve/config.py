@@ -277,7 +277,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         str,
         Flag(
             "access",
-            "Require `Authorization: Bearer KEY` on every endpoint but /health, /ping and /metrics (401 "
+            "Require `Authorization: Bearer KEY` on every endpoint but /health, /health/ready, /health/live, /ping "
+            "and /metrics (401 "
             f"otherwise). Default: the {API_KEY_ENV} environment variable, which keeps the key out of `ps`; "
             "unset or empty: no key.",
             env=API_KEY_ENV,

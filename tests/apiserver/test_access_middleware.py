@@ -54,7 +54,7 @@ def test_the_bearer_token_is_read_from_the_authorization_header(header: bytes, t
 
 
 def test_probes_are_open_and_metrics_only_without_protect_metrics() -> None:
-    assert {"/health", "/ping"} <= OPEN_PATHS
+    assert {"/health", "/health/ready", "/health/live", "/ping"} <= OPEN_PATHS
     assert "/metrics" in open_paths(protect_metrics=False)
     assert "/metrics" not in open_paths(protect_metrics=True)
 
