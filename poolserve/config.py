@@ -280,7 +280,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "Require `Authorization: Bearer KEY` on every endpoint but /health, /health/ready, /health/live, /ping "
             "and /metrics (401 "
             f"otherwise). Default: the {API_KEY_ENV} environment variable, which keeps the key out of `ps`; "
-            "unset or empty: no key.",
+            "unset: no key; an empty key (flag or variable) is refused at start-up.",
             env=API_KEY_ENV,
         ),
     ] = ""

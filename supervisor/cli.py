@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: list[str] | None = None) -> Config:
     parser = build_parser()
     args = parser.parse_args(argv)
-    values = {field.name: value_of(args, field) for field in flag_fields()}
     try:
+        values = {field.name: value_of(args, field) for field in flag_fields()}
         return Config(**values)
     except ConfigError as exc:
         parser.error(str(exc))
@@ -96,9 +96,19 @@ def parse_config(argv: list[str] | None = None) -> Config:
 def value_of(args: argparse.Namespace, field: FlagField) -> Any:
     """The flag's value, else (for a flag with an environment variable) the variable's, else the
     default: the one place the environment is read for a setting."""
-    if field.flag.env and not hasattr(args, field.name):
-        return os.environ.get(field.flag.env, field.default)
-    return getattr(args, field.name)
+    if not field.flag.env:
+        return getattr(args, field.name)
+    given, source = (getattr(args, field.name), field.option) if hasattr(args, field.name) else (None, "")
+    if given is None and field.flag.env in os.environ:
+        given, source = os.environ[field.flag.env], field.flag.env
+    if given == "":
+        # Flags read from the environment carry secrets (the API key): an empty one is a secret that went
+        # missing on its way (an unset template variable), and serving without it would open the server.
+        raise ConfigError(
+            f"{source} is set but empty; give a value, or leave {field.option} and {field.flag.env} out entirely "
+            "to run without one."
+        )
+    return field.default if given is None else given
 
 
 def main(argv: list[str] | None = None) -> None:

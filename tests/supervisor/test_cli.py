@@ -151,6 +151,30 @@ def test_a_key_that_cannot_travel_in_a_header_is_refused_without_echoing_it(
     assert key not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [(["--api-key", ""], None, "--api-key"), ([], "", API_KEY_ENV), (["--api-key", ""], "from-env", "--api-key")],
+)
+def test_an_empty_api_key_from_the_flag_or_the_environment_is_refused_naming_where_it_came_from(
+    argv: list[str], env: str | None, named: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An empty key once started a server with no authentication and no warning.
+    if env is None:
+        monkeypatch.delenv(API_KEY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(API_KEY_ENV, env)
+    with pytest.raises(SystemExit):
+        parse_config(argv)
+    reason = capsys.readouterr().err.strip().splitlines()[-1]
+    assert reason.startswith(f"launch: error: {named} is set but empty;")
+    assert reason.count(".") == 1 and reason.endswith(".")
+
+
+def test_no_api_key_anywhere_runs_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert parse_config([]).api_key == ""
+
+
 def test_protect_metrics_needs_a_key(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     with pytest.raises(SystemExit):
