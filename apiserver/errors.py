@@ -8,7 +8,7 @@ from http import HTTPStatus
 
 import msgspec
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
@@ -134,4 +134,6 @@ EXCEPTION_HANDLERS = {
     EngineOverloaded: handle_engine_overloaded,
     EngineError: handle_engine_error,
     ClientDisconnected: handle_client_disconnected,
+    # Starlette's own, raised when the client closes the connection while a route reads the body.
+    ClientDisconnect: handle_client_disconnected,
 }

@@ -234,3 +234,38 @@ def test_a_real_prometheus_server_scrapes_the_request_counter(metered: LaunchedS
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         time.sleep(0.1)
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """The sum over every series of `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(count for (sample, tags), count in samples.items() if sample == name and wanted <= set(tags))
+
+
+def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_disconnect(metered: LaunchedServer) -> None:
+    # Once an ERROR with a traceback, counted as a 500: the server's fault in the dashboards.
+    before = scrape(metered.url)
+    log_start = len(metered.stderr())
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n"
+    )
+    for _ in range(4):  # new connections: each API server gets some
+        with socket.create_connection(("127.0.0.1", metered.port), timeout=10) as conn:
+            conn.sendall(head + b'{"input": ')
+            time.sleep(0.2)  # the request reaches the route, which waits for the rest of the body
+    assert wait_until(
+        lambda: (
+            total(scrape(metered.url), "poolserve_requests_total", status="499")
+            - total(before, "poolserve_requests_total", status="499")
+            >= 4
+        ),
+        timeout=10,
+    ), metered.log()
+    after = scrape(metered.url)
+    assert total(after, "poolserve_requests_total", status="500") == total(
+        before, "poolserve_requests_total", status="500"
+    )
+    log = metered.stderr()[log_start:]
+    assert "ERROR" not in log and "Traceback" not in log, log
+    assert "client disconnected" in log
