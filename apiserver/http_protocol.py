@@ -1,12 +1,18 @@
 """uvicorn's httptools protocol with a bound on the request line and headers, and connections that retire.
 
-Heads: 431 past MAX_HEAD_BYTES.
+Heads: 431 past MAX_HEAD_BYTES; 400 for an HTTP/1.1 request without exactly one `Host` header.
 
 uvicorn's httptools protocol buffers a request's head, however long, until it ends: a client could send a
 header of gigabytes and the body limit (apiserver/body_limit.py) would never see it. This subclass counts
 what arrives while a head is incomplete and answers 431 once it passes the bound, closing the connection.
 The count may miss one read's worth of bytes (the read that starts a request), so the memory a head can
 take is bounded by MAX_HEAD_BYTES plus one read.
+
+Host: RFC 9112 3.2 says a server must answer 400 to an HTTP/1.1 request with no Host header or more than
+one (HTTP/1.0 may leave it out). uvicorn passes both to the app; checking here, before the request
+cycle starts, holds for every route. The check raises inside the parser's callback, so the parser stops
+and uvicorn's own malformed-request path answers (a WARNING line, then 400 and the connection closed),
+with this module's JSON body naming the problem.
 
 Retiring: a keep-alive connection lands on one API server for its whole life, so the few long-lived
 connections of a proxy would never spread over servers added or restarted after they opened. Past
@@ -36,15 +42,14 @@ from apiserver.metrics import CONNECTIONS_RECYCLED
 # 4 x 8 KiB, Node 16 KiB); a bearer key and a few cookies fit many times over.
 MAX_HEAD_BYTES = 64 * 1024
 
-TOO_LARGE = msgspec.json.encode(
-    ErrorBody(
-        ErrorDetail(
-            f"The request line and headers are larger than this server's limit of {MAX_HEAD_BYTES} bytes.",
-            "invalid_request_error",
-            None,
-            "headers_too_large",
-        )
-    )
+
+def error_body(message: str, code: str) -> bytes:
+    return msgspec.json.encode(ErrorBody(ErrorDetail(message, "invalid_request_error", None, code)))
+
+
+TOO_LARGE = error_body(
+    f"The request line and headers are larger than this server's limit of {MAX_HEAD_BYTES} bytes.",
+    "headers_too_large",
 )
 
 
@@ -57,9 +62,24 @@ class ConnectionPolicy:
     max_age_s: float = 0.0
 
 
+def host_problem(http_version: str, headers: list[tuple[bytes, bytes]]) -> str:
+    """Why the head breaks RFC 9112's one-Host rule ("" when it does not); names arrive lower-cased."""
+    if http_version != "1.1":
+        return ""
+    count = sum(1 for name, _ in headers if name == b"host")
+    if count == 1:
+        return ""
+    return "An HTTP/1.1 request needs one Host header; this one has " + ("none." if not count else f"{count}.")
+
+
+class InvalidHead(Exception):
+    """Raised in a parser callback to stop parsing; uvicorn's data_received then answers 400."""
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     is_reading_head = True
     head_bytes = 0
+    head_problem = ""
 
     def __init__(
         self,
@@ -89,6 +109,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.is_reading_head = False
+        self.head_problem = host_problem(self.parser.get_http_version(), self.headers)
+        if self.head_problem:
+            raise InvalidHead(self.head_problem)
         super().on_headers_complete()
         self.requests_read += 1
         reason = self.retirement_reason()
@@ -112,10 +135,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.is_reading_head and self.head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
             self.send_431_response()
 
+    def send_400_response(self, msg: str) -> None:
+        if not self.head_problem:  # every other malformed request keeps uvicorn's plain-text answer
+            super().send_400_response(msg)
+            return
+        self.answer_and_close(b"400 Bad Request", error_body(self.head_problem, "invalid_host"))
+
     def send_431_response(self) -> None:
+        self.answer_and_close(b"431 Request Header Fields Too Large", TOO_LARGE)
+
+    def answer_and_close(self, status: bytes, body: bytes) -> None:
         self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(TOO_LARGE), TOO_LARGE)
+            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
         )
         self.transport.close()

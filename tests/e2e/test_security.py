@@ -202,6 +202,41 @@ def test_headers_past_the_bound_get_431_and_the_connection_is_closed(server: Lau
         assert client.get("/health", headers={"x-padding": "a" * 8000}).status_code == 200
 
 
+def exchange(port: int, request: bytes) -> bytes:
+    """Send one request by hand and read until the server closes the connection (10 s at most)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        received = b""
+        while chunk := conn.recv(65536):
+            received += chunk
+            if b"connection: keep-alive" in received.lower() and received.endswith(b"}"):
+                break  # a keep-alive answer: the server would wait for the next request
+        return received
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET /health HTTP/1.1\r\n\r\n", 400),
+        (b"GET /health HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", 400),
+        (b"GET /health HTTP/1.1\r\nhost: a\r\nHost: a\r\n\r\n", 400),
+        (b'POST /v1/embeddings HTTP/1.1\r\ncontent-length: 14\r\n\r\n{"input":"hi"}', 400),
+        (b"GET /health HTTP/1.0\r\n\r\n", 200),  # HTTP/1.0 may leave Host out
+        (b"GET /health HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n", 200),
+    ],
+)
+def test_an_http11_request_without_exactly_one_host_header_gets_400(
+    server: LaunchedServer, head: bytes, status: int
+) -> None:
+    # RFC 9112 3.2; uvicorn once answered these 200.
+    answer = exchange(server.port, head)
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer
+    if status == 400:
+        assert b"invalid_host" in answer and b"connection: close" in answer.lower()
+    with server.client() as client:
+        assert client.get("/health").status_code == 200
+
+
 def test_the_key_is_checked_before_a_large_body_is_read(guarded: LaunchedServer) -> None:
     head = b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 10000000\r\n\r\n"
     assert post_raw(guarded.port, head, iter([b"{"]))[0] == 401
