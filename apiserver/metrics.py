@@ -2,15 +2,21 @@
 
 Every process (API servers, engine, supervisor) writes its series into the supervisor's
 multiprocess directory; a scrape that lands on any API server reads them all, so totals are the
-same whichever process the kernel hands the connection to.
+same whichever process the kernel hands the connection to. A file that does not parse (a
+foreign or damaged *.db) is left out of the scrape rather than failing it: logged once per
+file and process, and shown in poolserve_metric_files_unreadable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import logging
 import os
+from collections.abc import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,6 +24,8 @@ from starlette.responses import Response
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 LAG_SAMPLE_INTERVAL_S = 0.25
+
+logger = logging.getLogger(__name__)
 
 REQUESTS = Counter("poolserve_requests", "HTTP requests answered, by endpoint and status code.", ["endpoint", "status"])
 REQUEST_SECONDS = Histogram(
@@ -74,6 +82,40 @@ LOOP_LAG = Histogram(
     buckets=LAG_BUCKETS,
 )
 
+METRIC_FILES_UNREADABLE = Gauge(
+    "poolserve_metric_files_unreadable",
+    "Files in the metrics folder the latest scrape left out because they do not parse (damaged or foreign).",
+    multiprocess_mode="livemostrecent",  # what the latest scrape found, whichever API server ran it
+)
+# Files already logged as unreadable by this process: one line per file, however often it is scraped.
+logged_unreadable: set[str] = set()
+
+
+class ReadableFilesCollector:
+    """prometheus_client's MultiProcessCollector over the folder's files that parse: one unreadable file
+    would otherwise make every scrape a 500."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def collect(self) -> Iterable[Metric]:
+        readable = []
+        unreadable = 0
+        for path in glob.glob(os.path.join(self.path, "*.db")):
+            try:
+                MultiProcessCollector._read_metrics([path])  # type: ignore[no-untyped-call]
+            except FileNotFoundError:  # removed since the glob (a dead process's live gauge)
+                continue
+            except Exception as exc:  # a file's bytes can be anything: whatever parsing them raises
+                unreadable += 1
+                if path not in logged_unreadable:
+                    logged_unreadable.add(path)
+                    logger.warning("metrics: left out %s, which does not parse: %r", path, exc)
+                continue
+            readable.append(path)
+        METRIC_FILES_UNREADABLE.set(unreadable)
+        return MultiProcessCollector.merge(readable, accumulate=True)  # type: ignore[no-any-return,no-untyped-call]
+
 
 def registry() -> CollectorRegistry:
     """All processes' series when running under the supervisor, else this process's own."""
@@ -82,7 +124,7 @@ def registry() -> CollectorRegistry:
 
         return REGISTRY
     collecting = CollectorRegistry()
-    MultiProcessCollector(collecting)  # type: ignore[no-untyped-call]
+    collecting.register(ReadableFilesCollector(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
     return collecting
 
 

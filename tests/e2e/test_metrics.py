@@ -269,3 +269,37 @@ def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_discon
     log = metered.stderr()[log_start:]
     assert "ERROR" not in log and "Traceback" not in log, log
     assert "client disconnected" in log
+
+
+def metrics_folder(server: LaunchedServer) -> Path:
+    """The server's multiprocess metrics folder, from an API server's environment (the supervisor sets it
+    after it starts, so its own /proc environ lacks it)."""
+    api_server = server.child_pid("apiserver")[0]
+    environ = Path(f"/proc/{api_server}/environ").read_bytes().split(b"\0")
+    (entry,) = [item for item in environ if item.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+    return Path(entry.split(b"=", 1)[1].decode())
+
+
+def test_a_garbage_file_in_the_metrics_folder_is_left_out_and_metrics_still_answers(metered: LaunchedServer) -> None:
+    # Once a 500 on every scrape.
+    folder = metrics_folder(metered)
+    with httpx.Client(base_url=metered.url, timeout=30) as client:
+        assert client.post("/v1/embeddings", json={"input": "counted beside the garbage"}).status_code == 200
+    assert any(folder.glob("*.db"))
+    log_start = len(metered.stderr())
+    garbage = [folder / "counter_999999.db", folder / "garbage.db"]
+    garbage[0].write_bytes(b"\xff\xff\x00\x00" + os.urandom(5000))
+    garbage[1].write_bytes(b"not a metrics file at all")
+    try:
+        for _ in range(6):  # new connections: both API servers answer some
+            samples = scrape(metered.url)
+            assert value(samples, "poolserve_metric_files_unreadable") == 2
+            assert value(samples, *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1]) > 0  # the readable files are all there
+        log = metered.stderr()[log_start:]
+        assert "Traceback" not in log and " ERROR " not in log, log
+        # One line per file and API server, however many scrapes.
+        assert 2 <= log.count("which does not parse") <= 4, log
+    finally:
+        for path in garbage:
+            path.unlink()
+    assert value(scrape(metered.url), "poolserve_metric_files_unreadable") == 0
