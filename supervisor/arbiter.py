@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections import defaultdict, deque
 from types import FrameType, ModuleType
@@ -28,6 +27,7 @@ from poolserve.config import Config
 from poolserve.load_board import LoadBoard
 from supervisor.children import ChildProcess, spawn_child
 from supervisor.crash_history import CrashHistory
+from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs
 from supervisor.sockets import bind_socket, bound_port
 
 logger = logging.getLogger("poolserve.supervisor")
@@ -115,7 +115,8 @@ class Supervisor:
     def start(self) -> None:
         config = self.config
         started = time.perf_counter()
-        self.runtime_dir = tempfile.mkdtemp(prefix="poolserve-")  # mode 0700
+        remove_stale_runtime_dirs()  # what a supervisor killed with SIGKILL could not remove
+        self.runtime_dir = create_runtime_dir()
         self._prepare_metrics()
         try:
             self.listener = bind_socket(config.host, config.port)

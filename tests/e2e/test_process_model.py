@@ -152,3 +152,48 @@ def test_on_the_cpu_every_engine_thread_yields_to_the_api_servers(server: Launch
     (engine,) = server.child_pid("engine_core")
     assert niceness(engine) == {5}
     assert all(niceness(pid) == {0} for pid in server.child_pid("apiserver"))
+
+
+def dead_pid() -> int:
+    """The PID of a process that has exited and been reaped."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def test_a_start_removes_runtime_folders_of_dead_supervisors_and_keeps_live_ones(tmp_path: Path) -> None:
+    # Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics files) behind for good.
+    env = {"TMPDIR": str(tmp_path)}
+    killed = LaunchedServer("--api-server-count", "1", env=env)
+    try:
+        killed.wait_ready()
+        (left,) = {p for pid in killed.children() for p in runtime_dirs_of(pid)}
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.proc.wait(10)
+    finally:
+        killed.stop()  # its children go with its process group
+    assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
+    stale = tmp_path / f"poolserve-{dead_pid()}-abc123"
+    stale.mkdir(mode=0o700)
+    (stale / "metrics").mkdir()
+    alive = tmp_path / f"poolserve-{os.getpid()}-abc123"  # this test's PID: a running process
+    alive.mkdir(mode=0o700)
+    unnamed = tmp_path / "poolserve-abc123"  # no PID in the name: not known to be stale
+    unnamed.mkdir(mode=0o700)
+    first = LaunchedServer("--api-server-count", "1", env=env)
+    try:
+        first.wait_ready()
+        assert not Path(left).exists() and not stale.exists()
+        assert alive.is_dir() and unnamed.is_dir()
+        assert f"removed {left}, left by a supervisor (pid {killed.pid})" in first.stderr()
+        (mine,) = {p for pid in first.children() for p in runtime_dirs_of(pid)}
+        second = LaunchedServer("--api-server-count", "1", env=env)
+        try:
+            second.wait_ready()
+            assert Path(mine).is_dir()  # a live server's folder is never touched
+            with first.client() as client:
+                assert client.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+        finally:
+            second.stop()
+    finally:
+        first.stop()

@@ -1,0 +1,55 @@
+"""Stale runtime folders: only poolserve's, only this user's, only those whose supervisor is gone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs
+
+
+def dead_pid() -> int:
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return done.pid
+
+
+def test_only_folders_named_for_a_dead_supervisor_are_removed(tmp_path: Path) -> None:
+    dead = dead_pid()
+    stale = tmp_path / f"poolserve-{dead}-x1y2"
+    (stale / "metrics").mkdir(parents=True)
+    kept = [
+        tmp_path / f"poolserve-{os.getppid()}-x1y2",  # a running process
+        tmp_path / "poolserve-x1y2",  # no PID in the name
+        tmp_path / f"other-{dead}-x1y2",  # not ours
+    ]
+    for path in kept:
+        path.mkdir()
+    a_file = tmp_path / f"poolserve-{dead}-file"
+    a_file.write_text("")
+    target = tmp_path / "target"
+    target.mkdir()
+    a_link = tmp_path / f"poolserve-{dead}-link"
+    a_link.symlink_to(target)
+    assert remove_stale_runtime_dirs(str(tmp_path)) == [str(stale)]
+    assert all(path.exists() for path in [*kept, a_file, a_link, target])
+
+
+def test_a_new_folder_carries_the_supervisors_pid_and_is_private(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = Path(create_runtime_dir())
+    assert folder.parent == tmp_path and folder.name.startswith(f"poolserve-{os.getpid()}-")
+    assert folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_folder_named_for_this_process_is_a_predecessors_with_the_same_pid(tmp_path: Path) -> None:
+    # Cleaning runs before this supervisor makes its own folder, so one with its PID is stale.
+    earlier = tmp_path / f"poolserve-{os.getpid()}-x1y2"
+    earlier.mkdir()
+    assert remove_stale_runtime_dirs(str(tmp_path)) == [str(earlier)]
