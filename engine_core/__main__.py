@@ -29,11 +29,21 @@ ENGINE_NICE_ON_CPU = 5
 
 def yield_cpu(niceness: int) -> None:
     """Lower every thread of this process (on Linux niceness is per thread, and torch's pool exists
-    by now); threads started later inherit it from the main thread."""
+    by now). Threads started later inherit it from the thread that starts them; one that a not yet
+    lowered thread starts while this runs is caught by the next pass, until a pass finds none."""
+    target = os.getpriority(os.PRIO_PROCESS, 0) + niceness
     try:
-        for task in os.listdir("/proc/self/task"):
-            tid = int(task)
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
+        for _ in range(10):
+            behind = 0
+            for tid in map(int, os.listdir("/proc/self/task")):
+                try:
+                    if os.getpriority(os.PRIO_PROCESS, tid) < target:
+                        os.setpriority(os.PRIO_PROCESS, tid, target)
+                        behind += 1
+                except ProcessLookupError:  # the thread ended after the listing
+                    pass
+            if not behind:
+                return
     except OSError as exc:
         logger.warning("could not lower the engine's CPU priority: %s", exc)
 
