@@ -16,6 +16,7 @@ from apiserver.auth import ApiKeyAuth, open_paths
 from apiserver.body_limit import BodySizeLimit
 from apiserver.endpoints import ENDPOINTS, Endpoint
 from apiserver.errors import EXCEPTION_HANDLERS
+from apiserver.limits import request_body_limit
 from apiserver.metrics import get_metrics
 from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
@@ -45,7 +46,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
                 access_log=state.config.access_log,
                 load=state.load,
             ),
-            *access_middleware(state.config),
+            *access_middleware(state.config, body_limit=request_body_limit(state.config, state.card)),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
@@ -53,7 +54,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
     return app
 
 
-def access_middleware(config: Config) -> list[Middleware]:
+def access_middleware(config: Config, *, body_limit: int) -> list[Middleware]:
     """Outermost first: CORS answers browsers' preflights (which never carry a key) before the key is
     checked, and the key is checked before a byte of the body is read."""
     middleware = []
@@ -73,5 +74,5 @@ def access_middleware(config: Config) -> list[Middleware]:
     if config.api_key:
         exempt = open_paths(protect_metrics=config.protect_metrics)
         middleware.append(Middleware(ApiKeyAuth, api_key=config.api_key, exempt=exempt))
-    middleware.append(Middleware(BodySizeLimit, limit=config.max_request_bytes))
+    middleware.append(Middleware(BodySizeLimit, limit=body_limit))
     return middleware

@@ -8,6 +8,7 @@ any is fetched; tokens and the queue once the job is built, before it goes to th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from apiserver.errors import ApiError
@@ -18,7 +19,9 @@ if TYPE_CHECKING:  # inputs/ checks its counts here: a run-time import would be 
     from poolserve.protocol import ModelCard
 
 
-def over_limit(subject: str, count: int, unit: str, limit: int, flag: str, *, param: str | None, code: str) -> ApiError:
+def over_limit(
+    subject: str, count: int | str, unit: str, limit: int, flag: str, *, param: str | None, code: str
+) -> ApiError:
     return ApiError(
         400,
         f"{subject} has {count} {unit}, more than this server's limit of {limit} per request ({flag}).",
@@ -43,13 +46,28 @@ def check_image_count(count: int, limit: int, param: str = "input") -> None:
         )
 
 
-def check_total_tokens(job: EngineJob, limit: int) -> None:
-    """--max-tokens-per-request: what one request may ask of the model, counted as sent (after truncation)."""
-    tokens = job.prompt_tokens
-    if tokens > limit:
-        raise over_limit(
-            "This request", tokens, "tokens", limit, "--max-tokens-per-request", param=None, code="too_many_tokens"
-        )
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    """The tokens one request may send to the model, all its inputs together (after truncation), and
+    the flag that sets it. Tokenizing checks it as it goes, so a request past it is refused at the
+    chunk of inputs that passes it rather than after all of them are tokenized."""
+
+    limit: int
+    flag: str = "--max-tokens-per-request"
+
+    def check(self, tokens: int, *, so_far: bool = False) -> None:
+        """`tokens` the request has (or, `so_far`, has at least: its inputs are not all counted yet)."""
+        if tokens > self.limit:
+            count = f"at least {tokens}" if so_far else tokens
+            raise over_limit("This request", count, "tokens", self.limit, self.flag, param=None, code="too_many_tokens")
+
+
+def token_budget(config: Config) -> TokenBudget:
+    """--max-tokens-per-request, or the engine's whole queue (--max-queued-tokens) when that is smaller:
+    a request the queue could never hold is refused by the same rule, before a token goes to the engine."""
+    if config.max_queued_tokens < config.max_tokens_per_request:
+        return TokenBudget(config.max_queued_tokens, "--max-queued-tokens")
+    return TokenBudget(config.max_tokens_per_request)
 
 
 def check_fits_queue(job: EngineJob, config: Config, card: ModelCard) -> None:
@@ -68,8 +86,24 @@ def check_fits_queue(job: EngineJob, config: Config, card: ModelCard) -> None:
 def check_job(job: EngineJob, config: Config, card: ModelCard) -> None:
     """The limits every engine job meets before it is sent, whichever endpoint (or plugin) built it."""
     check_image_count(len(job.images), config.max_images_per_request)
-    check_total_tokens(job, config.max_tokens_per_request)
+    token_budget(config).check(job.prompt_tokens)
     check_fits_queue(job, config, card)
+
+
+# --max-request-bytes 0 chooses by model. With images: one image inline as a base64 data URL (4/3 of
+# --max-image-bytes' default 20 MiB) and the JSON around it. Text only: a request at the default token
+# budget (262144 tokens) is about 1.1 MB of English, 1.6 MB as token ids, 1.6 MB of CJK text written with
+# JSON's \uXXXX escapes (as Python's json.dumps writes it), so 4 MiB refuses no such request.
+IMAGE_MODEL_BODY_BYTES = 32 * 1024 * 1024
+TEXT_MODEL_BODY_BYTES = 4 * 1024 * 1024
+
+
+def request_body_limit(config: Config, card: ModelCard) -> int:
+    """--max-request-bytes, or its default for the model served: parsing and tokenizing a body costs time
+    on an API server in proportion to its size (TEI's default payload limit is 2 MB)."""
+    if config.max_request_bytes:
+        return config.max_request_bytes
+    return IMAGE_MODEL_BODY_BYTES if card.image is not None else TEXT_MODEL_BODY_BYTES
 
 
 def body_too_large(limit: int, size: int | None = None) -> ApiError:

@@ -9,6 +9,7 @@ import numpy as np
 
 from apiserver.inputs.job import EngineJob
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
+from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import CLASSIFIER, ModelCard
@@ -30,10 +31,13 @@ def plan_scores(
     *,
     truncation: Truncation,
     activation: bool = True,
+    budget: TokenBudget | None = None,
 ) -> ScorePlan:
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
-        rows, type_rows = tokenize_pairs(pairs, params, limit, tokenizer, card, direction=direction, option=option)
+        rows, type_rows = tokenize_pairs(
+            pairs, params, limit, tokenizer, card, direction=direction, option=option, budget=budget
+        )
         job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
         return ScorePlan(job, lambda out: out[:, 0].tolist())
     # A bi-encoder: embed each distinct text once, normalized, and score by the dot product.
@@ -46,7 +50,7 @@ def plan_scores(
                 text_params.append(param)
     rows = tokenize_texts(
         list(position), text_params, truncation.limit, tokenizer, card,
-        direction=truncation.direction, option=truncation.option,
+        direction=truncation.direction, option=truncation.option, budget=budget,
     )  # fmt: skip
     left = np.asarray([position[first] for first, _ in pairs])
     right = np.asarray([position[second] for _, second in pairs])

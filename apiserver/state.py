@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from apiserver.fair_accept import ServerLoad
 from apiserver.inputs.image_sources import ImageLoader
+from apiserver.limits import TokenBudget, token_budget
 from apiserver.preprocess import Preprocessor
 from apiserver.tokenizer import TextTokenizer
 from engine_client import PoolingEngine
@@ -28,6 +29,10 @@ class AppState:
     @property
     def model_name(self) -> str:
         return self.config.model_names[0]
+
+    @property
+    def token_budget(self) -> TokenBudget:
+        return token_budget(self.config)
 
     @property
     def model_names(self) -> list[str]:

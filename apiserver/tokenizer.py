@@ -1,13 +1,78 @@
-"""Tokenization with the `tokenizers` library, from the tokenizer the engine sent in its handshake."""
+"""Tokenization with the `tokenizers` library, from the tokenizer the engine sent in its handshake.
+
+Long texts: only a model's first (or last) tokens can matter, so a long text is tokenized through a
+window: a span at its start (or end) that grows until it holds enough tokens that are provably the
+whole text's first (last) ones. Normalizers and pre-tokenizers read a text locally (WordPiece, BPE
+and Unigram tokenizers split it into words at spaces and punctuation and tokenize each word on its
+own), so cutting a text changes only the words next to the cut: the tokens of the EDGE_WORDS words
+(and EDGE_CHARS characters) nearest the cut are not counted. tests/apiserver/test_tokenizer.py
+compares the windowed tokens with the whole text's on random texts for each tokenizer family.
+
+The `tokenizers` calls that can take long run through `encode_batch`, which releases the GIL
+(`encode` holds it: 3 s for a 3 MB text, during which the event loop could not answer /health).
+"""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Literal
 
 from tokenizers import Encoding, Tokenizer
 
 Direction = Literal["right", "left"]
+
+# A window starts this many characters per token wide (English runs 4 to 5 per WordPiece token, so
+# one window nearly always suffices) and grows this many times over while it holds too few tokens.
+WINDOW_CHARS_PER_TOKEN = 8
+WINDOW_SLACK_CHARS = 256
+WINDOW_GROWTH = 4
+# Next to a window's cut a word may be cut in two, or normalized by the character after the cut.
+EDGE_WORDS = 2
+EDGE_CHARS = 32
+
+
+def window_width(need: int) -> int:
+    """Characters in a first window for `need` tokens; a text no longer than this is tokenized whole."""
+    return WINDOW_CHARS_PER_TOKEN * need + WINDOW_SLACK_CHARS
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """A text's tokens without special tokens: all of them (`is_whole`), or a window whose first
+    (`right` truncation) or last (`left`) `stable` tokens are the whole text's, at least as many as
+    were asked for. The window's other tokens are kept (cutting them costs as much as a copy of the
+    encoding, with the GIL held): truncation to no more than `stable` tokens drops them."""
+
+    encoding: Encoding
+    stable: int
+
+    @property
+    def is_whole(self) -> bool:
+        return self.stable == len(self.encoding)
+
+    def __len__(self) -> int:
+        return self.stable
+
+
+def stable_tokens(encoding: Encoding, width: int, direction: Direction) -> int:
+    """How many tokens of a window `width` characters wide, counted from the text's own edge, are
+    certainly the whole text's: those of words away from the cut. Looks only at the tokens next to
+    the cut (a window may hold hundreds of thousands)."""
+    count = len(encoding)
+    at_cut: set[int | None] = set()  # the words next to the cut
+    inward = range(count - 1, -1, -1) if direction == "right" else range(count)
+    for unstable, i in enumerate(inward):
+        word = encoding.token_to_word(i)
+        if word not in at_cut:
+            chars = encoding.token_to_chars(i)
+            near_cut = chars is None or (
+                chars[1] > width - EDGE_CHARS if direction == "right" else chars[0] < EDGE_CHARS
+            )
+            if len(at_cut) >= EDGE_WORDS and not near_cut and word is not None:
+                return count - unstable
+            at_cut.add(word)
+    return 0
 
 
 class TextTokenizer:
@@ -60,6 +125,59 @@ class TextTokenizer:
         """The full encoding: ids, token strings, character offsets and which tokens are special."""
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
+    def encode_content(self, text: str, need: int, direction: Direction = "right") -> Content:
+        """The text's tokens without special tokens: all of them, or at least its first (last) `need`,
+        from a window when the text is longer than window_width(need) characters."""
+        tokenizer = self._tokenizer
+        width = window_width(need)
+        while width < len(text):
+            piece = text[:width] if direction == "right" else text[len(text) - width :]
+            (encoding,) = tokenizer.encode_batch([piece], add_special_tokens=False)
+            stable = stable_tokens(encoding, width, direction)
+            if stable >= need:
+                return Content(encoding, stable)
+            width *= WINDOW_GROWTH
+        (encoding,) = tokenizer.encode_batch([text], add_special_tokens=False)
+        return Content(encoding, len(encoding))
+
+    def finish(
+        self,
+        first: Content,
+        second: Content | None = None,
+        *,
+        max_tokens: int | None = None,
+        direction: Direction = "right",
+        add_special_tokens: bool = True,
+    ) -> Encoding:
+        """The encoding `encode` would give the whole text (or pair): truncated to `max_tokens` as
+        `encode_truncated` does, special tokens added. A window is finished only with a truncation that
+        keeps no more than its stable tokens."""
+        if max_tokens is None and not (first.is_whole and (second is None or second.is_whole)):
+            raise ValueError("a window of a text is finished only with truncation")
+        tokenizer = self._tokenizer
+        if max_tokens is not None:
+            tokenizer.enable_truncation(max_tokens, strategy="longest_first", direction=direction)
+        try:
+            return tokenizer.post_process(
+                first.encoding, None if second is None else second.encoding, add_special_tokens=add_special_tokens
+            )
+        finally:
+            if max_tokens is not None:
+                tokenizer.no_truncation()
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens the whole text has, special tokens left out (with the GIL released)."""
+        (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=False)
+        return len(encoding)
+
+    def finish_pair_cut(
+        self, first: Content, second: Content, lengths: tuple[int, int], direction: Direction
+    ) -> Encoding:
+        """A pair cut to `lengths` tokens a side (no more than each side's stable tokens), special tokens added."""
+        for content, length in zip((first, second), lengths, strict=True):
+            content.encoding.truncate(length, direction=direction)
+        return self._tokenizer.post_process(first.encoding, second.encoding)
+
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -74,3 +192,18 @@ class TextTokenizer:
             return tokenizer.encode(first, second)
         finally:
             tokenizer.no_truncation()
+
+
+def longest_first(first: int, second: int, room: int) -> tuple[int, int]:
+    """The tokens tokenizers' `longest_first` truncation keeps of a pair's sides, special tokens left
+    out: both whole if they fit; else the longer cut to the room the shorter leaves; else half each,
+    the odd token to the longer side (to the second when they are equal)."""
+    if first + second <= room:
+        return first, second
+    shorter = min(first, second)
+    kept_longer = shorter if shorter > room else max(shorter, room - shorter)
+    kept_shorter = shorter
+    if kept_shorter + kept_longer > room:
+        kept_shorter = room // 2
+        kept_longer = kept_shorter + room % 2
+    return (kept_longer, kept_shorter) if first > second else (kept_shorter, kept_longer)

@@ -210,23 +210,26 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "killed and replaced; /health reports a forward pass running over a third of it. 0: off.",
         ),
     ] = 30.0
-    # A full request of the bundled model (2048 inputs of 256 tokens); a long-context model gets no more.
+    # What the engine's whole queue holds at its default (--max-queued-tokens): 1024 inputs of the
+    # bundled model's 256 tokens, 2048 of 128; a long-context model gets no more.
     max_tokens_per_request: Annotated[
         int,
         Flag(
             "HTTP",
-            "Most tokens one request may send to the model, all its inputs together (after truncation); more gets 400.",
+            "Most tokens one request may send to the model, all its inputs together (after truncation); more gets "
+            "400 as soon as tokenizing passes it. --max-queued-tokens bounds it too, when smaller. /tokenize "
+            "answers up to this many tokens.",
         ),
-    ] = 2048 * 256
-    # Room for one --max-image-bytes image as a base64 data URL (4/3 of its bytes) and the JSON around it.
+    ] = 262144
     max_request_bytes: Annotated[
         int,
         Flag(
             "HTTP",
             "Largest request body accepted, checked on Content-Length and while a chunked body arrives; "
-            "larger gets 413. The default fits one --max-image-bytes image as a base64 data URL.",
+            "larger gets 413. 0: 32 MiB for a model that takes images (one --max-image-bytes image as a base64 "
+            "data URL), 4 MiB for a text-only one (a request at --max-tokens-per-request, with room).",
         ),
-    ] = 32 * MIB
+    ] = 0
     shutdown_timeout: Annotated[
         float,
         Flag("HTTP", "Seconds in-flight requests get to finish after SIGTERM before the processes are stopped."),
@@ -326,7 +329,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)
-        check_range("--max-request-bytes", self.max_request_bytes, 1024, 1 << 34)
+        if self.max_request_bytes:
+            check_range("--max-request-bytes", self.max_request_bytes, 1024, 1 << 34)
         check_range("--max-tokens-per-request", self.max_tokens_per_request, 1, 1 << 30)
         check_range("--max-images-per-request", self.max_images_per_request, 0, 1 << 16)
         if self.image_fetch_timeout <= 0:

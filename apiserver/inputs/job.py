@@ -12,6 +12,7 @@ import numpy.typing as npt
 from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
+from apiserver.limits import TokenBudget
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.protocol import ModelCard, PoolJob
 
@@ -61,6 +62,7 @@ def build_job(
     params: Sequence[str] | None = None,
     direction: Direction = "right",
     option: str = "truncate_prompt_tokens",
+    budget: TokenBudget | None = None,
 ) -> EngineJob:
     """Tokenize the texts, check the token rows, decode the images of a request's items."""
     params = params or [f"input[{k}]" for k in range(len(items))]
@@ -72,7 +74,9 @@ def build_job(
     else:
         text_params = [params[k] for k, _ in texts]
         text_list = [text for _, text in texts]
-        rows = tokenize_texts(text_list, text_params, limit, tokenizer, card, direction=direction, option=option)
+        rows = tokenize_texts(
+            text_list, text_params, limit, tokenizer, card, direction=direction, option=option, budget=budget
+        )
     images: list[Pixels] = []
     if sources:
         if card.image is None or load_image is None:

@@ -50,7 +50,9 @@ def plan_items_request(state: AppState, request: I, *, task: Task, endpoint: str
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
 
     def build(load_image: Callable[[ImageSource], Pixels]) -> EngineJob:
-        job = build_job(items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image)
+        job = build_job(
+            items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image, budget=state.token_budget
+        )
         job.dimensions, job.normalize, job.activation = dimensions, request.normalize, activation
         return job
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenizers import Encoding
+
 from apiserver.errors import ApiError, bad_request
-from apiserver.tokenizer import Direction, TextTokenizer
+from apiserver.limits import TokenBudget
+from apiserver.tokenizer import Direction, TextTokenizer, longest_first, window_width
 from poolserve.protocol import ModelCard
 
 
@@ -46,7 +49,7 @@ def tei_truncation(truncate: bool | None, truncation_direction: str, card: Model
     return Truncation(card.max_model_len if truncate else None, direction, "truncate")
 
 
-def too_long(param: str, length: int, card: ModelCard, fix: str) -> ApiError:
+def too_long(param: str, length: int | str, card: ModelCard, fix: str) -> ApiError:
     return bad_request(
         f"`{param}` has {length} tokens, more than the model's maximum of {card.max_model_len}; shorten it or {fix}.",
         param=param,
@@ -62,6 +65,10 @@ def check_room(limit: int | None, special_tokens: int, option: str) -> None:
         )
 
 
+# Texts are tokenized this many at a time, so a request past its token budget stops at the chunk that passes it.
+CHUNK_INPUTS = 128
+
+
 def tokenize_texts(
     texts: list[str],
     params: Sequence[str],
@@ -71,16 +78,56 @@ def tokenize_texts(
     *,
     direction: Direction = "right",
     option: str = "truncate_prompt_tokens",
+    budget: TokenBudget | None = None,
 ) -> list[list[int]]:
-    """Token ids of each text; over-long texts are cut to `limit` when there is one, else refused."""
+    """Token ids of each text; over-long texts are cut to `limit` when there is one, else refused.
+
+    A text longer than a window (apiserver/tokenizer.py) is tokenized only as far as can matter: to
+    the tokens truncation keeps, or, without truncation, to one past the model's maximum, which
+    proves it too long."""
     check_room(limit, tokenizer.special_tokens, option)
-    rows = tokenizer.encode(texts)
-    for i, row in enumerate(rows):
-        if limit is not None and len(row) > limit:
-            rows[i] = tokenizer.encode_truncated(texts[i], limit, direction)
-        elif len(row) > card.max_model_len:
-            raise too_long(params[i], len(row), card, f"set `{option}`")
+    need = (card.max_model_len + 1 if limit is None else limit) - tokenizer.special_tokens
+    width = window_width(need)
+    rows: list[list[int]] = []
+    total = 0
+    for begin in range(0, len(texts), CHUNK_INPUTS):
+        chunk = range(begin, min(begin + CHUNK_INPUTS, len(texts)))
+        short = [i for i in chunk if len(texts[i]) <= width]
+        encoded = dict(zip(short, tokenizer.encode([texts[i] for i in short]), strict=True)) if short else {}
+        for i in chunk:
+            row = (
+                encoded[i]
+                if i in encoded
+                else long_text_row(
+                    texts[i], params[i], need, limit, tokenizer, card=card, direction=direction, option=option
+                )
+            )
+            if limit is not None and len(row) > limit:
+                row = tokenizer.encode_truncated(texts[i], limit, direction)
+            elif len(row) > card.max_model_len:
+                raise too_long(params[i], len(row), card, f"set `{option}`")
+            rows.append(row)
+            total += len(row)
+        if budget is not None:
+            budget.check(total, so_far=chunk.stop < len(texts))
     return rows
+
+
+def long_text_row(
+    text: str,
+    param: str,
+    need: int,
+    limit: int | None,
+    tokenizer: TextTokenizer,
+    *,
+    card: ModelCard,
+    direction: Direction,
+    option: str,
+) -> list[int]:
+    content = tokenizer.encode_content(text, need, direction)
+    if limit is None and not content.is_whole:
+        raise too_long(param, f"more than {card.max_model_len}", card, f"set `{option}`")
+    return tokenizer.finish(content, max_tokens=limit, direction=direction).ids
 
 
 def tokenize_pairs(
@@ -92,14 +139,72 @@ def tokenize_pairs(
     *,
     direction: Direction = "right",
     option: str = "truncate_prompt_tokens",
+    budget: TokenBudget | None = None,
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Ids and token type ids of each pair, as a cross-encoder reads them."""
+    """Ids and token type ids of each pair, as a cross-encoder reads them; long pairs as far as can matter."""
     check_room(limit, tokenizer.pair_special_tokens + 1, option)
-    rows, type_rows = tokenizer.encode_pairs(pairs, limit, direction)
-    for i, row in enumerate(rows):
-        if len(row) > card.max_model_len:
-            raise too_long(params[i], len(row), card, f"set `{option}`")
+    room = (card.max_model_len if limit is None else limit) - tokenizer.pair_special_tokens
+    width = window_width(room + 1)
+    rows: list[list[int]] = []
+    type_rows: list[list[int]] = []
+    for begin in range(0, len(pairs), CHUNK_INPUTS):
+        chunk = range(begin, min(begin + CHUNK_INPUTS, len(pairs)))
+        short = [i for i in chunk if len(pairs[i][0]) + len(pairs[i][1]) <= width]
+        encoded = tokenizer.encode_pairs([pairs[i] for i in short], limit, direction) if short else ([], [])
+        by_index = {i: (ids, types) for i, ids, types in zip(short, *encoded, strict=True)}
+        for i in chunk:
+            if i in by_index:
+                row, types = by_index[i]
+            else:
+                encoding = long_pair(
+                    pairs[i], params[i], room, limit, tokenizer, card=card, direction=direction, option=option
+                )
+                row, types = encoding.ids, encoding.type_ids
+            if len(row) > card.max_model_len:
+                raise too_long(params[i], len(row), card, f"set `{option}`")
+            rows.append(row)
+            type_rows.append(types)
+        if budget is not None:
+            budget.check(sum(map(len, rows)), so_far=chunk.stop < len(pairs))
     return rows, type_rows
+
+
+def long_pair(
+    pair: tuple[str, str],
+    param: str,
+    room: int,
+    limit: int | None,
+    tokenizer: TextTokenizer,
+    *,
+    card: ModelCard,
+    direction: Direction,
+    option: str,
+) -> Encoding:
+    """A pair's encoding, from windows where that provably gives the same tokens as tokenizing it whole.
+
+    tokenizers' `longest_first` (tokenizer.longest_first) cuts a pair by the shorter side's length
+    and by which side is longer. With one side whole and the other's window longer than both it and
+    the room, both are known. With both sides past the room, each keeps half the room, and only an
+    odd room's extra token depends on which is longer: then both are counted whole (with the GIL
+    released; tokenizers' own truncation of two long sides builds every combination of their
+    overflowing pieces, quadratic in their lengths)."""
+    first, second = pair
+    a = tokenizer.encode_content(first, room + 1, direction)
+    b = tokenizer.encode_content(second, room + 1, direction)
+    if limit is None:
+        if not (a.is_whole and b.is_whole):
+            raise too_long(param, f"more than {card.max_model_len}", card, f"set `{option}`")
+        return tokenizer.finish(a, b)
+    if a.is_whole and b.is_whole:
+        return tokenizer.finish(a, b, max_tokens=limit, direction=direction)
+    if not b.is_whole and a.is_whole and len(b) <= len(a):
+        b = tokenizer.encode_content(second, len(a) + 1, direction)
+    if not a.is_whole and b.is_whole and len(a) <= len(b):
+        a = tokenizer.encode_content(first, len(b) + 1, direction)
+    lengths = len(a), len(b)
+    if not a.is_whole and not b.is_whole and room % 2:
+        lengths = tokenizer.count_tokens(first), tokenizer.count_tokens(second)
+    return tokenizer.finish_pair_cut(a, b, longest_first(*lengths, room), direction)
 
 
 def check_token_rows(

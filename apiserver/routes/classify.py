@@ -19,7 +19,7 @@ def parse(request: ClassifyRequest, state: AppState) -> Plan[None]:
     require_task(state.card, TASK_CLASSIFY, "/classify")
     items = items_from_input(request.input, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
-    job = build_job(items, state.card, state.tokenizer, limit=truncation.limit)
+    job = build_job(items, state.card, state.tokenizer, limit=truncation.limit, budget=state.token_budget)
     job.activation = request.activation
     return Plan(None, job=job)
 

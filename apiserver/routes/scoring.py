@@ -57,7 +57,13 @@ def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
     pairs, params = score_pairs(request, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
     scoring = plan_scores(
-        pairs, params, state.card, state.tokenizer, truncation=truncation, activation=request.activation
+        pairs,
+        params,
+        state.card,
+        state.tokenizer,
+        truncation=truncation,
+        activation=request.activation,
+        budget=state.token_budget,
     )
     return Plan(scoring, job=scoring.job)
 
@@ -119,7 +125,15 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
         activation = not request.raw_scores
     else:
         truncation, activation = vllm_truncation(request.truncate_prompt_tokens, state.card), True
-    scoring = plan_scores(pairs, params, state.card, state.tokenizer, truncation=truncation, activation=activation)
+    scoring = plan_scores(
+        pairs,
+        params,
+        state.card,
+        state.tokenizer,
+        truncation=truncation,
+        activation=activation,
+        budget=state.token_budget,
+    )
     return Plan(Reranking(request, documents, scoring), job=scoring.job)
 
 

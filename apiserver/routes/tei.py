@@ -43,6 +43,7 @@ def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
         params=[f"inputs[{k}]" for k in range(len(items))],
         direction=truncation.direction,
         option=truncation.option,
+        budget=state.token_budget,
     )
     job.dimensions = check_dimensions(request.dimensions, state.card)
     job.normalize = request.normalize
@@ -97,14 +98,14 @@ def parse_predict(request: PredictRequest, state: AppState) -> Plan[bool]:
     if singles:
         single_rows = tokenize_texts(
             [s for _, s in singles], [f"inputs[{i}]" for i, _ in singles], limit, state.tokenizer, state.card,
-            direction=direction, option=option,
+            direction=direction, option=option, budget=state.token_budget,
         )  # fmt: skip
         for (i, _), row in zip(singles, single_rows, strict=True):
             rows[i], type_rows[i] = row, [0] * len(row)
     if pairs:
         pair_rows, pair_types = tokenize_pairs(
             [p for _, p in pairs], [f"inputs[{i}]" for i, _ in pairs], limit, state.tokenizer, state.card,
-            direction=direction, option=option,
+            direction=direction, option=option, budget=state.token_budget,
         )  # fmt: skip
         for (i, _), row, types in zip(pairs, pair_rows, pair_types, strict=True):
             rows[i], type_rows[i] = row, types

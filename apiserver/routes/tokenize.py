@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from tokenizers import Encoding
+
 from apiserver.errors import bad_request
 from apiserver.inputs.text import check_token_rows
-from apiserver.limits import check_input_count
+from apiserver.limits import TokenBudget, check_input_count
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json
 from apiserver.schemas.tokenize import (
@@ -19,6 +21,10 @@ from apiserver.schemas.tokenize import (
 from apiserver.state import AppState
 from apiserver.validation import check_model
 
+# Texts up to this long are tokenized at once, holding the GIL for well under a millisecond; longer ones
+# through `encode_batch`, which releases it.
+INLINE_CHARS = 8192
+
 TokenizeAnswer = TokenizeResponse | list[list[TeiToken]]
 Answer = TypeVar("Answer")
 
@@ -28,8 +34,10 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
     if (request.prompt is None) == (request.inputs is None):
         raise bad_request("Send exactly one of `prompt` (vLLM) and `inputs` (TEI).", param="prompt")
     special = request.add_special_tokens
+    budget = TokenBudget(state.config.max_tokens_per_request)  # no engine queue to fit: its own flag only
     if request.prompt is not None:
-        ids = state.tokenizer.encode([request.prompt], add_special_tokens=special)[0]
+        ids = tokenize_within(request.prompt, special, state, budget).ids
+        budget.check(len(ids))
         return Plan(
             TokenizeResponse(
                 count=len(ids),
@@ -40,11 +48,31 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
         )
     texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs or []
     check_input_count(len(texts), state.config.max_inputs_per_request, "inputs")
-    return Plan([tei_tokens(text, state, special) for text in texts])
+    answer: list[list[TeiToken]] = []
+    total = 0
+    for text in texts:
+        encoding = tokenize_within(text, special, state, budget, before=total)
+        total += len(encoding)
+        budget.check(total, so_far=len(answer) + 1 < len(texts))
+        answer.append(tei_tokens(text, encoding))
+    return Plan(answer)
 
 
-def tei_tokens(text: str, state: AppState, add_special_tokens: bool) -> list[TeiToken]:
-    encoding = state.tokenizer.encode_detailed(text, add_special_tokens=add_special_tokens)
+def tokenize_within(
+    text: str, add_special_tokens: bool, state: AppState, budget: TokenBudget, *, before: int = 0
+) -> Encoding:
+    """The text's encoding; a long text through a window (apiserver/tokenizer.py), refused as soon as it
+    holds more tokens than `budget` leaves after `before`, without tokenizing the rest."""
+    tokenizer = state.tokenizer
+    if len(text) <= INLINE_CHARS:
+        return tokenizer.encode_detailed(text, add_special_tokens=add_special_tokens)
+    content = tokenizer.encode_content(text, max(budget.limit - before, 0) + 1)
+    if not content.is_whole:
+        budget.check(before + len(content), so_far=True)
+    return tokenizer.finish(content, add_special_tokens=add_special_tokens)
+
+
+def tei_tokens(text: str, encoding: Encoding) -> list[TeiToken]:
     tokens = []
     for token_id, token, is_special, (start, stop) in zip(
         encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True

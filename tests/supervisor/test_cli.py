@@ -7,6 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from apiserver.limits import IMAGE_MODEL_BODY_BYTES
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
 from supervisor.arbiter import ready_line
 from supervisor.cli import build_parser, parse_config
@@ -130,7 +131,9 @@ def test_defaults_are_safe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.allowed_media_domains == []
     assert config.cors_allowed_origins == []
     # One image of the largest size allowed still fits in a request as a base64 data URL, with room for JSON.
-    assert config.max_image_bytes * 4 / 3 + 64 * 1024 < config.max_request_bytes
+    assert config.max_image_bytes * 4 / 3 + 64 * 1024 < IMAGE_MODEL_BODY_BYTES
+    assert config.max_request_bytes == 0  # chosen by model: request_body_limit
+    assert config.max_tokens_per_request <= config.max_queued_tokens  # a request at the limit fits the queue
 
 
 def test_the_api_key_comes_from_the_environment_unless_the_flag_gives_one(monkeypatch: pytest.MonkeyPatch) -> None:
