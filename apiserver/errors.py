@@ -20,8 +20,10 @@ ERROR_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable",
     504: "timeout_error",
@@ -86,6 +88,23 @@ def error_response(
     return Response(_encoder.encode(body), status_code=status, media_type="application/json", headers=extra)
 
 
+def error_bytes(status: int, message: str, code: str) -> bytes:
+    """A whole response that closes its connection, for answers written straight to a transport outside
+    any route (the HTTP protocol's and the acceptor's own): the body and Retry-After of error_response."""
+    body = _encoder.encode(ErrorBody(ErrorDetail(message, ERROR_TYPES.get(status, "server_error"), None, code)))
+    retry_after = b"retry-after: 1\r\n" if status in (429, 503) else b""
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s"
+        % (
+            status,
+            HTTPStatus(status).phrase.encode(),
+            len(body),
+            retry_after,
+            body,
+        )
+    )
+
+
 def request_id(request: Request) -> str:
     return str(getattr(request.state, "request_id", "-"))
 
@@ -121,7 +140,16 @@ async def handle_engine_error(request: Request, exc: Exception) -> Response:
     return error_response(500, f"The model engine failed this request: {exc}", code=code)
 
 
+# Set in the request's state by the HTTP protocol when it answered 408 because the body stalled
+# (--body-timeout): the route then sees the connection gone, as for a client that left.
+BODY_TIMED_OUT = "body_timed_out"
+
+
 async def handle_client_disconnected(request: Request, exc: Exception) -> Response:
+    if getattr(request.state, BODY_TIMED_OUT, False):
+        # The client got that 408; this answer, like a 499's, goes nowhere and only counts and logs it.
+        logger.info("request %s: its body stalled past --body-timeout; answered 408", request_id(request))
+        return Response(status_code=408)
     # 499, as nginx logs it: the client closed the connection; this answer goes nowhere.
     logger.info("request %s: client disconnected; its work was dropped", request_id(request))
     return Response(status_code=499)

@@ -21,33 +21,41 @@ request being read carries `Connection: close` and the connection closes once it
 request is never cut); the client's next connection goes through fair accept again. Requests a
 client pipelined behind that response are not read (RFC 9112 9.6: the client retries them on a
 new connection), as with nginx's `keepalive_requests`.
+
+Read timeouts (apiserver/read_timeouts.py has the rules): past --header-timeout without a whole head,
+a connection that sent part of one gets 408 (`header_timeout`) and is closed, and one that sent
+nothing is closed without a word (as an idle keep-alive connection is: a client that just sent its
+first request on it would otherwise read a 408 as the answer to it). A body whose bytes stop for
+--body-timeout gets 408 (`body_timeout`) and the connection closes; the route reading it sees the
+client gone, so it never works on half a body. Each is counted in poolserve_connections_timed_out,
+with uvicorn's own keep-alive closes (reason=idle).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from uvicorn.config import Config as UvicornConfig
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from apiserver.errors import ErrorBody, ErrorDetail
+from apiserver.errors import BODY_TIMED_OUT, error_bytes
 from apiserver.fair_accept import ServerLoad
-from apiserver.metrics import CONNECTIONS_RECYCLED
+from apiserver.metrics import CONNECTIONS_RECYCLED, CONNECTIONS_TIMED_OUT
+from apiserver.read_timeouts import ReadClock
 
 # Request line and headers together. Browsers, proxies and servers settle around 8 to 64 KiB (nginx reads
 # 4 x 8 KiB, Node 16 KiB); a bearer key and a few cookies fit many times over.
 MAX_HEAD_BYTES = 64 * 1024
 
 
-def error_body(message: str, code: str) -> bytes:
-    return msgspec.json.encode(ErrorBody(ErrorDetail(message, "invalid_request_error", None, code)))
-
-
-TOO_LARGE = error_body(
+TOO_LARGE = error_bytes(
+    431,
     f"The request line and headers are larger than this server's limit of {MAX_HEAD_BYTES} bytes.",
     "headers_too_large",
 )
@@ -55,11 +63,40 @@ TOO_LARGE = error_body(
 
 @dataclass(frozen=True, slots=True)
 class ConnectionPolicy:
-    """What every connection of one API server shares: its load count and when it retires (0: never)."""
+    """What every connection of one API server shares: its load count, when it retires and how long its
+    reads may take (0: never, no limit)."""
 
     load: ServerLoad
     max_requests: int = 0
     max_age_s: float = 0.0
+    header_timeout_s: float = 0.0
+    body_timeout_s: float = 0.0
+
+    def header_timed_out(self) -> bytes:
+        return error_bytes(
+            408,
+            f"The request line and headers did not arrive within {self.header_timeout_s:g} s (--header-timeout).",
+            "header_timeout",
+        )
+
+    def body_timed_out(self) -> bytes:
+        return error_bytes(
+            408, f"The request body stopped arriving for {self.body_timeout_s:g} s (--body-timeout).", "body_timeout"
+        )
+
+
+class ReadingFlowControl(FlowControl):
+    """uvicorn's flow control, which also tells the protocol each time reading goes on: uvicorn's
+    receive() calls resume_reading() whenever a route asks for body, paused or not."""
+
+    def __init__(self, transport: asyncio.Transport, on_resume: Callable[[bool], None]):
+        super().__init__(transport)
+        self.on_resume = on_resume
+
+    def resume_reading(self) -> None:
+        was_paused = self.read_paused
+        super().resume_reading()
+        self.on_resume(was_paused)
 
 
 def host_problem(http_version: str, headers: list[tuple[bytes, bytes]]) -> str:
@@ -80,6 +117,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     is_reading_head = True
     head_bytes = 0
     head_problem = ""
+    has_received = False
+    read_timer: asyncio.TimerHandle | None = None
+    read_timer_at = math.inf
 
     def __init__(
         self,
@@ -95,9 +135,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.requests_read = 0
         self.opened_at = self.loop.time()
         self.is_counted = True  # the acceptor counted this connection when it accepted it
+        self.clock = ReadClock(policy.header_timeout_s, policy.body_timeout_s, self.opened_at)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.flow = ReadingFlowControl(transport, self.on_reading_resumed)
+        self.arm_read_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+            self.read_timer = None
         if self.is_counted:
             self.is_counted = False
             self.policy.load.connection_closed()
@@ -106,6 +155,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self.is_reading_head = True
         self.head_bytes = 0
+        self.clock.head_started(self.loop.time())
+        self.arm_read_timer()
 
     def on_headers_complete(self) -> None:
         self.is_reading_head = False
@@ -113,6 +164,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.head_problem:
             raise InvalidHead(self.head_problem)
         super().on_headers_complete()
+        # A request without a body reaches on_message_complete within this same parse.
+        self.clock.body_started(self.loop.time())
+        self.arm_read_timer()
         self.requests_read += 1
         reason = self.retirement_reason()
         if reason and self.cycle is not None and self.cycle.keep_alive:
@@ -128,7 +182,86 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return "age"
         return ""
 
+    def on_body(self, body: bytes) -> None:
+        self.clock.body_read(self.loop.time())
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self.clock.request_read()
+        super().on_message_complete()
+
+    # Read timeouts -----------------------------------------------------------------------------
+
+    def is_read_paused(self) -> bool:
+        """Whether the client owes nothing now: uvicorn stopped reading, or a `100 Continue` is not sent yet."""
+        return self.flow.read_paused or (self.cycle is not None and self.cycle.waiting_for_100_continue)
+
+    def on_reading_resumed(self, was_paused: bool) -> None:
+        now = self.loop.time()
+        if was_paused:
+            self.clock.reading_resumed(now)
+        else:  # a route asking for more body
+            self.clock.body_read(now)
+        self.arm_read_timer()
+
+    def arm_read_timer(self) -> None:
+        """One timer per connection, set no later than the clock's deadline; when it fires it looks
+        again (reads since then may have moved the deadline on), so a read costs no timer of its own."""
+        deadline = self.clock.deadline(is_paused=self.is_read_paused())
+        if deadline is None or deadline >= self.read_timer_at:
+            return
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+        self.read_timer_at = deadline
+        self.read_timer = self.loop.call_at(deadline, self.on_read_timer)
+
+    def on_read_timer(self) -> None:
+        self.read_timer = None
+        self.read_timer_at = math.inf
+        if self.transport.is_closing():
+            return
+        if self.clock.has_expired(self.loop.time(), is_paused=self.is_read_paused()):
+            self.read_timed_out()
+        else:
+            self.arm_read_timer()
+
+    def read_timed_out(self) -> None:
+        phase = self.clock.phase
+        self.clock.request_read()  # nothing more is waited for: this connection ends here
+        CONNECTIONS_TIMED_OUT.labels(
+            server=self.policy.load.label, reason="header" if phase == "head" else "body"
+        ).inc()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            # The route answered without the rest of the body, or a pipelined head stalls behind an
+            # answer being sent: no second answer on this connection, it closes once that one is out.
+            if cycle.response_complete:
+                self.transport.close()
+            else:
+                cycle.keep_alive = False
+            return
+        if phase == "head":
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False  # a pipelined head behind a request not answered yet: as above
+            elif self.has_received:
+                self.answer_and_close(self.policy.header_timed_out())
+            else:
+                self.transport.close()
+            return
+        # The route waits in receive(): it sees the client gone (Starlette's ClientDisconnect), so it never
+        # works on half a body, and the request is counted and logged as the 408 the client got.
+        cycle.scope.setdefault("state", {})[BODY_TIMED_OUT] = True
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self.answer_and_close(self.policy.body_timed_out())
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            CONNECTIONS_TIMED_OUT.labels(server=self.policy.load.label, reason="idle").inc()
+        super().timeout_keep_alive_handler()
+
     def data_received(self, data: bytes) -> None:
+        self.has_received = True
         if self.is_reading_head:
             self.head_bytes += len(data)
         super().data_received(data)
@@ -139,14 +272,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self.head_problem:  # every other malformed request keeps uvicorn's plain-text answer
             super().send_400_response(msg)
             return
-        self.answer_and_close(b"400 Bad Request", error_body(self.head_problem, "invalid_host"))
+        self.answer_and_close(error_bytes(400, self.head_problem, "invalid_host"))
 
     def send_431_response(self) -> None:
-        self.answer_and_close(b"431 Request Header Fields Too Large", TOO_LARGE)
+        self.answer_and_close(TOO_LARGE)
 
-    def answer_and_close(self, status: bytes, body: bytes) -> None:
-        self.transport.write(
-            b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
-        )
+    def answer_and_close(self, response: bytes) -> None:
+        self.transport.write(response)
         self.transport.close()

@@ -75,6 +75,13 @@ CONNECTIONS_RECYCLED = Counter(
     "reached --max-requests-per-connection (reason=requests) or --max-connection-age (reason=age).",
     ["server", "reason"],
 )
+CONNECTIONS_TIMED_OUT = Counter(
+    "poolserve_connections_timed_out",
+    "Connections an API server (index) closed because the client was too slow: the request's head past "
+    "--header-timeout (reason=header), a gap in its body past --body-timeout (reason=body), or idle between "
+    "requests past --keep-alive-timeout (reason=idle).",
+    ["server", "reason"],
+)
 LOOP_LAG = Histogram(
     "poolserve_event_loop_lag_seconds",
     "How late an API server's event loop ran a timer (sampled every 0.25 s): what load does to liveness.",

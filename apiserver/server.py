@@ -143,6 +143,8 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
             load,
             max_requests=config.max_requests_per_connection,
             max_age_s=config.max_connection_age,
+            header_timeout_s=config.header_timeout,
+            body_timeout_s=config.body_timeout,
         ),
         config.accept_balance,
     )

@@ -156,6 +156,24 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "requests).",
         ),
     ] = 75.0
+    # Slow clients (docs/security.md, "Slow and surplus connections"); the clock is apiserver/read_timeouts.py.
+    header_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Seconds a connection gets to send a request's line and headers, counted from its start (or from "
+            "the first byte of a later request on it); then it is closed, with 408 if it sent part of a head. "
+            "nginx's client_header_timeout. 0: none.",
+        ),
+    ] = 60.0
+    body_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Longest gap in seconds between two reads of a request body (not the whole upload), counted only "
+            "while the server reads it; then 408 and the connection closes. nginx's client_body_timeout. 0: none.",
+        ),
+    ] = 60.0
     plugins: Annotated[
         list[str],
         Flag(
@@ -353,6 +371,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise ConfigError(f"--max-connection-age has value {self.max_connection_age!r}; it must be >= 0 (0: none).")
         if self.keep_alive_timeout <= 0:
             raise ConfigError(f"--keep-alive-timeout has value {self.keep_alive_timeout!r}; it must be > 0.")
+        for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
+            if seconds < 0:
+                raise ConfigError(f"{flag} has value {seconds!r}; it must be >= 0 (0: none).")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout has value {self.shutdown_timeout!r}; it must be >= 0.")
         if not self.host:

@@ -1,0 +1,114 @@
+"""The read timeouts in the HTTP protocol itself, on a real loop and socket: what must not time out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from apiserver.fair_accept import ServerLoad
+from apiserver.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
+from poolserve.load_board import LoadBoard
+
+TIMEOUT_S = 0.2
+# How long the route below leaves the body unread: several timeouts.
+ROUTE_DELAY_S = 4 * TIMEOUT_S
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def slow_route(scope: Scope, receive: Receive, send: Send) -> None:
+    """Reads nothing for ROUTE_DELAY_S, then the whole body; answers with its length."""
+    await asyncio.sleep(ROUTE_DELAY_S)
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    answer = str(size).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+@asynccontextmanager
+async def serving() -> AsyncIterator[int]:
+    config = uvicorn.Config(slow_route, lifespan="off", log_config=None, access_log=False)
+    config.load()
+    board = LoadBoard.create()
+    load = ServerLoad(board, board.claim_slot(), server_index=0)
+    policy = ConnectionPolicy(load, header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S)
+    state = ServerState()
+
+    def accepted() -> BoundedHttpToolsProtocol:
+        load.connection_opened()  # as the acceptor does
+        return BoundedHttpToolsProtocol(config, state, {}, policy=policy)
+
+    server = await asyncio.get_running_loop().create_server(accepted, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+        board.close()
+
+
+async def exchange(port: int, head: bytes, body: bytes, *, wait_for_continue: bool = False) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        if wait_for_continue:
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        return await reader.read()  # the request says `Connection: close`
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+def post_head(length: int, *extra: bytes) -> bytes:
+    return b"POST / HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: %d\r\n%s\r\n" % (
+        length,
+        b"".join(line + b"\r\n" for line in extra),
+    )
+
+
+@pytest.mark.parametrize("size", [1000, 1_000_000])
+def test_a_body_the_route_has_not_read_yet_is_not_timed_out(size: int) -> None:
+    """Sent at once, then nothing more: the route reads it late. A small body sits in uvicorn's buffer;
+    a large one makes uvicorn stop reading the socket (flow control). Neither is the client's delay."""
+
+    async def scenario() -> bytes:
+        async with serving() as port:
+            return await exchange(port, post_head(size), b"x" * size)
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
+    assert answer.endswith(b"\r\n\r\n%d" % size)
+
+
+def test_a_client_waiting_for_100_continue_is_not_timed_out_before_the_route_asks() -> None:
+    async def scenario() -> bytes:
+        async with serving() as port:
+            return await exchange(port, post_head(5, b"expect: 100-continue"), b"hello", wait_for_continue=True)
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
+
+
+def test_a_body_that_stops_coming_while_the_route_waits_for_it_is_timed_out() -> None:
+    async def scenario() -> bytes:
+        async with serving() as port:
+            return await exchange(port, post_head(10), b"12345")
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]

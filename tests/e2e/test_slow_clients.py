@@ -1,0 +1,125 @@
+"""Slow connections on real processes: header and body timeouts."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from tests.utils import LaunchedServer
+
+TIMEOUT_S = 1.5
+BODY = msgspec.json.encode({"input": "a request sent slowly but in time"})
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LaunchedServer]:
+    launched = LaunchedServer(
+        "--api-server-count", "2", "--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S),
+    )  # fmt: skip
+    try:
+        yield launched.wait_ready(timeout=120)
+    finally:
+        launched.stop()
+
+
+@contextlib.contextmanager
+def raw_connection(server: LaunchedServer) -> Iterator[socket.socket]:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def read_until_closed(sock: socket.socket) -> tuple[bytes, float]:
+    """Everything the server sends until it closes, and when it closed (monotonic)."""
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received, time.monotonic()
+
+
+def error_code(answer: bytes) -> str:
+    code: str = msgspec.json.decode(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"]
+    return code
+
+
+def metric_values(server: LaunchedServer, name: str) -> dict[str, float]:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {labels: float(value) for labels, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE)}
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(server: LaunchedServer) -> None:
+    with raw_connection(server) as sock:
+        opened = time.monotonic()
+        answer, closed = read_until_closed(sock)
+    assert answer == b""  # nothing asked, nothing answered: a plain close
+    assert TIMEOUT_S * 0.9 <= closed - opened < TIMEOUT_S + 2
+
+
+def test_half_a_head_gets_408_at_the_header_timeout_however_it_trickles(server: LaunchedServer) -> None:
+    with raw_connection(server) as sock:
+        opened = time.monotonic()
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\n")
+        time.sleep(TIMEOUT_S / 2)
+        sock.sendall(b"Host: x\r\n")  # reads do not restart the head's clock
+        answer, closed = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert b"connection: close" in answer
+    assert error_code(answer) == "header_timeout"
+    assert TIMEOUT_S * 0.9 <= closed - opened < TIMEOUT_S + 2
+
+
+def test_a_body_that_stalls_gets_408_and_the_route_never_sees_half_of_it(server: LaunchedServer) -> None:
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    with raw_connection(server) as sock:
+        sock.sendall(head % len(BODY) + BODY[:10])
+        stalled = time.monotonic()
+        answer, closed = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert error_code(answer) == "body_timeout"
+    assert TIMEOUT_S * 0.9 <= closed - stalled < TIMEOUT_S + 2
+    # Counted and logged as the 408 the client got, not as a client that left or a server error.
+    assert "its body stalled past --body-timeout; answered 408" in server.stderr()
+    statuses = metric_values(server, "poolserve_requests_total")
+    assert any('status="408"' in labels for labels in statuses), statuses
+
+
+def test_a_slow_client_within_the_timeouts_is_served(server: LaunchedServer) -> None:
+    """Head in two parts, then a body a few bytes at a time over 1.5 body timeouts: each gap is under
+    one, so the whole upload is fine."""
+    head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(
+        BODY
+    )
+    with raw_connection(server) as sock:
+        started = time.monotonic()
+        sock.sendall(head)
+        time.sleep(TIMEOUT_S / 3)
+        sock.sendall(b"Connection: close\r\n\r\n")
+        pieces = [BODY[i : i + 8] for i in range(0, len(BODY), 8)]
+        for piece in pieces:
+            time.sleep(1.5 * TIMEOUT_S / len(pieces))
+            sock.sendall(piece)
+        answer, _ = read_until_closed(sock)
+    assert time.monotonic() - started > 1.5 * TIMEOUT_S
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+    assert b'"embedding"' in answer
+
+
+def test_the_timed_out_connections_are_counted_by_reason(server: LaunchedServer) -> None:
+    """After the tests above (in file order): one silent and one half-head connection, and one stalled body."""
+    timed_out = metric_values(server, "poolserve_connections_timed_out_total")
+    by_reason = Counter[str]()
+    for labels, value in timed_out.items():
+        by_reason[re.search(r'reason="(\w+)"', labels)[1]] += int(value)  # type: ignore[index]
+    assert by_reason["header"] >= 2 and by_reason["body"] >= 1, timed_out
