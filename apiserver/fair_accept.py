@@ -14,6 +14,13 @@ supervisor, and a connection queued on it stays queued. A paused server looks at
 few milliseconds; a connection that has waited there HANDOFF_S (the sibling that should take it
 is busy on its GIL, stopped, or dying) is taken anyway, so balance never costs more than that
 in latency.
+
+A server holding --max-connections-per-server connections is over its share whatever its
+siblings hold, and a full sibling is left out of the comparison (it cannot take the next
+connection), so new connections go to servers with room. When every server is full, a connection
+that has waited HANDOFF_S is accepted only to be answered 503 (apiserver/refusal.py). The limit
+sits below the process's file-descriptor limit, so accept() keeps working for that; when it fails
+anyway (EMFILE and the like), the server backs off and the failure is counted too.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, OPEN_CONNECTIONS
+from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, CONNECTIONS_REFUSED, OPEN_CONNECTIONS
+from apiserver.refusal import Refuser
 from poolserve.config import AcceptBalance
 from poolserve.load_board import LoadBoard, SlotState, Word
 
@@ -128,11 +136,14 @@ class FairAcceptor:
         load: ServerLoad,
         *,
         balance_by: AcceptBalance,
+        max_connections: int,
     ):
         self.sock = sock
         self.protocol_factory = protocol_factory
         self.load = load
         self.balance_by = balance_by
+        self.max_connections = max_connections
+        self.refuser = Refuser(load.label, max_connections)
         self.is_reading = False
         self.is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,19 +183,39 @@ class FairAcceptor:
         for handle in (self._poll_handle, self._beat_handle):
             if handle is not None:
                 handle.cancel()
+        self.refuser.close()
 
     async def wait_closed(self) -> None:
         return None
 
     # The gate ----------------------------------------------------------------------------------
 
+    def is_full(self) -> bool:
+        return self.load.connections >= self.max_connections
+
     def is_over_share(self) -> bool:
+        if self.is_full():
+            return True
         if self.balance_by == "none":
             return False
         siblings = self.load.board.accepting_siblings(self.load.slot, STALE_AFTER_NS)
         balance_by = self.balance_by
         own = share_load(self.load.connections, self.load.in_flight, balance_by)
-        return is_over_share(own, [share_load(s.connections, s.in_flight, balance_by) for s in siblings])
+        # A full sibling cannot take the next connection: comparing with it would only delay it by HANDOFF_S.
+        return is_over_share(
+            own,
+            [
+                share_load(s.connections, s.in_flight, balance_by)
+                for s in siblings
+                if s.connections < self.max_connections
+            ],
+        )
+
+    def is_every_server_full(self) -> bool:
+        if not self.is_full():
+            return False
+        siblings = self.load.board.accepting_siblings(self.load.slot, STALE_AFTER_NS)
+        return all(s.connections >= self.max_connections for s in siblings)
 
     def _on_readable(self) -> None:
         for _ in range(ACCEPTS_PER_WAKEUP):
@@ -231,12 +262,26 @@ class FairAcceptor:
             if self._queued_since is None:
                 self._queued_since = now
             elif now - self._queued_since >= HANDOFF_S:
-                self._queued_since = None
-                if self._accept_one():
-                    self._takeovers.inc()
+                if not self.is_full():
+                    self._queued_since = None
+                    if self._accept_one():
+                        self._takeovers.inc()
+                elif self.is_every_server_full():
+                    self._refuse_queued()
+                # else: a sibling with room takes it, or stops beating and is left out
         else:
             self._queued_since = None
         self._schedule_poll(PAUSED_POLL_S)
+
+    def _refuse_queued(self) -> None:
+        """Answer 503 to what the queue holds, a batch at a time; a queue still not empty after the batch is
+        refused on the next look, 5 ms later, with no new wait (the servers have been full all along)."""
+        for _ in range(ACCEPTS_PER_WAKEUP):
+            if not self.refuser.has_room:
+                return
+            if not self._accept_one(refuse=True):
+                self._queued_since = None
+                return
 
     def _schedule_poll(self, delay: float) -> None:
         if self._poll_handle is None and not self.is_closed:
@@ -248,8 +293,8 @@ class FairAcceptor:
 
     # Accepting ---------------------------------------------------------------------------------
 
-    def _accept_one(self) -> bool:
-        """Accept one queued connection and start serving it; False when there was none to take."""
+    def _accept_one(self, *, refuse: bool = False) -> bool:
+        """Accept one queued connection and start serving it (or refusing it); False when there was none to take."""
         try:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError):
@@ -258,6 +303,7 @@ class FairAcceptor:
             return True  # the client gave up while queued; the next one may be there
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                CONNECTIONS_REFUSED.labels(server=self.load.label, reason=errno.errorcode[exc.errno].lower()).inc()
                 logger.warning(
                     "accept() failed: %s; this API server stops accepting for %.1fs and its siblings take new "
                     "connections (%d open here)",
@@ -271,6 +317,9 @@ class FairAcceptor:
             logger.warning("accept() failed: %s", exc)
             return True
         conn.setblocking(False)
+        if refuse:
+            self.refuser.refuse(conn)
+            return True
         if conn.family in (socket.AF_INET, socket.AF_INET6):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.load.connection_opened()

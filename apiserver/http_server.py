@@ -17,10 +17,13 @@ from poolserve.config import AcceptBalance
 
 
 class GatedServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, policy: ConnectionPolicy, balance_by: AcceptBalance):
+    def __init__(
+        self, config: uvicorn.Config, policy: ConnectionPolicy, balance_by: AcceptBalance, max_connections: int
+    ):
         super().__init__(config)
         self.policy = policy
         self.balance_by = balance_by
+        self.max_connections = max_connections
         self.acceptors: list[FairAcceptor] = []
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -35,7 +38,14 @@ class GatedServer(uvicorn.Server):
             )
 
         self.acceptors = [
-            FairAcceptor(sock, create_protocol, self.policy.load, balance_by=self.balance_by) for sock in sockets
+            FairAcceptor(
+                sock,
+                create_protocol,
+                self.policy.load,
+                balance_by=self.balance_by,
+                max_connections=self.max_connections,
+            )
+            for sock in sockets
         ]
         for acceptor in self.acceptors:
             acceptor.start()

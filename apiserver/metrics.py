@@ -82,6 +82,13 @@ CONNECTIONS_TIMED_OUT = Counter(
     "requests past --keep-alive-timeout (reason=idle).",
     ["server", "reason"],
 )
+CONNECTIONS_REFUSED = Counter(
+    "poolserve_connections_refused",
+    "Connections an API server (index) refused: answered 503 because every API server held "
+    "--max-connections-per-server (reason=full), or left queued because accept() failed for lack of file "
+    "descriptors or memory (reason=emfile, enfile, enobufs, enomem).",
+    ["server", "reason"],
+)
 LOOP_LAG = Histogram(
     "poolserve_event_loop_lag_seconds",
     "How late an API server's event loop ran a timer (sampled every 0.25 s): what load does to liveness.",

@@ -147,6 +147,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
             body_timeout_s=config.body_timeout,
         ),
         config.accept_balance,
+        config.max_connections_per_server,
     )
     exit_request.server = server
     server.should_exit = exit_request.is_requested

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import ipaddress
 import os
+import resource
 import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -25,6 +26,11 @@ AcceptBalance = Literal["connections", "requests", "both", "none"]
 API_KEY_ENV = "POOLSERVE_API_KEY"
 
 MIB = 1024 * 1024
+
+# File descriptors an API server keeps for itself beyond its connections: about 35 at rest (engine
+# and supervisor sockets, metric files, the listening socket), plus image fetches in flight and
+# refused connections lingering (apiserver/refusal.py).
+FDS_RESERVED_PER_SERVER = 128
 
 # The entry-point group under which installed packages offer endpoints (apiserver/plugins.py).
 PLUGIN_GROUP = "poolserve.plugins"
@@ -174,6 +180,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "while the server reads it; then 408 and the connection closes. nginx's client_body_timeout. 0: none.",
         ),
     ] = 60.0
+    max_connections_per_server: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Open connections one API server holds; past it new connections go to its siblings, and when all are "
+            "full they get 503 with Retry-After. Each connection holds a file descriptor: 512 is half the common "
+            "default `ulimit -n` of 1024, the other half left for what the server opens itself (engine sockets, "
+            "metric files, image fetches) and for the 503s. At most `ulimit -n` less "
+            f"{FDS_RESERVED_PER_SERVER} (checked at start): raise both together.",
+        ),
+    ] = 512
     plugins: Annotated[
         list[str],
         Flag(
@@ -374,6 +391,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
             if seconds < 0:
                 raise ConfigError(f"{flag} has value {seconds!r}; it must be >= 0 (0: none).")
+        check_connection_limit(self.max_connections_per_server, open_files_limit())
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout has value {self.shutdown_timeout!r}; it must be >= 0.")
         if not self.host:
@@ -419,6 +437,26 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
 def check_range(flag: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ConfigError(f"{flag} has value {value!r}; it must be between {low} and {high}.")
+
+
+def open_files_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (`ulimit -n`), which the API servers inherit; 0 when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 0 if soft == resource.RLIM_INFINITY else soft
+
+
+def check_connection_limit(connections: int, open_files: int) -> None:
+    """Connections and the server's own files fit under the file-descriptor limit, so accept() never fails
+    for lack of one and a full server can still answer 503."""
+    if connections < 1:
+        raise ConfigError(f"--max-connections-per-server has value {connections!r}; it must be at least 1.")
+    room = open_files - FDS_RESERVED_PER_SERVER
+    if open_files and connections > room:
+        raise ConfigError(
+            f"--max-connections-per-server has value {connections}, but an API server may open {open_files} files "
+            f"(ulimit -n) and keeps {FDS_RESERVED_PER_SERVER} for itself: give at most {max(room, 0)}, or raise "
+            "ulimit -n."
+        )
 
 
 def check_plugins(names: list[str]) -> None:

@@ -8,10 +8,14 @@ import socket
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
+from prometheus_client import REGISTRY
 
 from apiserver import fair_accept
 from apiserver.fair_accept import FairAcceptor, ServerLoad, is_over_share, share_load
+from apiserver.refusal import ThrottledCount
+from poolserve.config import AcceptBalance
 from poolserve.load_board import LoadBoard, SlotState, Word
 
 
@@ -137,11 +141,20 @@ def clients_of(port: int, count: int) -> Iterator[list[socket.socket]]:
             client.close()
 
 
-async def run_acceptor(board: LoadBoard, sock: socket.socket, scenario: object, sibling_connections: int = 0) -> None:
+async def run_acceptor(
+    board: LoadBoard,
+    sock: socket.socket,
+    scenario: object,
+    *,
+    balance_by: AcceptBalance = "connections",
+    max_connections: int = 512,
+) -> None:
     own = board.claim_slot()
     load = ServerLoad(board, own, server_index=0)
     made: list[asyncio.Transport] = []
-    acceptor = FairAcceptor(sock, lambda: Recorder(load, made), load, balance_by="connections")
+    acceptor = FairAcceptor(
+        sock, lambda: Recorder(load, made), load, balance_by=balance_by, max_connections=max_connections
+    )
     acceptor.start()
     try:
         await scenario(acceptor, load, made)  # type: ignore[operator]
@@ -226,3 +239,93 @@ def test_closing_the_acceptor_marks_its_slot_draining_and_leaves_the_socket_open
 
     with listener() as sock:
         asyncio.run(run_acceptor(board, sock, scenario))
+
+
+# The connection limit ---------------------------------------------------------------------------
+
+
+def refused_count(reason: str = "full") -> float:
+    value = REGISTRY.get_sample_value("poolserve_connections_refused_total", {"server": "0", "reason": reason})
+    return value or 0.0
+
+
+def read_until_closed(client: socket.socket) -> bytes:
+    client.settimeout(2)
+    received = b""
+    while chunk := client.recv(4096):
+        received += chunk
+    return received
+
+
+def test_a_full_server_leaves_new_connections_to_a_sibling_with_room(board: LoadBoard) -> None:
+    add_sibling(board, connections=1)
+    refused_before = refused_count()
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        with clients_of(acceptor.sock.getsockname()[1], 3):
+            assert await wait_for(lambda: load.connections == 2)
+            # Full at 2: the third waits for the sibling, well past HANDOFF_S, neither taken nor refused.
+            await asyncio.sleep(fair_accept.HANDOFF_S * 5)
+            assert load.connections == 2 and not acceptor.is_reading
+            assert refused_count() == refused_before
+            # Room again: the waiting connection is taken at once.
+            made[0].close()
+            assert await wait_for(lambda: len(made) == 3, timeout=fair_accept.HANDOFF_S / 2)
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario, max_connections=2))
+
+
+def test_a_full_sibling_is_left_out_of_the_share_it_cannot_take_the_next_connection(board: LoadBoard) -> None:
+    add_sibling(board, connections=3)  # full, and nothing in flight
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        for _ in range(3):  # 3 requests in flight: above the full sibling's 3 + 0 once a connection is added
+            load.request_started()
+        with clients_of(acceptor.sock.getsockname()[1], 2):
+            assert await wait_for(lambda: load.connections == 2, timeout=fair_accept.HANDOFF_S / 2)
+        for _ in range(3):
+            load.request_finished()
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario, balance_by="both", max_connections=3))
+
+
+@pytest.mark.parametrize("balance_by", ["connections", "none"])
+def test_when_every_server_is_full_a_waiting_connection_gets_503_and_is_counted(
+    board: LoadBoard, balance_by: AcceptBalance
+) -> None:
+    add_sibling(board, connections=2)
+    refused_before = refused_count()
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        with clients_of(acceptor.sock.getsockname()[1], 3) as clients:
+            assert await wait_for(lambda: load.connections == 2)
+            clients[2].sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            started = time.monotonic()
+            answer = await asyncio.to_thread(read_until_closed, clients[2])
+            assert time.monotonic() - started >= fair_accept.HANDOFF_S * 0.5
+            head, body = answer.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            assert b"retry-after: 1" in head and b"connection: close" in head
+            assert msgspec.json.decode(body)["error"]["code"] == "server_full"
+            assert load.connections == 2  # a refusal is not a connection held
+        assert refused_count() == refused_before + 1
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario, balance_by=balance_by, max_connections=2))
+
+
+def test_refusals_are_logged_at_once_then_summed_at_most_once_per_interval() -> None:
+    count = ThrottledCount(1.0)
+    assert count.add(10.0) == 1
+    assert count.add(10.2) == 0
+    assert count.add(10.9) == 0
+    assert count.due_at() == 11.0
+    assert count.take(10.99) == 0
+    assert count.take(11.0) == 2
+    assert count.due_at() is None
+    assert count.add(11.5) == 0
+    assert count.add(12.5) == 2
+    assert count.add(12.6) == 0
+    assert count.drain() == 1 and count.drain() == 0

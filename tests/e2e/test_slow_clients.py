@@ -1,8 +1,9 @@
-"""Slow connections on real processes: header and body timeouts."""
+"""Slow and surplus connections on real processes: header and body timeouts, and the per-server connection limit."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import re
 import socket
 import time
@@ -16,13 +17,15 @@ import pytest
 from tests.utils import LaunchedServer
 
 TIMEOUT_S = 1.5
+LIMIT = 4
 BODY = msgspec.json.encode({"input": "a request sent slowly but in time"})
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LaunchedServer]:
     launched = LaunchedServer(
-        "--api-server-count", "2", "--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S),
+        "--api-server-count", "2", "--max-connections-per-server", str(LIMIT),
+        "--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S),
     )  # fmt: skip
     try:
         yield launched.wait_ready(timeout=120)
@@ -123,3 +126,45 @@ def test_the_timed_out_connections_are_counted_by_reason(server: LaunchedServer)
     for labels, value in timed_out.items():
         by_reason[re.search(r'reason="(\w+)"', labels)[1]] += int(value)  # type: ignore[index]
     assert by_reason["header"] >= 2 and by_reason["body"] >= 1, timed_out
+
+
+def test_past_the_limit_on_every_server_new_connections_get_503_and_are_counted(server: LaunchedServer) -> None:
+    """Both servers fill to --max-connections-per-server with idle keep-alive connections; the extra
+    ones get 503 with Retry-After after fair accept's handoff wait, and the refusals are counted and logged."""
+    refused_before = sum(metric_values(server, "poolserve_connections_refused_total").values())
+    held: list[http.client.HTTPConnection] = []
+    try:
+        servers: Counter[str] = Counter()
+        for _ in range(2 * LIMIT):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            connection.request("GET", "/health/live")
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200
+            servers[response.getheader("x-poolserve-server", "")] += 1
+            held.append(connection)
+        assert servers == {"0": LIMIT, "1": LIMIT}
+        for _ in range(3):
+            extra = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            started = time.monotonic()
+            extra.request("GET", "/health/live")
+            response = extra.getresponse()
+            body = response.read()
+            extra.close()
+            assert time.monotonic() - started < 2
+            assert response.status == 503, body
+            assert response.getheader("retry-after") == "1"
+            assert response.getheader("connection") == "close"
+            assert msgspec.json.decode(body)["error"]["code"] == "server_full"
+        # One held connection goes; the scrape takes its place.
+        held.pop().close()
+        time.sleep(0.2)
+        refused = metric_values(server, "poolserve_connections_refused_total")
+        assert sum(refused.values()) - refused_before == 3, refused
+        assert all('reason="full"' in labels for labels in refused), refused
+        open_now = metric_values(server, "poolserve_open_connections")
+        assert open_now == {'server="0"': LIMIT, 'server="1"': LIMIT}, open_now
+        assert "refused 1 new connection(s) with 503" in server.stderr()
+    finally:
+        for connection in held:
+            connection.close()

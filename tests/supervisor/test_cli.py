@@ -217,12 +217,13 @@ def test_the_connection_flags_map_to_their_fields() -> None:
     config = parse_config(
         [
             "--accept-balance", "connections", "--max-requests-per-connection", "50", "--max-connection-age", "12.5",
-            "--keep-alive-timeout", "9", "--header-timeout", "7", "--body-timeout", "0",
+            "--keep-alive-timeout", "9", "--header-timeout", "7", "--body-timeout", "0", "--max-connections-per-server",
+            "100",
         ]
     )  # fmt: skip
     assert (config.accept_balance, config.max_requests_per_connection) == ("connections", 50)
     assert (config.max_connection_age, config.keep_alive_timeout) == (12.5, 9.0)
-    assert (config.header_timeout, config.body_timeout) == (7.0, 0.0)
+    assert (config.header_timeout, config.body_timeout, config.max_connections_per_server) == (7.0, 0.0, 100)
     defaults = parse_config([])
     assert defaults.accept_balance == "both" == Config().accept_balance
     assert defaults.max_requests_per_connection == Config().max_requests_per_connection
@@ -239,6 +240,8 @@ def test_the_connection_flags_map_to_their_fields() -> None:
         (["--keep-alive-timeout", "0"], "--keep-alive-timeout has value 0.0"),
         (["--header-timeout", "-1"], "--header-timeout has value -1.0"),
         (["--body-timeout", "-1"], "--body-timeout has value -1.0"),
+        (["--max-connections-per-server", "0"], "--max-connections-per-server has value 0"),
+        (["--max-connections-per-server", "100000000"], "--max-connections-per-server has value 100000000, but"),
     ],
 )
 def test_bad_connection_flags_fail_naming_the_flag(
