@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 import time
 from collections.abc import Iterator
@@ -329,3 +330,29 @@ def test_refusals_are_logged_at_once_then_summed_at_most_once_per_interval() -> 
     assert count.add(12.5) == 2
     assert count.add(12.6) == 0
     assert count.drain() == 1 and count.drain() == 0
+
+
+class OutOfDescriptors(socket.socket):
+    """A listening socket whose accept() fails as it does at the process's file-descriptor limit."""
+
+    def accept(self) -> tuple[socket.socket, object]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_accept_failing_for_lack_of_descriptors_is_counted_and_backs_off(board: LoadBoard) -> None:
+    before = refused_count("emfile")
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        with clients_of(acceptor.sock.getsockname()[1], 1):
+            assert await wait_for(lambda: refused_count("emfile") == before + 1)
+            assert not acceptor.is_reading  # backing off, the connection left queued for a sibling
+            await asyncio.sleep(0.05)
+            assert refused_count("emfile") == before + 1
+
+    sock = OutOfDescriptors(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    try:
+        asyncio.run(run_acceptor(board, sock, scenario))
+    finally:
+        sock.close()

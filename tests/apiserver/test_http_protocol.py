@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import uvicorn
+from prometheus_client import REGISTRY
 from uvicorn.server import ServerState
 
 from apiserver.fair_accept import ServerLoad
@@ -41,8 +42,10 @@ async def slow_route(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 @asynccontextmanager
-async def serving() -> AsyncIterator[int]:
-    config = uvicorn.Config(slow_route, lifespan="off", log_config=None, access_log=False)
+async def serving(keep_alive_s: float = 5.0) -> AsyncIterator[int]:
+    config = uvicorn.Config(
+        slow_route, lifespan="off", log_config=None, access_log=False, timeout_keep_alive=keep_alive_s
+    )
     config.load()
     board = LoadBoard.create()
     load = ServerLoad(board, board.claim_slot(), server_index=0)
@@ -112,3 +115,29 @@ def test_a_body_that_stops_coming_while_the_route_waits_for_it_is_timed_out() ->
 
     answer = asyncio.run(scenario())
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+
+
+def timed_out(reason: str) -> float:
+    value = REGISTRY.get_sample_value("poolserve_connections_timed_out_total", {"server": "0", "reason": reason})
+    return value or 0.0
+
+
+def test_each_close_for_slowness_is_counted_by_reason() -> None:
+    before = {reason: timed_out(reason) for reason in ("header", "body", "idle")}
+
+    async def scenario() -> None:
+        async with serving(keep_alive_s=TIMEOUT_S) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n0")  # answered, kept alive, then idle
+            assert await asyncio.wait_for(reader.read(), 2) == b""  # closed by the keep-alive timeout
+            writer.close()
+            await writer.wait_closed()
+            await exchange(port, post_head(10), b"12345")  # a body that stalls
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 2) == b""  # nothing sent, closed without a word
+            writer.close()
+            await writer.wait_closed()
+
+    asyncio.run(scenario())
+    assert {reason: timed_out(reason) - before[reason] for reason in before} == {"header": 1, "body": 1, "idle": 1}
