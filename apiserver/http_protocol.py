@@ -232,21 +232,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             server=self.policy.load.label, reason="header" if phase == "head" else "body"
         ).inc()
         cycle = self.cycle
-        if cycle is not None and cycle.response_started:
-            # The route answered without the rest of the body, or a pipelined head stalls behind an
-            # answer being sent: no second answer on this connection, it closes once that one is out.
-            if cycle.response_complete:
-                self.transport.close()
-            else:
-                cycle.keep_alive = False
-            return
         if phase == "head":
             if cycle is not None and not cycle.response_complete:
-                cycle.keep_alive = False  # a pipelined head behind a request not answered yet: as above
+                # A pipelined head stalls behind a request not answered yet: no second answer on this
+                # connection, it closes once that answer is out.
+                cycle.keep_alive = False
             elif self.has_received:
                 self.answer_and_close(self.policy.header_timed_out())
             else:
                 self.transport.close()
+            return
+        if cycle.response_started:
+            # The route answered without reading the whole body: as above.
+            if cycle.response_complete:
+                self.transport.close()
+            else:
+                cycle.keep_alive = False
             return
         # The route waits in receive(): it sees the client gone (Starlette's ClientDisconnect), so it never
         # works on half a body, and the request is counted and logged as the 408 the client got.

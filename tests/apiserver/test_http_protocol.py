@@ -141,3 +141,21 @@ def test_each_close_for_slowness_is_counted_by_reason() -> None:
 
     asyncio.run(scenario())
     assert {reason: timed_out(reason) - before[reason] for reason in before} == {"header": 1, "body": 1, "idle": 1}
+
+
+def test_half_a_head_on_a_connection_kept_alive_after_an_answer_gets_408() -> None:
+    async def scenario() -> bytes:
+        async with serving() as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                await reader.readuntil(b"\r\n\r\n0")
+                writer.write(b"GET / HTTP/1.1\r\n")
+                return await asyncio.wait_for(reader.read(), 2)
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert b"header_timeout" in answer
