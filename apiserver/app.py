@@ -13,10 +13,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from apiserver.auth import ApiKeyAuth, open_paths
-from apiserver.body_limit import BodySizeLimit
+from apiserver.body_limit import BodyBudget, BodySizeLimit
 from apiserver.endpoints import ENDPOINTS, Endpoint
 from apiserver.errors import EXCEPTION_HANDLERS
-from apiserver.limits import request_body_limit
+from apiserver.limits import body_bytes_in_flight_limit, request_body_limit
 from apiserver.metrics import get_metrics
 from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
@@ -46,7 +46,9 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
                 access_log=state.config.access_log,
                 load=state.load,
             ),
-            *access_middleware(state.config, body_limit=request_body_limit(state.config, state.card)),
+            *access_middleware(
+                state.config, body_limit=request_body_limit(state.config, state.card), server_index=state.server_index
+            ),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
@@ -54,7 +56,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
     return app
 
 
-def access_middleware(config: Config, *, body_limit: int) -> list[Middleware]:
+def access_middleware(config: Config, *, body_limit: int, server_index: int = 0) -> list[Middleware]:
     """Outermost first: CORS answers browsers' preflights (which never carry a key) before the key is
     checked, and the key is checked before a byte of the body is read."""
     middleware = []
@@ -74,5 +76,6 @@ def access_middleware(config: Config, *, body_limit: int) -> list[Middleware]:
     if config.api_key:
         exempt = open_paths(protect_metrics=config.protect_metrics)
         middleware.append(Middleware(ApiKeyAuth, api_key=config.api_key, exempt=exempt))
-    middleware.append(Middleware(BodySizeLimit, limit=body_limit))
+    budget = BodyBudget(body_bytes_in_flight_limit(config, body_limit), server_index)
+    middleware.append(Middleware(BodySizeLimit, limit=body_limit, budget=budget))
     return middleware

@@ -106,6 +106,13 @@ def request_body_limit(config: Config, card: ModelCard) -> int:
     return IMAGE_MODEL_BODY_BYTES if card.image is not None else TEXT_MODEL_BODY_BYTES
 
 
+def body_bytes_in_flight_limit(config: Config, body_limit: int) -> int:
+    """--max-body-bytes-in-flight, or four of the largest bodies; never below one of them, so a body up to
+    the limit is let in when nothing else is held (with --max-request-bytes 0 the body limit is known
+    only once the model is: config.py checks the flag against its smallest value)."""
+    return max(config.max_body_bytes_in_flight or 4 * body_limit, body_limit)
+
+
 def body_too_large(limit: int, size: int | None = None) -> ApiError:
     """--max-request-bytes, said in bytes of body rather than per request."""
     said = f" ({size} bytes)" if size is not None else ""

@@ -89,6 +89,18 @@ CONNECTIONS_REFUSED = Counter(
     "descriptors or memory (reason=emfile, enfile, enobufs, enomem).",
     ["server", "reason"],
 )
+BODY_BYTES_IN_FLIGHT = Gauge(
+    "poolserve_request_body_bytes_in_flight",
+    "Bytes of request bodies each API server (index) has let in and not let go (--max-body-bytes-in-flight).",
+    ["server"],
+    multiprocess_mode="livesum",
+)
+BODIES_REFUSED = Counter(
+    "poolserve_request_bodies_refused",
+    "Requests an API server (index) refused with 503 too_many_uploads, unread, because the bodies it held "
+    "would have passed --max-body-bytes-in-flight.",
+    ["server"],
+)
 LOOP_LAG = Histogram(
     "poolserve_event_loop_lag_seconds",
     "How late an API server's event loop ran a timer (sampled every 0.25 s): what load does to liveness.",

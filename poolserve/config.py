@@ -265,6 +265,19 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "data URL), 4 MiB for a text-only one (a request at --max-tokens-per-request, with room).",
         ),
     ] = 0
+    # Issue 16: 20 uploads of 31 MB, each held one byte short, held +616 MB until their clients closed.
+    max_body_bytes_in_flight: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Bytes of request bodies one API server receives or holds at once: a request reserves its "
+            "Content-Length before its body is read (a chunked body, its bytes as they arrive) until it is "
+            "answered; past the limit it gets 503 with Retry-After, unread, so slow uploads cannot pile up "
+            "memory. 0: four times the body limit (--max-request-bytes, or its default for the model: 128 MiB "
+            "with images, 16 MiB text-only): four of the largest bodies at once (measured: four 32 MiB bodies "
+            "took an API server from 74 to 278 MB at peak, parsing included).",
+        ),
+    ] = 0
     shutdown_timeout: Annotated[
         float,
         Flag("HTTP", "Seconds in-flight requests get to finish after SIGTERM before the processes are stopped."),
@@ -366,6 +379,15 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)
         if self.max_request_bytes:
             check_range("--max-request-bytes", self.max_request_bytes, 1024, 1 << 34)
+        check_range("--max-body-bytes-in-flight", self.max_body_bytes_in_flight, 0, 1 << 40)
+        # With --max-request-bytes 0 the body limit is known once the model is (4 MiB at the least).
+        smallest_body_limit = self.max_request_bytes or 4 * MIB
+        if 0 < self.max_body_bytes_in_flight < smallest_body_limit:
+            raise ConfigError(
+                f"--max-body-bytes-in-flight has value {self.max_body_bytes_in_flight}; it must be 0 or at least "
+                f"the body limit ({smallest_body_limit}, --max-request-bytes), or the largest bodies could never "
+                "be let in."
+            )
         check_range("--max-tokens-per-request", self.max_tokens_per_request, 1, 1 << 30)
         check_range("--max-images-per-request", self.max_images_per_request, 0, 1 << 16)
         if self.image_fetch_timeout <= 0:

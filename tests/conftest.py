@@ -137,6 +137,7 @@ API_KEY = "ps-test-key-7f3a9c"
 CORS_ORIGIN = "https://app.example.com"
 GUARDED_BODY_LIMIT = 8_000_000
 GUARDED_TOKEN_LIMIT = 2000
+GUARDED_BODIES_IN_FLIGHT = 3 * GUARDED_BODY_LIMIT
 
 
 @pytest.fixture(scope="session")
@@ -144,6 +145,7 @@ def guarded_server() -> Iterator[LaunchedServer]:
     launched = LaunchedServer(
         "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
         "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
+        "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT),
         env={API_KEY_ENV: API_KEY},
     )  # fmt: skip
     try:

@@ -25,10 +25,10 @@ from PIL import Image
 
 from apiserver.auth import OPEN_PATHS
 from apiserver.endpoints import ENDPOINTS
-from bench.server_process import cmdline
+from bench.server_process import cmdline, memory_mb, wait_until
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, Outputs, Ping, Pong, PoolRequest
-from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
+from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODIES_IN_FLIGHT, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
 from tests.utils import LaunchedServer, is_alive, runtime_dirs_of, socket_inodes
 
@@ -193,6 +193,47 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(guarded: LaunchedSer
     status, body = post_raw(guarded.port, head, chunks)
     assert status == 413, body
     assert b"request_too_large" in body
+
+
+def upload_head(length: int) -> bytes:
+    return (
+        f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+        f"content-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+    ).encode()
+
+
+def test_held_uploads_fill_the_bodies_in_flight_and_the_next_gets_503_before_its_body(guarded: LaunchedServer) -> None:
+    # Issue 16: 20 uploads of 31 MB each, all but the last byte sent, held +616 MB until their clients closed.
+    (api,) = guarded.child_pid("apiserver")
+    held = [socket.create_connection(("127.0.0.1", guarded.port), timeout=30) for _ in range(3)]
+    try:
+        before = memory_mb(api)["rss_mb"]
+        for conn in held:
+            conn.sendall(upload_head(GUARDED_BODY_LIMIT) + b" " * (GUARDED_BODY_LIMIT - 1))
+        assert 3 * GUARDED_BODY_LIMIT == GUARDED_BODIES_IN_FLIGHT
+        for _ in range(5):  # more uploads, each answered at once without a byte of its body read
+            started = time.perf_counter()
+            status, body = post_raw(guarded.port, upload_head(GUARDED_BODY_LIMIT), iter([]))
+            assert status == 503, body
+            assert time.perf_counter() - started < 2
+            error = msgspec.json.decode(body)["error"]
+            assert error["code"] == "too_many_uploads" and "--max-body-bytes-in-flight" in error["message"]
+        grown = memory_mb(api)["rss_mb"] - before
+        assert grown < GUARDED_BODIES_IN_FLIGHT / 1e6 + 40, grown  # what was let in, not what was refused
+        with guarded.client() as client:
+            assert client.post("/v1/embeddings", json=NORMAL, headers=bearer()).headers["retry-after"] == "1"
+            metrics = client.get("/metrics").text
+        assert re.search(r'poolserve_request_bodies_refused_total\{server="0"\} ([6-9]|\d\d)', metrics), metrics
+    finally:
+        for conn in held:
+            conn.close()
+    with guarded.client() as client:  # the held bytes come back when their requests end
+        assert wait_until(
+            lambda: client.post("/v1/embeddings", json=NORMAL, headers=bearer()).status_code == 200, 10, interval=0.05
+        ), guarded.tail()
+    payload = msgspec.json.encode(NORMAL) + b" " * (GUARDED_BODY_LIMIT - 100)  # a large body, cheap to parse
+    status, body = post_raw(guarded.port, upload_head(len(payload)), iter([payload]))
+    assert status == 200, body
 
 
 @pytest.mark.parametrize("size", [1_000_000, 50_000_000])
