@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from apiserver.server import run
 from poolserve.boot import exit_with_parent, read_child_spec
+from poolserve.metric_files import reserve_metric_files
 
 
 def main() -> int:
     spec = read_child_spec()
     exit_with_parent(spec)
+    reserve_metric_files()
+    # Imported after: importing the server makes its metrics, which open their files.
+    from apiserver.server import run
+
     return run(spec)
 
 

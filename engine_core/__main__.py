@@ -18,6 +18,7 @@ from poolserve.boot import (
     send_heartbeat,
 )
 from poolserve.logs import configure_logging
+from poolserve.metric_files import reserve_metric_files
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -55,6 +56,7 @@ def main() -> int:
     # after the API servers have drained.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(spec.name, spec.config.log_level, spec.config.log_format)
+    reserve_metric_files()  # before the engine's modules make their metrics
     started = time.perf_counter()
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:

@@ -8,6 +8,7 @@ so a restarted engine knows which requests were running (suspects) and which wer
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterable
@@ -15,6 +16,9 @@ from collections.abc import Iterable
 import msgspec
 
 LENGTH_BYTES = 4
+RESERVED_BYTES = 64 * 1024
+
+logger = logging.getLogger("poolserve.engine")
 
 
 class FlightRecorder:
@@ -22,6 +26,7 @@ class FlightRecorder:
         self.path = path
         self._encoder = msgspec.msgpack.Encoder()
         self._fd = -1
+        self._has_failed = False
 
     def read_suspects(self) -> dict[bytes, list[int]]:
         """What the previous engine left: request ids by API-server identity; empty on a first start."""
@@ -42,14 +47,28 @@ class FlightRecorder:
 
     def open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Blocks for every record of up to a few thousand requests, taken now: on a full disk a record
+        # would fail to write, and the engine with it.
+        with contextlib.suppress(OSError):
+            os.posix_fallocate(self._fd, 0, RESERVED_BYTES)
         self.clear()
 
     def record(self, running: Iterable[tuple[bytes, int]]) -> None:
         payload = self._encoder.encode(list(running))
-        os.pwrite(self._fd, len(payload).to_bytes(LENGTH_BYTES, "little") + payload, 0)
+        self._write(len(payload).to_bytes(LENGTH_BYTES, "little") + payload)
 
     def clear(self) -> None:
-        os.pwrite(self._fd, bytes(LENGTH_BYTES), 0)
+        self._write(bytes(LENGTH_BYTES))
+
+    def _write(self, data: bytes) -> None:
+        """A record that cannot be written (a full disk) is lost, never the engine: the cleared record it
+        leaves, like a torn one, reads as no suspects."""
+        try:
+            os.pwrite(self._fd, data, 0)
+        except OSError as exc:
+            if not self._has_failed:
+                self._has_failed = True
+                logger.warning("flight recorder: cannot write %s (%s); a crash now blames no request", self.path, exc)
 
     def close(self) -> None:
         if self._fd >= 0:

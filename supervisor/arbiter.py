@@ -140,6 +140,9 @@ class Supervisor:
         directory = os.path.join(self.runtime_dir, "metrics")
         os.mkdir(directory, 0o700)
         os.environ[METRICS_DIR_ENV] = directory
+        from poolserve.metric_files import reserve_metric_files
+
+        reserve_metric_files()
         from supervisor import metrics
 
         for process in ("engine", "api_server"):
