@@ -27,7 +27,7 @@ from poolserve.config import Config
 from poolserve.load_board import LoadBoard
 from supervisor.children import ChildProcess, spawn_child
 from supervisor.crash_history import CrashHistory
-from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs
+from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
 from supervisor.sockets import bind_socket, bound_port
 
 logger = logging.getLogger("poolserve.supervisor")
@@ -115,8 +115,20 @@ class Supervisor:
     def start(self) -> None:
         config = self.config
         started = time.perf_counter()
-        remove_stale_runtime_dirs()  # what a supervisor killed with SIGKILL could not remove
-        self.runtime_dir = create_runtime_dir()
+        try:
+            remove_stale_runtime_dirs()  # what a supervisor killed with SIGKILL could not remove
+            self.runtime_dir = create_runtime_dir()
+        except OSError as exc:  # tempfile finds no usable folder, or this one has no room
+            where = f" {exc.filename}" if exc.filename else ""
+            raise StartFailed(
+                f"cannot create the runtime folder{where}: {exc.strerror or exc} (TMPDIR names where it goes)"
+            ) from exc
+        # Not a reason to refuse: with no room at all the server serves, and only metrics miss series.
+        shortfall = room_shortfall(self.runtime_dir, self.api_server_count + 2)
+        if shortfall:
+            logger.warning(
+                "%s: /metrics will miss series (counted in poolserve_metric_series_dropped_total)", shortfall
+            )
         self._prepare_metrics()
         try:
             self.listener = bind_socket(config.host, config.port)

@@ -1,4 +1,5 @@
-"""The supervisor's private runtime folder: made with its PID in the name, and those of dead supervisors removed.
+"""The supervisor's private runtime folder: made with its PID in the name, checked for room, and those of dead
+supervisors removed.
 
 The folder (mode 0700, in the temporary directory) holds the engine's ipc socket, the flight file and the
 metrics directory; the supervisor removes it when it stops. A supervisor killed with SIGKILL cannot, so each
@@ -19,12 +20,29 @@ import tempfile
 logger = logging.getLogger(__name__)
 
 PREFIX = "poolserve-"
+# What one process's metric files may take, from an API server's with every endpoint in use (measured: five
+# files, 512 KiB; the engine's and the supervisor's take less): the supervisor warns below this much room.
+METRICS_BYTES_PER_PROCESS = 1024 * 1024
+METRICS_FILES_PER_PROCESS = 8
 # poolserve-<supervisor pid>-<mkdtemp's random suffix>
 NAME = re.compile(rf"{PREFIX}(\d+)-[A-Za-z0-9_]+")
 
 
 def create_runtime_dir() -> str:
     return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")  # mode 0700
+
+
+def room_shortfall(path: str, processes: int) -> str | None:
+    """What the filesystem of `path` lacks for the metric files of `processes` processes, in a sentence; None
+    if it has room. Too little room costs metric series, never serving (poolserve/metric_files.py)."""
+    stats = os.statvfs(path)
+    free = stats.f_bavail * stats.f_frsize
+    needed = processes * METRICS_BYTES_PER_PROCESS
+    if free < needed:
+        return f"{path} has {free // 1024} KiB free, less than {needed // 1024} KiB for {processes} processes' metrics"
+    if stats.f_files and stats.f_favail < processes * METRICS_FILES_PER_PROCESS:  # f_files 0: no inode limit
+        return f"{path} has {stats.f_favail} inodes free, too few for {processes} processes' metric files"
+    return None
 
 
 def remove_stale_runtime_dirs(parent: str | None = None) -> list[str]:

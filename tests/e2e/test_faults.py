@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -313,3 +315,71 @@ def test_health_is_200_from_the_moment_the_ready_line_is_printed() -> None:
     with launched("--api-server-count", "2") as server, httpx.Client(base_url=server.url, timeout=10) as client:
         response = client.get("/health")
         assert response.status_code == 200, response.text
+
+
+# A full TMPDIR --------------------------------------------------------------------------------------------
+
+
+# A request each endpoint of the bundled model answers 200.
+ANSWERED_BODIES: dict[str, dict[str, object]] = {
+    "/v1/embeddings": {"input": "hi"}, "/pooling": {"input": "hi"}, "/embed": {"inputs": "hi"},
+    "/tokenize": {"prompt": "hi"}, "/detokenize": {"tokens": [7592]}, "/score": {"text_1": "a", "text_2": "b"},
+    "/rerank": {"query": "a", "documents": ["b"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
+    "/v2/rerank": {"query": "a", "documents": ["b"]},
+}  # fmt: skip
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs of its own (it needs root, or CAP_SYS_ADMIN), always unmounted after."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+        if os.path.ismount(mount_point):
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(folder: Path, leave: int) -> None:
+    """Write one file that leaves `leave` bytes free on the filesystem of `folder`."""
+    stats = os.statvfs(folder)
+    size = stats.f_bavail * stats.f_frsize - leave
+    with open(folder / "filler", "wb") as f:
+        f.write(b"\0" * size)  # written, not fallocated: a tmpfs gives its pages as they are written
+
+
+def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(small_tmpfs: Path) -> None:
+    # Issue 16: mapped metric files on a full tmpfs raised SIGBUS; the crash loop took the server down in 11 s.
+    with launched("--api-server-count", "1", env={"TMPDIR": str(small_tmpfs)}) as server:
+        (runtime,) = [p for p in small_tmpfs.iterdir() if p.name.startswith("poolserve-")]
+        # 2 MiB is less than the supervisor asks for 3 processes: it says so, and starts.
+        assert "KiB free, less than 3072 KiB for 3 processes' metrics" in server.stderr(), server.tail()
+        children = sorted(server.children())
+        fill(small_tmpfs, leave=8192)
+        # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
+        with server.client() as client:
+            for path, body in ANSWERED_BODIES.items():
+                response = client.post(path, json=body)
+                assert response.status_code == 200, (path, response.text)
+                assert client.post(path, json={"wrong": 1}).status_code == 400
+                assert client.get(path).status_code == 405
+            metrics = client.get("/metrics")
+        assert metrics.status_code == 200
+        assert sorted(server.children()) == children, server.tail()
+        assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
+        assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
+        dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
+        assert dropped and float(dropped[1]) > 0, metrics.text
+        assert server.stderr().count("new series are kept in memory") == 1, server.tail()
+        for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
+            assert path.stat().st_blocks * 512 >= path.stat().st_size, path

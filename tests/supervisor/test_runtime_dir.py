@@ -1,7 +1,8 @@
-"""Stale runtime folders: only poolserve's, only this user's, only those whose supervisor is gone."""
+"""Runtime folders: stale ones (only poolserve's, only this user's, only those whose supervisor is gone), and room."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import tempfile
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs
+from poolserve.config import Config
+from supervisor import arbiter
+from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
 
 
 def dead_pid() -> int:
@@ -53,3 +56,20 @@ def test_a_folder_named_for_this_process_is_a_predecessors_with_the_same_pid(tmp
     earlier = tmp_path / f"poolserve-{os.getpid()}-x1y2"
     earlier.mkdir()
     assert remove_stale_runtime_dirs(str(tmp_path)) == [str(earlier)]
+
+
+def test_too_little_room_for_the_processes_metrics_is_said_in_a_sentence(tmp_path: Path) -> None:
+    assert room_shortfall(str(tmp_path), 1) is None
+    said = room_shortfall(str(tmp_path), 1 << 40)
+    assert said is not None and said.startswith(f"{tmp_path} has ") and "for 1099511627776 processes' metric" in said
+
+
+def test_a_runtime_folder_that_cannot_be_made_halts_the_start_with_one_sentence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_room() -> str:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/tmp/poolserve-1-x")
+
+    monkeypatch.setattr(arbiter, "create_runtime_dir", no_room)
+    with pytest.raises(arbiter.StartFailed, match=r"^cannot create the runtime folder /tmp/poolserve-1-x: No space"):
+        arbiter.Supervisor(Config(api_server_count=1)).start()
