@@ -61,12 +61,15 @@ def handler_of(operation: AnyOperation) -> Handler:
 async def answer(request: Request, operation: AnyOperation, decoder: msgspec.json.Decoder[Any]) -> Response:
     state: AppState = request.app.state.poolserve
     body = await request.body()
-    parsed = await off_loop(request, PARSING, len(body), parse_body, body, decoder, operation, state)
+    decoded, parsed = await off_loop(request, PARSING, len(body), parse_body, body, decoder, operation, state)
     if inspect.isawaitable(parsed):
         with timed(request, PARSING):
             parsed = await parsed
     plan: Plan[Any] = parsed
     job = await job_of(request, plan, state)
+    if job is not None:
+        # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not).
+        job.priority = getattr(decoded, "priority", 0)
     rows = NO_ROWS if job is None else await run_job(request, job)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
     content = await off_loop(request, ENCODING, rows.nbytes or len(body), operation.render, plan, rows, state)
@@ -75,9 +78,11 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
 
 def parse_body(
     body: bytes, decoder: msgspec.json.Decoder[Any], operation: AnyOperation, state: AppState
-) -> Plan[Any] | Awaitable[Plan[Any]]:
-    """Decode and parse; an async parse only creates its coroutine here, to be awaited on the loop."""
-    return operation.parse(decode_body(body, decoder), state)
+) -> tuple[Any, Plan[Any] | Awaitable[Plan[Any]]]:
+    """The decoded request and its plan; an async parse only creates its coroutine here, to be awaited
+    on the loop."""
+    decoded = decode_body(body, decoder)
+    return decoded, operation.parse(decoded, state)
 
 
 async def off_loop(

@@ -54,8 +54,10 @@ class EngineCore:
         )
         self.admission = admission
         self._requests: dict[RequestKey, PendingRequest] = {}
-        # Batches cut from the scheduler's current window, not run yet.
+        # Batches cut from the scheduler's current window, not run yet, and the most urgent priority
+        # among them (None for a suspect's window, which is never displaced).
         self._batches: deque[list[WorkItem]] = deque()
+        self._window_priority: int | None = None
         self.running = 0
 
     @property
@@ -80,11 +82,24 @@ class EngineCore:
 
     def next_batch(self) -> list[WorkItem] | None:
         """The inputs of the next forward pass (the scheduler cuts a window into batches, served in
-        turn), or None when nothing is waiting. Inputs of requests aborted meanwhile are left out."""
+        turn), or None when nothing is waiting. Inputs of requests aborted meanwhile are left out.
+        A request more urgent than the whole window displaces the window's batches not run yet."""
         while self._batches or self.scheduler.has_work():
+            window_priority = self._window_priority
+            if (
+                self._batches
+                and window_priority is not None
+                and self.scheduler.has_arrival_more_urgent_than(window_priority)
+            ):
+                self.scheduler.give_back([item for batch in self._batches for item in batch])
+                self._batches.clear()
             if not self._batches:
                 # Empty when every request left in the queue was aborted.
-                self._batches.extend(self.scheduler.next_batches())
+                batches = self.scheduler.next_batches()
+                self._batches.extend(batches)
+                requests = [item.request for batch in batches for item in batch]
+                is_suspect = any(request.is_suspect for request in requests)
+                self._window_priority = None if is_suspect or not requests else min(r.priority for r in requests)
                 continue
             live = [item for item in self._batches.popleft() if not item.request.is_cancelled]
             if live:

@@ -152,7 +152,9 @@ class EngineIO:
             logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
             self._refuse(identity, msg.id, f"invalid request: {exc}", ERROR_INVALID)
             return
-        if not self.admission.try_admit(request.count, request.total_cost, force=msg.attempt > 0):
+        if not self.admission.try_admit(
+            request.count, request.total_cost, force=msg.attempt > 0, priority=request.priority
+        ):
             self._refuse(
                 identity,
                 msg.id,

@@ -31,6 +31,8 @@ class PendingRequest:
     image_cost: int = 1
     # Running when an engine died: runs in batches of its own, so a second crash names it.
     is_suspect: bool = False
+    # Lower runs sooner (scheduler.py).
+    priority: int = 0
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
@@ -40,6 +42,11 @@ class PendingRequest:
     is_cancelled: bool = False
     is_released: bool = False
     output: npt.NDArray[np.float32] | None = None
+    # The scheduler's progress: inputs below `scheduled` were placed in a window, except those handed
+    # back (`returned`) when a more urgent request displaced a window before it ran.
+    scheduled: int = 0
+    returned: list[int] = field(default_factory=list)
+    is_waiting: bool = False
 
     def __post_init__(self) -> None:
         self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
@@ -56,6 +63,17 @@ class PendingRequest:
     def total_cost(self) -> int:
         """What the request weighs in the token budget and the admission limit."""
         return int(self.lengths.sum()) + (self.count - self.texts) * self.image_cost
+
+    @property
+    def has_unscheduled(self) -> bool:
+        return bool(self.returned) or self.scheduled < self.count
+
+    def take_next(self) -> int:
+        """The next input to place in a window: one handed back first, then in order."""
+        if self.returned:
+            return self.returned.pop()
+        self.scheduled += 1
+        return self.scheduled - 1
 
     def is_image(self, index: int) -> bool:
         return index >= self.texts
@@ -130,4 +148,5 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         pixels=job.pixels,
         image_cost=max(card.image_tokens, 1),
         is_suspect=request.is_suspect,
+        priority=job.priority,
     )

@@ -1,14 +1,24 @@
 """Token-budget batching: which waiting inputs go into which forward pass, and in what order.
 
-Requests are served first come, first served. The scheduler takes a window of the oldest
-waiting inputs (a few batches' worth), sorts that window by length so that inputs of similar
-length share a batch and little compute goes to padding, and cuts it into batches that respect
-both the padded-token budget and the batch-size cap. A window bounds how long a newly arrived
-request can be overtaken, while still giving sorting enough inputs to work with.
+Who goes first. The most urgent requests: lowest `priority` (vLLM's field; default 0), where a
+request's priority improves by one level for each AGING_S seconds it has waited, so less urgent work
+is delayed, never starved (a request at priority p waits at most about (p - q) x AGING_S behind a
+stream of work at priority q before it shares the engine with it). Among requests of the same aged
+priority, a window is filled round robin, up to one batch's worth of inputs from each request in
+turn, oldest first: a small request waits about one window behind any number of big ones, not
+behind all of their inputs. A request more urgent than every request in the window being run makes
+the core hand back the window's batches not yet run (`give_back`) and plan again: an urgent request
+waits about one batch.
+
+How a window is cut. A window holds a few batches' worth of inputs. Each priority level in it, most
+urgent first, is sorted by length so that inputs of similar length share a batch and little compute
+goes to padding, and cut into batches that respect both the padded-token budget and the batch-size
+cap.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -17,6 +27,12 @@ import numpy as np
 from engine_core.request_state import PendingRequest
 
 WINDOW_BATCHES = 4
+AGING_S = 5.0
+
+
+def aged_priority(request: PendingRequest, now: float) -> int:
+    """The request's priority, one level more urgent for each AGING_S seconds it has waited."""
+    return request.priority - int((now - request.admitted_at) / AGING_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +43,8 @@ class WorkItem:
     index: int
     length: int
     is_image: bool = False
+    # The request's aged priority when the window was planned: a window runs its levels in turn.
+    rank: int = 0
 
 
 class Scheduler:
@@ -46,13 +64,22 @@ class Scheduler:
         self.batch_overhead_tokens = batch_overhead_tokens
         self.window_tokens = max_batch_tokens * window_batches
         self.window_items = max_batch_size * window_batches
-        self._waiting: deque[PendingRequest] = deque()
+        self._waiting: list[PendingRequest] = []
         self._suspects: deque[PendingRequest] = deque()
-        # Index of the next unscheduled input of the request at the head of the queue.
-        self._cursor = 0
+        # The most urgent priority added since the last window was planned (None: nothing added).
+        self._arrived: int | None = None
 
     def add(self, request: PendingRequest) -> None:
-        (self._suspects if request.is_suspect else self._waiting).append(request)
+        if request.is_suspect:
+            self._suspects.append(request)
+            return
+        self._wait(request)
+        self._arrived = request.priority if self._arrived is None else min(self._arrived, request.priority)
+
+    def _wait(self, request: PendingRequest) -> None:
+        if not request.is_waiting:
+            request.is_waiting = True
+            self._waiting.append(request)
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._suspects)
@@ -61,13 +88,32 @@ class Scheduler:
     def waiting_requests(self) -> int:
         return len(self._waiting) + len(self._suspects)
 
+    def has_arrival_more_urgent_than(self, priority: int) -> bool:
+        """Whether a request more urgent than `priority` came in since the last window was planned."""
+        return self._arrived is not None and self._arrived < priority
+
     def next_batches(self) -> list[list[WorkItem]]:
-        """Take the next window of inputs, oldest first, and cut it into batches of one modality.
+        """Plan the next window and cut it into batches of one modality.
 
         Suspects go first (they have waited through a crash), each alone in its batches."""
+        self._arrived = None
         window = self._take_suspect() or self._take_window()
-        window.sort(key=lambda item: (item.is_image, item.length))
-        return self._pack(window)
+        window.sort(key=lambda item: (item.rank, item.is_image, item.length))
+        batches: list[list[WorkItem]] = []
+        start = 0
+        for end in range(1, len(window) + 1):  # each priority level packed on its own, most urgent first
+            if end == len(window) or window[end].rank != window[start].rank:
+                batches.extend(self._pack(window[start:end]))
+                start = end
+        return batches
+
+    def give_back(self, items: list[WorkItem]) -> None:
+        """Inputs of a window that will not run as planned: they wait again, in their requests' turn."""
+        for item in items:
+            request = item.request
+            if not request.is_cancelled:
+                request.returned.append(item.index)
+                self._wait(request)
 
     def _take_suspect(self) -> list[WorkItem]:
         """Every input of the oldest suspect that is still wanted, or nothing."""
@@ -78,24 +124,46 @@ class Scheduler:
         return []
 
     def _take_window(self) -> list[WorkItem]:
+        """Inputs of the most urgent requests, round robin by request within a priority, up to a window."""
+        now = time.monotonic()
+        ranked = sorted(
+            (r for r in self._waiting if not r.is_cancelled and r.has_unscheduled),
+            key=lambda r: (aged_priority(r, now), r.admitted_at),
+        )
         window: list[WorkItem] = []
         tokens = 0
-        while self._waiting and len(window) < self.window_items and tokens < self.window_tokens:
-            request = self._waiting[0]
-            if request.is_cancelled:
-                self._waiting.popleft()
-                self._cursor = 0
-                continue
-            count = request.count
-            while self._cursor < count and len(window) < self.window_items and tokens < self.window_tokens:
-                index = self._cursor
-                length = request.cost(index)
-                window.append(WorkItem(request, index, length, request.is_image(index)))
-                tokens += length
-                self._cursor += 1
-            if self._cursor == count:
-                self._waiting.popleft()
-                self._cursor = 0
+        start = 0
+        while start < len(ranked) and len(window) < self.window_items and tokens < self.window_tokens:
+            level = aged_priority(ranked[start], now)
+            end = start
+            while end < len(ranked) and aged_priority(ranked[end], now) == level:
+                end += 1
+            turn = ranked[start:end]
+            while turn and len(window) < self.window_items and tokens < self.window_tokens:
+                for request in turn:
+                    taken = taken_tokens = 0
+                    while (
+                        request.has_unscheduled
+                        and taken < self.max_batch_size
+                        and taken_tokens < self.max_batch_tokens
+                        and len(window) < self.window_items
+                        and tokens < self.window_tokens
+                    ):
+                        index = request.take_next()
+                        length = request.cost(index)
+                        window.append(WorkItem(request, index, length, request.is_image(index), level))
+                        taken += 1
+                        taken_tokens += length
+                        tokens += length
+                turn = [r for r in turn if r.has_unscheduled]
+            start = end
+        still = []
+        for request in self._waiting:
+            if request.is_cancelled or not request.has_unscheduled:
+                request.is_waiting = False
+            else:
+                still.append(request)
+        self._waiting = still
         return window
 
     def _pack(self, window: list[WorkItem]) -> list[list[WorkItem]]:

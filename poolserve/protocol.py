@@ -143,6 +143,10 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
     pid: int
 
 
+# A request's priority (lower runs sooner) fits in 32 bits, as the API validates it.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+
 class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     """The header of one request: `len(lengths)` text inputs and `images` images, run as one unit.
 
@@ -167,6 +171,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     image_width: int = 0
     attempt: int = 0
     is_suspect: bool = False
+    priority: int = 0
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -187,7 +192,8 @@ class PoolJob:
     A PoolRequest and its data frames, less what the engine client adds (the request id and the
     resubmission state). `lengths` cut `tokens` (and `token_types`) into the text inputs; `pixels`
     holds the images. `dimensions` 0 means the full output size; `normalize` None means the
-    model's own choice; `activation` applies a classifier's activation to its logits.
+    model's own choice; `activation` applies a classifier's activation to its logits. `priority`:
+    lower runs sooner (engine_core/scheduler.py says how).
     """
 
     lengths: npt.NDArray[np.int64]
@@ -197,6 +203,7 @@ class PoolJob:
     dimensions: int = 0
     normalize: bool | None = None
     activation: bool = True
+    priority: int = 0
 
     @classmethod
     def from_rows(
@@ -208,6 +215,7 @@ class PoolJob:
         dimensions: int = 0,
         normalize: bool | None = None,
         activation: bool = True,
+        priority: int = 0,
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -217,7 +225,7 @@ class PoolJob:
         if type_rows is not None:
             token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
         pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
-        return cls(lengths, tokens, token_types, pixels, dimensions, normalize, activation)
+        return cls(lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority)
 
     @property
     def images(self) -> int:
@@ -241,6 +249,7 @@ class PoolJob:
             image_width=width,
             attempt=attempt,
             is_suspect=is_suspect,
+            priority=self.priority,
         )
 
     def frames(self) -> list[Frame]:
@@ -284,7 +293,18 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         if height < 1 or width < 1 or memoryview(frames[-1]).nbytes != count * height * width * 3:
             raise ProtocolError(f"the pixel frame must hold {count} images of {height}x{width}x3 bytes")
         pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(count, height, width, 3)
-    return PoolJob(lengths, tokens, token_types, pixels, request.dimensions, request.normalize, request.activation)
+    if not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
+        raise ProtocolError(f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}")
+    return PoolJob(
+        lengths,
+        tokens,
+        token_types,
+        pixels,
+        request.dimensions,
+        request.normalize,
+        request.activation,
+        request.priority,
+    )
 
 
 # engine -> API server ---------------------------------------------------------------------

@@ -31,6 +31,8 @@ class EngineJob:
     # None: the model's own choice.
     normalize: bool | None = None
     activation: bool = True
+    # Lower runs sooner (engine_core/scheduler.py); set from the request's `priority` by request_cycle.py.
+    priority: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -45,6 +47,7 @@ class EngineJob:
             dimensions=self.dimensions,
             normalize=self.normalize,
             activation=self.activation,
+            priority=self.priority,
         )
 
 

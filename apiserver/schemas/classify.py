@@ -6,13 +6,14 @@ from typing import Literal
 
 import msgspec
 
-from apiserver.schemas.common import TruncatePromptTokens, Usage
+from apiserver.schemas.common import Priority, TruncatePromptTokens, Usage
 
 
 class ClassifyRequest(msgspec.Struct, kw_only=True):
     input: str | list[str | int | list[int]]
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Priority = 0
     # Apply the model's activation; without it, probs are the raw logits.
     activation: bool = True
     user: str | None = None

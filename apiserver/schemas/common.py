@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from poolserve.protocol import PRIORITY_MAX, PRIORITY_MIN
+
 
 class ImageInput(msgspec.Struct, forbid_unknown_fields=True):
     """An image as one input item: a data: URL, an http(s) URL, or an allowed local file."""
@@ -49,6 +51,8 @@ Dimensions = Annotated[int, Meta(ge=1)]
 # -1: cut to the model's maximum length; k >= 1: keep at most k tokens.
 TruncatePromptTokens = Annotated[int, Meta(ge=-1)]
 TruncationDirection = Literal["Left", "Right", "left", "right"]
+# vLLM's `priority`: lower is served sooner; the engine ranks by it (engine_core/scheduler.py).
+Priority = Annotated[int, Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -66,6 +70,7 @@ class ItemsRequest(msgspec.Struct, kw_only=True):
     encoding_format: EncodingFormat = "float"
     dimensions: Dimensions | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Priority = 0
     # L2-normalize the vectors (default: as the model's Sentence-Transformers files say).
     normalize: bool | None = None
     user: str | None = None

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from apiserver.schemas.common import TruncatePromptTokens, TruncationDirection, Usage
+from apiserver.schemas.common import Priority, TruncatePromptTokens, TruncationDirection, Usage
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True):
@@ -15,6 +15,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     text_2: str | list[str]
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Priority = 0
     # Cross-encoders: apply the model's activation to the logit (scores in 0..1 for one label).
     activation: bool = True
     user: str | None = None
@@ -49,6 +50,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     top_n: Annotated[int, Meta(ge=0)] | None = None
     return_documents: bool = True
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Priority = 0
     # TEI's options.
     raw_scores: bool = False
     return_text: bool = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from apiserver.schemas.common import Dimensions, TruncationDirection
+from apiserver.schemas.common import Dimensions, Priority, TruncationDirection
 
 
 class EmbedRequest(msgspec.Struct, kw_only=True):
@@ -15,6 +15,7 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
     truncation_direction: TruncationDirection = "Right"
     dimensions: Dimensions | None = None
     prompt_name: str | None = None
+    priority: Priority = 0  # poolserve's, as vLLM names it
 
 
 EmbedResponse = list[list[float]]
@@ -27,6 +28,7 @@ class PredictRequest(msgspec.Struct, kw_only=True):
     raw_scores: bool = False
     truncate: bool | None = None
     truncation_direction: TruncationDirection = "Right"
+    priority: Priority = 0  # poolserve's, as vLLM names it
 
 
 class Prediction(msgspec.Struct, kw_only=True):

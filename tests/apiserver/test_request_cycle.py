@@ -170,6 +170,27 @@ def test_pooling_passes_normalize_and_activation_to_the_engine(serve: Any) -> No
     assert (sent.normalize, sent.activation) == (0, False)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"input": "hi"}),
+        ("/pooling", {"input": "hi"}),
+        ("/score", {"text_1": "a", "text_2": "b"}),
+        ("/v1/rerank", {"query": "a", "documents": ["b"]}),
+        ("/rerank", {"query": "a", "texts": ["b"]}),
+        ("/embed", {"inputs": "hi"}),
+    ],
+)
+def test_a_requests_priority_reaches_the_engine_and_is_bounded(serve: Any, path: str, body: dict[str, Any]) -> None:
+    served = serve()
+    served.post(path, {**body, "priority": -7})
+    assert served.engine.requests[-1].priority == -7
+    served.post(path, body)
+    assert served.engine.requests[-1].priority == 0
+    refused = served.post(path, {**body, "priority": 2**31}, status=400)
+    assert "priority" in refused["error"]["message"]
+
+
 def test_texts_and_images_come_back_in_request_order(serve: Any) -> None:
     served = serve(card=CLIP_CHANGES)
     body = served.post("/v1/embeddings", {"input": [{"image": PIXEL_PNG}, "hello"]})

@@ -137,3 +137,16 @@ def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(core: E
     submit(core, b"api-0", 3, PoolJob.from_rows([HELLO]))
     outputs, _ = run_until_idle(core)
     assert set(outputs) == {(b"api-0", 3)}
+
+
+def test_an_urgent_request_displaces_the_rest_of_a_window_and_runs_next(core: EngineCore) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO] * 8))  # a window of 4 batches of 2
+    first = core.next_batch()
+    assert first is not None
+    core.run_batch(first)
+    submit(core, b"api-1", 2, PoolJob.from_rows([HELLO], priority=-1))
+    urgent = core.next_batch()
+    assert urgent is not None and (b"api-1", 2) in {item.request.key for item in urgent}
+    core.run_batch(urgent)
+    outputs, _ = run_until_idle(core)
+    assert (b"api-0", 1) in outputs  # every input of the displaced window still ran

@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 
 from engine_core.request_state import PendingRequest
-from engine_core.scheduler import Scheduler, WorkItem
+from engine_core.scheduler import AGING_S, Scheduler, WorkItem
 
 
-def make_request(request_id: int, lengths: list[int], identity: bytes = b"api-0") -> PendingRequest:
+def make_request(
+    request_id: int, lengths: list[int], identity: bytes = b"api-0", *, priority: int = 0
+) -> PendingRequest:
     lengths_array = np.asarray(lengths, dtype=np.int64)
     tokens = np.arange(int(lengths_array.sum()), dtype=np.int32)
-    return PendingRequest(identity=identity, id=request_id, lengths=lengths_array, tokens=tokens, dimensions=0)
+    return PendingRequest(
+        identity=identity, id=request_id, lengths=lengths_array, tokens=tokens, dimensions=0, priority=priority
+    )
 
 
 def drain(scheduler: Scheduler) -> list[list[WorkItem]]:
@@ -49,14 +53,65 @@ def test_inputs_within_a_window_are_sorted_by_length() -> None:
     assert lengths == sorted(lengths) == [1, 2, 3, 5, 8, 9]
 
 
-def test_a_request_bigger_than_a_window_is_split_and_later_requests_wait_behind_it() -> None:
+def test_a_small_request_behind_a_big_one_shares_the_first_window() -> None:
+    # Once first come, first served: the small request waited behind all ten inputs of the big one.
     scheduler = Scheduler(max_batch_tokens=100, max_batch_size=2, window_batches=2)
     scheduler.add(make_request(0, [4] * 10))
     scheduler.add(make_request(1, [4]))
     first = [item.request.id for batch in scheduler.next_batches() for item in batch]
-    assert first == [0, 0, 0, 0]
-    order = [item.request.id for batch in drain(scheduler) for item in batch]
-    assert order == [0] * 6 + [1]
+    assert sorted(first) == [0, 0, 0, 1]  # a batch's worth of each in turn, until the window is full
+    rest = [item.request.id for batch in drain(scheduler) for item in batch]
+    assert rest == [0] * 7
+
+
+def test_round_robin_gives_each_request_a_batch_worth_in_turn() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=2, window_batches=3)
+    for request_id in range(3):
+        scheduler.add(make_request(request_id, [4] * 6))
+    first = [item.request.id for batch in scheduler.next_batches() for item in batch]
+    assert sorted(first) == [0, 0, 1, 1, 2, 2]
+
+
+def test_lower_priority_numbers_go_first() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=1, window_batches=1)
+    for request_id, priority in enumerate([0, 5, -3, 0]):
+        scheduler.add(make_request(request_id, [3], priority=priority))
+    assert [batch[0].request.id for batch in drain(scheduler)] == [2, 0, 3, 1]
+
+
+def test_waiting_improves_a_priority_so_nothing_starves() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=1, window_batches=1)
+    bulk = make_request(0, [3], priority=2)
+    bulk.admitted_at -= 2 * AGING_S + 0.1  # waited two agings: now as urgent as priority 0
+    scheduler.add(bulk)
+    scheduler.add(make_request(1, [3], priority=1))
+    scheduler.add(make_request(2, [3], priority=0))
+    assert [batch[0].request.id for batch in drain(scheduler)] == [0, 2, 1]  # ties go to the oldest
+
+
+def test_a_more_urgent_arrival_is_reported_until_the_next_window() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=2)
+    scheduler.add(make_request(0, [3] * 8))
+    scheduler.next_batches()
+    assert not scheduler.has_arrival_more_urgent_than(0)
+    scheduler.add(make_request(1, [3], priority=0))
+    assert not scheduler.has_arrival_more_urgent_than(0)
+    scheduler.add(make_request(2, [3], priority=-1))
+    assert scheduler.has_arrival_more_urgent_than(0)
+    scheduler.next_batches()
+    assert not scheduler.has_arrival_more_urgent_than(0)
+
+
+def test_inputs_given_back_are_scheduled_again_exactly_once() -> None:
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=2, window_batches=2)
+    big = make_request(0, [1, 2, 3, 4, 5, 6, 7, 8])
+    scheduler.add(big)
+    window = scheduler.next_batches()
+    scheduler.give_back([item for batch in window[1:] for item in batch])
+    scheduler.add(make_request(1, [9], priority=-1))
+    seen = [(item.request.id, item.index) for batch in window[:1] + drain(scheduler) for item in batch]
+    assert sorted(seen) == [(0, i) for i in range(8)] + [(1, 0)]
+    assert seen[len(window[0])] == (1, 0)  # the urgent request comes right after the batch that ran
 
 
 def test_first_come_first_served_across_windows() -> None:

@@ -69,15 +69,16 @@ def assert_same_job(decoded: PoolJob, sent: PoolJob) -> None:
         assert (got is None) == (want is None)
         if got is not None:
             np.testing.assert_array_equal(got, want)
-    assert (decoded.dimensions, decoded.normalize, decoded.activation) == (
+    assert (decoded.dimensions, decoded.normalize, decoded.activation, decoded.priority) == (
         sent.dimensions,
         sent.normalize,
         sent.activation,
+        sent.priority,
     )
 
 
 JOBS = {
-    "texts": PoolJob.from_rows([[101, 7, 102], [101, 102]], dimensions=64),
+    "texts": PoolJob.from_rows([[101, 7, 102], [101, 102]], dimensions=64, priority=-3),
     "pairs": PoolJob.from_rows([[101, 7, 102, 8, 102]], [[0, 0, 0, 1, 1]], normalize=False, activation=False),
     "images only": PoolJob.from_rows([], images=[image(1), image(2)], normalize=True),
     "texts and images": PoolJob.from_rows([[5]], images=[image(3)]),
@@ -263,3 +264,12 @@ def test_reply_frames_that_do_not_match_their_outputs_are_a_clear_protocol_error
 ) -> None:
     with pytest.raises(ProtocolError, match=reason):
         decode_rows(Outputs(outputs), frames)
+
+
+def test_a_priority_past_32_bits_is_a_protocol_error() -> None:
+    job = PoolJob.from_rows([[5]], priority=2**40)
+    frames = received(ClientWire().encode_pool(job.header(1), job))
+    header = EngineWire().decode(frames)
+    assert isinstance(header, PoolRequest)
+    with pytest.raises(ProtocolError, match="priority must be within"):
+        decode_job(header, frames[1:])
