@@ -210,6 +210,7 @@ def test_the_autoscaler_follows_a_gauge_poolserve_exports(rendered: list[dict[st
     assert rule["name"]["as"] == name
     assert re.fullmatch(rule["name"]["matches"], name)
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    assert set(re.findall(r"<<\.\w+>>", rule["metricsQuery"])) == {"<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"}
 
 
 def test_container_args_are_launch_flags_with_valid_values(
@@ -272,6 +273,29 @@ def test_each_variant_asks_for_its_device() -> None:
     assert flag_value(gpu["args"], "--device") == "cuda"
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert (cpu["image"], gpu["image"]) == ("poolserve:cpu", "poolserve:cuda")
+    targets = [
+        one(build(VARIANTS[name]), "HorizontalPodAutoscaler")["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+        for name in ("cpu", "gpu")
+    ]
+    assert targets == ["64", "512"]  # two full batches: --max-batch-size's default on each device
+
+
+# What build() understands: a field outside these would be applied by kustomize and skipped by the checks.
+KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "patches", "images", "namespace", "labels"}
+
+
+def test_kustomizations_use_only_the_fields_the_checks_apply() -> None:
+    for folder in VARIANTS.values():
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        assert set(kustomization) <= KUSTOMIZATION_FIELDS, folder
+        assert kustomization["kind"] == "Kustomization"
+        for patch in kustomization.get("patches", []):
+            assert set(patch) <= {"path", "target"}
+            assert set(patch.get("target", {})) <= {"group", "version", "kind", "name"}
+        for image in kustomization.get("images", []):
+            assert set(image) <= {"name", "newName", "newTag"}
+        for label_set in kustomization.get("labels", []):
+            assert set(label_set) == {"pairs"}, "includeSelectors would rewrite the Deployment's immutable selector"
 
 
 def test_overlay_patches_apply_to_resources_the_base_has() -> None:
