@@ -105,6 +105,9 @@ def timing_headers(state: dict[str, object], total: float) -> list[tuple[bytes, 
     tokens = state.get("tokens")
     if isinstance(tokens, int):
         headers.append((b"x-compute-tokens", str(tokens).encode()))
+    cached = state.get("cached")
+    if isinstance(cached, int):  # inputs the engine's cache answered (--cache-bytes)
+        headers.append((b"x-cache-hits", str(cached).encode()))
     return headers
 
 

@@ -144,6 +144,7 @@ async def run_job(request: Request, job: EngineJob) -> Rows:
     result = work.result()
     request.state.queue_s, request.state.inference_s = result.queue_time, result.inference_time
     request.state.tokens = job.prompt_tokens
+    request.state.cached = result.cached
     PROMPT_TOKENS.labels(endpoint=request.url.path).inc(job.prompt_tokens)
     if job.images:
         IMAGES.labels(endpoint=request.url.path).inc(len(job.images))

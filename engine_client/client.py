@@ -61,6 +61,7 @@ class PooledResult:
     vectors: npt.NDArray[np.float32]
     queue_time: float = 0.0
     inference_time: float = 0.0
+    cached: int = 0
 
 
 @dataclass(slots=True)
@@ -236,7 +237,7 @@ class EngineClient:
         for out, vectors in zip(msg.outputs, rows, strict=True):
             entry = self._in_flight.pop(out.id, None)
             if entry is not None and not entry.future.done():
-                entry.future.set_result(PooledResult(vectors, out.queue_time, out.inference_time))
+                entry.future.set_result(PooledResult(vectors, out.queue_time, out.inference_time, out.cached))
         for failure in msg.failures:
             entry = self._in_flight.pop(failure.id, None)
             if entry is not None and not entry.future.done():

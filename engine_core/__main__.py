@@ -61,6 +61,7 @@ def main() -> int:
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:
         from engine_core.admission import AdmissionLimit
+        from engine_core.embedding_cache import EmbeddingCache
         from engine_core.engine import EngineProcess
         from engine_core.flight_recorder import FlightRecorder
         from engine_core.loader import LoadError, load_model
@@ -76,6 +77,7 @@ def main() -> int:
             admission=AdmissionLimit(config.max_queued_inputs, config.max_queued_tokens),
             recorder=FlightRecorder(os.path.join(spec.runtime_dir, "engine-flight")),
             beat=lambda: send_heartbeat(spec),
+            cache=EmbeddingCache(config.cache_bytes),
         )
     except LoadError as exc:
         report_boot(spec, BootReport(status="failed", message=str(exc)))

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine_core.admission import AdmissionLimit
+from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS
 from engine_core.postprocess import finish_rows
@@ -44,7 +45,7 @@ class StepOutputs:
 class EngineCore:
     """The scheduler, the model runner and postprocessing, over the requests admitted so far."""
 
-    def __init__(self, loaded: LoadedModel, admission: AdmissionLimit):
+    def __init__(self, loaded: LoadedModel, admission: AdmissionLimit, cache: EmbeddingCache | None = None):
         self.card = loaded.card
         self.runner = loaded.runner
         self.scheduler = Scheduler(
@@ -53,7 +54,10 @@ class EngineCore:
             batch_overhead_tokens=loaded.batch_overhead_tokens,
         )
         self.admission = admission
+        self.cache = cache if cache is not None else EmbeddingCache(0)
         self._requests: dict[RequestKey, PendingRequest] = {}
+        # Requests the cache answered whole when they came in, to be answered before the next step.
+        self._answered_from_cache: list[PendingRequest] = []
         # Batches cut from the scheduler's current window, not run yet, and the most urgent priority
         # among them (None for a suspect's window, which is never displaced).
         self._batches: deque[list[WorkItem]] = deque()
@@ -65,12 +69,45 @@ class EngineCore:
         return len(self._requests) - self.running
 
     def has_work(self) -> bool:
-        return bool(self._batches) or self.scheduler.has_work()
+        return bool(self._batches or self._answered_from_cache) or self.scheduler.has_work()
 
     def add(self, request: PendingRequest) -> None:
-        """A request admitted (and counted against the admission limit) by the I/O thread."""
+        """A request admitted (and counted against the admission limit) by the I/O thread; inputs the
+        cache holds are answered from it, the others scheduled."""
         self._requests[request.key] = request
+        if self.cache.max_bytes and not request.is_suspect:
+            self._look_up(request)
+            if request.remaining == 0:
+                self._answered_from_cache.append(request)
+                return
         self.scheduler.add(request)
+
+    def _look_up(self, request: PendingRequest) -> None:
+        request.cache_keys = [self._input_key(request, i) for i in range(request.count)]
+        missing = []
+        for index, key in enumerate(request.cache_keys):
+            row = self.cache.get(key)
+            if row is None:
+                missing.append(index)
+            else:
+                request.add_row(index, row)
+                request.cached += 1
+        if request.cached:
+            # Only the missing inputs are scheduled: handed to the scheduler as if given back.
+            request.returned = missing[::-1]
+            request.scheduled = request.count
+
+    @staticmethod
+    def _input_key(request: PendingRequest, index: int) -> bytes:
+        if request.is_image(index):
+            return input_key(b"image", request.image(index))
+        types = None if request.token_types is None else request.input_token_types(index)
+        return input_key(b"text", request.input_ids(index), types)
+
+    def take_answered_from_cache(self) -> StepOutputs:
+        """The requests the cache answered whole since the last call."""
+        done, self._answered_from_cache = self._answered_from_cache, []
+        return self._finish([request for request in done if not request.is_cancelled])
 
     def abort(self, identity: bytes, ids: list[int]) -> None:
         """Drop requests nobody waits for any more; their inputs not yet run never will be."""
@@ -123,6 +160,10 @@ class EngineCore:
         FORWARD_SECONDS.labels(modality=modality).observe(time.monotonic() - started)
         BATCH_INPUTS.observe(len(batch))
         BATCH_TOKENS.observe(len(batch) * max(item.length for item in batch))
+        if self.cache.max_bytes:
+            for row, item in zip(rows, batch, strict=True):
+                if item.request.cache_keys:
+                    self.cache.put(item.request.cache_keys[item.index], row)
         finished = [
             item.request for row, item in zip(rows, batch, strict=True) if item.request.add_row(item.index, row)
         ]
@@ -160,6 +201,7 @@ class EngineCore:
                 vectors.shape[1],
                 queue_time=started - request.admitted_at,
                 inference_time=now - started,
+                cached=request.cached,
             )
             step.outputs[request.identity].append((out, vectors))
         return step

@@ -15,6 +15,7 @@ import zmq
 
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore, StepOutputs, requests_of
+from engine_core.embedding_cache import EmbeddingCache
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
@@ -39,8 +40,9 @@ class EngineProcess:
         admission: AdmissionLimit,
         recorder: FlightRecorder,
         beat: Callable[[], None],
+        cache: EmbeddingCache | None = None,
     ):
-        self.core = EngineCore(loaded, admission)
+        self.core = EngineCore(loaded, admission, cache)
         self.admission = admission
         self.recorder = recorder
         self._beat = beat
@@ -68,6 +70,9 @@ class EngineProcess:
                 self._heartbeat()
                 # Between steps: new requests, and aborts that save the compute of inputs not run yet.
                 self._drain(block=not self.core.has_work())
+                from_cache = self.core.take_answered_from_cache()
+                if from_cache.servers:
+                    self._reply(from_cache)
                 batch = self.core.next_batch()
                 if batch is None:
                     continue

@@ -6,7 +6,7 @@ server's /metrics reports them without relaying anything.
 
 from __future__ import annotations
 
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from poolserve.protocol import ModelCard
 
@@ -49,6 +49,23 @@ REQUESTS_RUNNING = Gauge(
 INPUTS_QUEUED = Gauge(
     "poolserve_engine_queued_inputs",
     "Inputs waiting or running in the engine: what the admission limit counts.",
+    multiprocess_mode="livemostrecent",
+)
+CACHE_HITS = Counter(
+    "poolserve_cache_hits",
+    "Inputs answered from the engine's cache (--cache-bytes) without a forward pass.",
+)
+CACHE_MISSES = Counter(
+    "poolserve_cache_misses",
+    "Inputs looked up in the engine's cache and not found (computed, then cached).",
+)
+CACHE_EVICTIONS = Counter(
+    "poolserve_cache_evictions",
+    "Rows dropped from the engine's cache, least recently used first, to stay within --cache-bytes.",
+)
+CACHE_BYTES = Gauge(
+    "poolserve_cache_bytes",
+    "Bytes the engine's cache holds (rows and their bookkeeping), at most --cache-bytes.",
     multiprocess_mode="livemostrecent",
 )
 # Labelled with the served name, not card.path: /metrics is open to anyone who can reach the port

@@ -47,6 +47,9 @@ class PendingRequest:
     scheduled: int = 0
     returned: list[int] = field(default_factory=list)
     is_waiting: bool = False
+    # Each input's key in the engine's cache (embedding_cache.py), and how many were answered from it.
+    cache_keys: list[bytes] = field(default_factory=list)
+    cached: int = 0
 
     def __post_init__(self) -> None:
         self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)

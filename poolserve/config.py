@@ -223,6 +223,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_queued_tokens: Annotated[
         int, Flag("HTTP", "The same limit counted in tokens (an image counts its vision tokens).")
     ] = 262_144
+    cache_bytes: Annotated[
+        int,
+        Flag(
+            "engine",
+            "Bytes of the engine's exact-match cache of pooled rows, shared by every API server: an input "
+            "whose token ids (or image pixels) were computed before skips the forward pass. Least recently "
+            "used rows go first; 0 (default): no cache. A MiniLM row takes about 1.7 KB: 64 MiB holds about "
+            "40000 inputs. Off by default because load tests and benchmarks repeat small corpora: with a "
+            "cache they measure it, not the model (docs/operations.md, 'Embedding cache').",
+        ),
+    ] = 0
     request_timeout: Annotated[
         float,
         Flag(
@@ -394,6 +405,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise ConfigError(f"--image-fetch-timeout has value {self.image_fetch_timeout!r}; it must be > 0.")
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
         check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
+        check_range("--cache-bytes", self.cache_bytes, 0, 1 << 40)
         for flag, seconds in (
             ("--request-timeout", self.request_timeout),
             ("--engine-wait-timeout", self.engine_wait_timeout),

@@ -327,6 +327,8 @@ class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
     # Seconds between admission and the first forward pass, and from there to the last one.
     queue_time: float = 0.0
     inference_time: float = 0.0
+    # Inputs answered from the engine's cache, without a forward pass.
+    cached: int = 0
 
 
 class RequestFailed(msgspec.Struct, array_like=True, frozen=True):

@@ -138,6 +138,8 @@ CORS_ORIGIN = "https://app.example.com"
 GUARDED_BODY_LIMIT = 8_000_000
 GUARDED_TOKEN_LIMIT = 2000
 GUARDED_BODIES_IN_FLIGHT = 3 * GUARDED_BODY_LIMIT
+# Room for 20 MiniLM rows (1536 bytes and 200 of bookkeeping each): small enough to see evictions.
+GUARDED_CACHE_BYTES = 20 * (384 * 4 + 200)
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +147,7 @@ def guarded_server() -> Iterator[LaunchedServer]:
     launched = LaunchedServer(
         "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
         "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
-        "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT),
+        "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT), "--cache-bytes", str(GUARDED_CACHE_BYTES),
         env={API_KEY_ENV: API_KEY},
     )  # fmt: skip
     try:

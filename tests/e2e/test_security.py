@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,14 @@ from apiserver.endpoints import ENDPOINTS
 from bench.server_process import cmdline, memory_mb, wait_until
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, Outputs, Ping, Pong, PoolRequest
-from tests.conftest import API_KEY, CORS_ORIGIN, GUARDED_BODIES_IN_FLIGHT, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
+from tests.conftest import (
+    API_KEY,
+    CORS_ORIGIN,
+    GUARDED_BODIES_IN_FLIGHT,
+    GUARDED_BODY_LIMIT,
+    GUARDED_CACHE_BYTES,
+    GUARDED_TOKEN_LIMIT,
+)
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
 from tests.utils import LaunchedServer, is_alive, runtime_dirs_of, socket_inodes
 
@@ -647,3 +655,37 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         assert client.get("/health").status_code == 200
     assert np.allclose(before, after, atol=1e-6)
     assert "dropped" in server.stderr()
+
+
+# the engine's cache -----------------------------------------------------------------------------------
+
+
+def cache_metric(client: httpx.Client, name: str) -> float:
+    text = client.get("/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"poolserve_cache_{name}"))
+
+
+def test_a_repeated_input_is_answered_from_the_cache_with_the_rows_it_computed(guarded: LaunchedServer) -> None:
+    texts = [f"cache test {uuid.uuid4().hex} number {i}" for i in range(3)]
+    with guarded.client(headers=bearer()) as client:
+        hits_before = cache_metric(client, "hits_total")
+        first = client.post("/v1/embeddings", json={"input": texts})
+        assert first.headers["x-cache-hits"] == "0"
+        again = client.post("/v1/embeddings", json={"input": [texts[1], "a new one " + texts[0], texts[2]]})
+        assert again.headers["x-cache-hits"] == "2"
+        assert cache_metric(client, "hits_total") - hits_before == 2
+        computed = [item["embedding"] for item in first.json()["data"]]
+        cached = [item["embedding"] for item in again.json()["data"]]
+        np.testing.assert_allclose(cached[0], computed[1], atol=1e-6)
+        np.testing.assert_allclose(cached[2], computed[2], atol=1e-6)
+        # Another `dimensions` or `normalize` finishes the same cached row its own way.
+        short = client.post("/v1/embeddings", json={"input": texts[1], "dimensions": 8, "normalize": False})
+        assert short.headers["x-cache-hits"] == "1"
+        raw = client.post("/pooling", json={"input": texts[1], "normalize": False}).json()["data"][0]["data"]
+        np.testing.assert_allclose(short.json()["data"][0]["embedding"], raw[:8], atol=1e-6)
+        # A stream of distinct inputs: the cache stays within its bytes (20 rows here), evicting the oldest.
+        for i in range(30):
+            client.post("/v1/embeddings", json={"input": f"distinct {uuid.uuid4().hex} {i}"})
+        assert 0 < cache_metric(client, "bytes") <= GUARDED_CACHE_BYTES
+        assert cache_metric(client, "evictions_total") >= 10
+        assert client.post("/v1/embeddings", json={"input": texts[0]}).headers["x-cache-hits"] == "0"

@@ -10,6 +10,7 @@ import pytest
 
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore, StepOutputs
+from engine_core.embedding_cache import EmbeddingCache
 from engine_core.loader import LoadedModel, load_model
 from engine_core.postprocess import l2_normalize
 from engine_core.request_state import check_request
@@ -150,3 +151,26 @@ def test_an_urgent_request_displaces_the_rest_of_a_window_and_runs_next(core: En
     core.run_batch(urgent)
     outputs, _ = run_until_idle(core)
     assert (b"api-0", 1) in outputs  # every input of the displaced window still ran
+
+
+def test_a_repeated_input_is_answered_from_the_cache_with_the_computed_row(loaded: LoadedModel) -> None:
+    core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
+    submit(core, b"api-0", 1, PoolJob.from_rows(SENTENCES))
+    first, _ = run_until_idle(core)
+    # All cached: answered without a step, each finishing (normalize, dimensions) its own.
+    submit(core, b"api-0", 2, PoolJob.from_rows(SENTENCES, dimensions=8, normalize=False))
+    assert core.next_batch() is None
+    step = core.take_answered_from_cache()
+    ((out, rows),) = step.outputs[b"api-0"]
+    assert (out.id, out.cached) == (2, len(SENTENCES))
+    raw = reference(loaded, SENTENCES)
+    np.testing.assert_allclose(rows, raw[:, :8], atol=1e-6)
+    np.testing.assert_allclose(first[(b"api-0", 1)][1], raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
+    # Partly cached: only the new input runs.
+    submit(core, b"api-0", 3, PoolJob.from_rows([SENTENCES[0], [101, 2204, 102]]))
+    batch = core.next_batch()
+    assert batch is not None and [item.index for item in batch] == [1]
+    step = core.run_batch(batch)
+    ((out, _),) = step.outputs[b"api-0"]
+    assert out.cached == 1
+    assert (core.admission.inputs, core.running, core.waiting) == (0, 0, 0)
