@@ -117,5 +117,17 @@ def main() -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown. With torch and the model loaded, that teardown runs
+    the cyclic garbage collector over the whole heap again and again while modules are cleared: 5-8 s
+    of CPU on 2 cores (profiled: ~70% in gc_collect_main), which every stop, rolling or not, waited for.
+    Nothing in it matters here: the sockets and the flight recorder are closed by now and metric files
+    are shared memory maps. Only buffered output would be lost, so it is flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
