@@ -130,18 +130,6 @@ def test_a_crash_looping_api_server_makes_the_supervisor_give_up_loudly() -> Non
         launched.stop()
 
 
-def test_children_exit_when_the_supervisor_is_killed() -> None:
-    launched = LaunchedServer("--api-server-count", "1")
-    try:
-        launched.wait_ready()
-        children = child_pids(launched.pid)
-        launched.proc.send_signal(signal.SIGKILL)
-        launched.proc.wait(5)
-        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
-    finally:
-        launched.stop()
-
-
 def test_on_the_cpu_every_engine_thread_yields_to_the_api_servers(server: LaunchedServer) -> None:
     def niceness(pid: int) -> set[int]:
         return {
@@ -161,15 +149,20 @@ def dead_pid() -> int:
     return done.pid
 
 
-def test_a_start_removes_runtime_folders_of_dead_supervisors_and_keeps_live_ones(tmp_path: Path) -> None:
+def test_children_exit_when_the_supervisor_is_killed_and_a_start_removes_the_folders_dead_ones_left(
+    tmp_path: Path,
+) -> None:
     # Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics files) behind for good.
+    # One killed supervisor serves both checks: its children go by themselves, its folder stays until a start.
     env = {"TMPDIR": str(tmp_path)}
     killed = LaunchedServer("--api-server-count", "1", env=env)
     try:
         killed.wait_ready()
-        (left,) = {p for pid in killed.children() for p in runtime_dirs_of(pid)}
+        children = child_pids(killed.pid)
+        (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
         os.kill(killed.pid, signal.SIGKILL)
-        killed.proc.wait(10)
+        killed.proc.wait(5)
+        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
     finally:
         killed.stop()  # its children go with its process group
     assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
