@@ -104,8 +104,10 @@ class EngineCore:
         types = None if request.token_types is None else request.input_token_types(index)
         return input_key(b"text", request.input_ids(index), types)
 
-    def take_answered_from_cache(self) -> StepOutputs:
-        """The requests the cache answered whole since the last call."""
+    def take_answered_from_cache(self) -> StepOutputs | None:
+        """The requests the cache answered whole since the last call; None when there were none."""
+        if not self._answered_from_cache:
+            return None
         done, self._answered_from_cache = self._answered_from_cache, []
         return self._finish([request for request in done if not request.is_cancelled])
 

@@ -71,7 +71,7 @@ class EngineProcess:
                 # Between steps: new requests, and aborts that save the compute of inputs not run yet.
                 self._drain(block=not self.core.has_work())
                 from_cache = self.core.take_answered_from_cache()
-                if from_cache.servers:
+                if from_cache is not None:
                     self._reply(from_cache)
                 batch = self.core.next_batch()
                 if batch is None:

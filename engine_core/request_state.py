@@ -42,8 +42,9 @@ class PendingRequest:
     is_cancelled: bool = False
     is_released: bool = False
     output: npt.NDArray[np.float32] | None = None
-    # The scheduler's progress: inputs below `scheduled` were placed in a window, except those handed
-    # back (`returned`) when a more urgent request displaced a window before it ran.
+    # The scheduler's progress: inputs below `scheduled` were placed in a window, except those in
+    # `returned`: handed back when a more urgent request displaced a window before it ran, or, when
+    # the cache answered some inputs, the ones it did not (core.py).
     scheduled: int = 0
     returned: list[int] = field(default_factory=list)
     is_waiting: bool = False

@@ -147,6 +147,7 @@ def tokenize_pairs(
     width = window_width(room + 1)
     rows: list[list[int]] = []
     type_rows: list[list[int]] = []
+    total = 0
     for begin in range(0, len(pairs), CHUNK_INPUTS):
         chunk = range(begin, min(begin + CHUNK_INPUTS, len(pairs)))
         short = [i for i in chunk if len(pairs[i][0]) + len(pairs[i][1]) <= width]
@@ -164,8 +165,9 @@ def tokenize_pairs(
                 raise too_long(params[i], len(row), card, f"set `{option}`")
             rows.append(row)
             type_rows.append(types)
+            total += len(row)
         if budget is not None:
-            budget.check(sum(map(len, rows)), so_far=chunk.stop < len(pairs))
+            budget.check(total, so_far=chunk.stop < len(pairs))
     return rows, type_rows
 
 

@@ -161,6 +161,7 @@ def test_a_repeated_input_is_answered_from_the_cache_with_the_computed_row(loade
     submit(core, b"api-0", 2, PoolJob.from_rows(SENTENCES, dimensions=8, normalize=False))
     assert core.next_batch() is None
     step = core.take_answered_from_cache()
+    assert step is not None
     ((out, rows),) = step.outputs[b"api-0"]
     assert (out.id, out.cached) == (2, len(SENTENCES))
     raw = reference(loaded, SENTENCES)
@@ -174,3 +175,4 @@ def test_a_repeated_input_is_answered_from_the_cache_with_the_computed_row(loade
     ((out, _),) = step.outputs[b"api-0"]
     assert out.cached == 1
     assert (core.admission.inputs, core.running, core.waiting) == (0, 0, 0)
+    assert core.take_answered_from_cache() is None  # nothing left to answer
