@@ -20,6 +20,7 @@ from transformers import (
     PretrainedConfig,
 )
 
+from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype, has_native_bf16, measure_agreement
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.pooling import POOLING_MODES, PoolingMode
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
@@ -92,6 +93,7 @@ def select_device(requested: str) -> torch.device:
 
 def select_dtype(requested: str, device: torch.device) -> torch.dtype:
     if requested == "auto":
+        # On a CPU, float32 until load_model has measured bf16 (engine_core/cpu_precision.py).
         return torch.float16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
 
@@ -231,14 +233,37 @@ def load_model(config: Config) -> LoadedModel:
     backend = tokenizer.backend_tokenizer
     backend.no_padding()
     backend.no_truncation()
-    runner: ModelRunner
-    if kind == CLASSIFIER:
-        runner = ClassifierRunner(model, pad_token_id=pad_token_id, device=device)
-    elif kind == CLIP:
-        assert image is not None
-        runner = ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
-    else:
-        runner = EmbeddingRunner(model, pooling=mode, pad_token_id=pad_token_id, device=device)
+
+    def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
+        if kind == CLASSIFIER:
+            return ClassifierRunner(model, pad_token_id=pad_token_id, device=device)
+        if kind == CLIP:
+            assert image is not None
+            return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
+        return EmbeddingRunner(model, pooling=mode, pad_token_id=pad_token_id, device=device)
+
+    runner = build_runner(model, dtype)
+    if config.dtype == "auto" and device.type == "cpu":
+        probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
+        converted = False
+
+        def bf16_agreement() -> Agreement:
+            nonlocal converted
+            reference = runner.run_texts(probe, None)
+            model.to(torch.bfloat16)
+            converted = True
+            return measure_agreement(reference, build_runner(model, torch.bfloat16).run_texts(probe, None))
+
+        dtype, reason = choose_auto_dtype(
+            is_classifier=kind == CLASSIFIER, native_bf16=has_native_bf16(), agreement=bf16_agreement
+        )
+        if converted and dtype == torch.float32:
+            model = load_weights(kind, folder, dtype, trust).to(device).eval()
+        runner = build_runner(model, dtype)
+        logger.info("--dtype auto chose %s: %s", str(dtype).removeprefix("torch."), reason)
+    elif dtype == torch.bfloat16 and device.type == "cpu" and not has_native_bf16():
+        logger.warning("--dtype bfloat16 on a CPU without native bfloat16 (AVX512_BF16 or AMX): torch emulates it, "
+                       "several times slower than float32")  # fmt: skip
     warm_up = np.asarray(backend.encode("warm up").ids, dtype=np.int32)
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
