@@ -96,6 +96,10 @@ def main() -> int:
         yield_cpu(ENGINE_NICE_ON_CPU)
     shape = f"{len(card.labels)} labels" if card.labels else f"{card.pooling} pooling, {card.output_size} dims"
     summary = f"{card.architecture} ({card.kind}), {shape}, on {card.device} {card.dtype}"
+    if card.device == "cpu":
+        import torch
+
+        summary += f", {torch.get_num_threads()} torch threads"
     logger.info(
         "model %s loaded in %.1fs: %s%s, max %d tokens, batches of <= %d inputs / %d tokens; "
         "a forward pass costs as much as %.0f tokens",

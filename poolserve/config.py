@@ -361,7 +361,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         DType,
         Flag(
             "engine",
-            "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 (AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 overlap >= 0.9), else float32.",
+            "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 "
+            "(AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 "
+            "overlap >= 0.9), else float32.",
         ),
     ] = "auto"
     max_batch_tokens: Annotated[
@@ -369,7 +371,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         Flag("engine", "Token budget of one forward pass, padding included. 0: 8192 on CPU, 32768 on CUDA."),
     ] = 0
     max_batch_size: Annotated[int, Flag("engine", "Most inputs in one forward pass. 0: 32 on CPU, 256 on CUDA.")] = 0
-    torch_threads: Annotated[int, Flag("engine", "torch intra-op threads in the engine; 0: torch's default.")] = 0
+    torch_threads: Annotated[
+        int,
+        Flag(
+            "engine",
+            "torch intra-op threads in the engine. 0: on CPU the usable cores less one per API server (at least 1), "
+            "so that torch's spin-waiting threads never share a core with an API server; on CUDA torch's default.",
+        ),
+    ] = 0
     engine_start_timeout: Annotated[
         float, Flag("engine", "Seconds the engine gets to load the model before start-up is abandoned.")
     ] = 300.0
