@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 import select
+import signal
 import socket
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ from tests.conftest import (
     GUARDED_TOKEN_LIMIT,
 )
 from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
-from tests.utils import LaunchedServer, is_alive, runtime_dirs_of, socket_inodes
+from tests.utils import LaunchedServer, is_alive, ready_line_time, runtime_dirs_of, socket_inodes
 
 KEY, ORIGIN, BODY_LIMIT, TOKEN_LIMIT = API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 IMAGE_LIMIT = 4
@@ -689,3 +690,11 @@ def test_a_repeated_input_is_answered_from_the_cache_with_the_rows_it_computed(g
         assert 0 < cache_metric(client, "bytes") <= GUARDED_CACHE_BYTES
         assert cache_metric(client, "evictions_total") >= 10
         assert client.post("/v1/embeddings", json={"input": texts[0]}).headers["x-cache-hits"] == "0"
+        # The cache lives in the engine: a restarted engine starts empty, and computes the same rows again.
+        assert client.post("/v1/embeddings", json={"input": texts[0]}).headers["x-cache-hits"] == "1"
+        (engine,) = guarded.child_pid("engine_core")
+        os.kill(engine, signal.SIGKILL)
+        ready_line_time(guarded, "engine", engine, timeout=60)
+        after = client.post("/v1/embeddings", json={"input": texts[0]})
+        assert after.headers["x-cache-hits"] == "0"
+        np.testing.assert_allclose(after.json()["data"][0]["embedding"], computed[0], atol=1e-6)
