@@ -52,6 +52,30 @@ def hits(url: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("poolserve_cache_hits_total"))
 
 
+def measure_cache(
+    *, sentences: int, repeats: int, clients: int, per_request: int, cache_bytes: int, server_args: list[str]
+) -> dict[str, dict[str, float]]:
+    """Sentences/s of the repeated and the distinct corpus with the cache off and on (a fresh server each)."""
+    rng = random.Random(0)
+    corpus = [make_sentence(rng) for _ in range(sentences)]
+    repeated = corpus * repeats
+    rng.shuffle(repeated)
+    distinct = [make_sentence(rng) + f" ({i})" for i in range(len(repeated))]
+    report: dict[str, dict[str, float]] = {}
+    for size in (0, cache_bytes):
+        server = start_poolserve(["--api-server-count", "2", "--cache-bytes", str(size), *server_args])
+        try:
+            run(server.url, [corpus[:per_request]] * 20, clients)  # warm up
+            report[f"cache {size}"] = {
+                "repeated sentences/s": round(run(server.url, batched(repeated, per_request), clients), 1),
+                "distinct sentences/s": round(run(server.url, batched(distinct, per_request), clients), 1),
+                "hits": hits(server.url),
+            }
+        finally:
+            server.stop()
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=400)
@@ -60,25 +84,10 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=4)
     parser.add_argument("--cache-bytes", type=int, default=64 * 1024 * 1024)
     args = parser.parse_args()
-    rng = random.Random(0)
-    corpus = [make_sentence(rng) for _ in range(args.sentences)]
-    repeated = corpus * args.repeats
-    rng.shuffle(repeated)
-    distinct = [make_sentence(rng) + f" ({i})" for i in range(len(repeated))]
-    report: dict[str, dict[str, float]] = {}
-    for cache_bytes in (0, args.cache_bytes):
-        label = f"cache {cache_bytes}"
-        server = start_poolserve(["--api-server-count", "2", "--cache-bytes", str(cache_bytes)])
-        try:
-            chunks = args.per_request
-            run(server.url, [corpus[:chunks]] * 20, args.clients)  # warm up
-            report[label] = {
-                "repeated sentences/s": round(run(server.url, batched(repeated, chunks), args.clients), 1),
-                "distinct sentences/s": round(run(server.url, batched(distinct, chunks), args.clients), 1),
-                "hits": hits(server.url),
-            }
-        finally:
-            server.stop()
+    report = measure_cache(
+        sentences=args.sentences, repeats=args.repeats, clients=args.clients, per_request=args.per_request,
+        cache_bytes=args.cache_bytes, server_args=[],
+    )  # fmt: skip
     print(json.dumps(report, indent=2))
 
 

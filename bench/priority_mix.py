@@ -39,6 +39,43 @@ def query_latencies(client: httpx.Client, count: int, gap: float, priorities: li
     return seen
 
 
+def measure_priority_mix(
+    *, bulk_clients: int, bulk_inputs: int, queries: int, gap: float, api_servers: int, server_args: list[str]
+) -> dict[str, object]:
+    """Query latencies unloaded and under bulk load at priority 0 and -1, on a fresh server."""
+    rng = random.Random(0)
+    bulk: dict[str, object] = {"input": [make_sentence(rng) for _ in range(bulk_inputs)]}
+    server = start_poolserve(["--api-server-count", str(api_servers), *server_args])
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            query_latencies(client, 10, gap, [0])  # warm up
+            unloaded = query_latencies(client, queries, gap, [0])[0]
+            with SteadyLoad(server.url, clients=bulk_clients, body=bulk, timeout=120) as load:
+                load.wait_for(bulk_clients)
+                started, before = time.perf_counter(), sum(load.statuses.values())
+                loaded = query_latencies(client, 2 * queries, gap, [0, -1])
+                elapsed = time.perf_counter() - started
+                answered = sum(load.statuses.values()) - before
+            statuses = dict(load.statuses)
+    finally:
+        server.stop()
+    return {
+        "unloaded": summarize_latencies(unloaded),
+        "under bulk, priority 0": summarize_latencies(loaded[0]),
+        "under bulk, priority -1": summarize_latencies(loaded[-1]),
+        "bulk inputs/s": round(answered * bulk_inputs / elapsed, 1),
+        "bulk statuses": {str(code): count for code, count in statuses.items()},
+        "bulk failures": len(load.failures),
+        "settings": {
+            "bulk_clients": bulk_clients,
+            "bulk_inputs": bulk_inputs,
+            "queries": queries,
+            "gap": gap,
+            "api_servers": api_servers,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bulk-clients", type=int, default=4)
@@ -47,30 +84,10 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.1, help="seconds between queries")
     parser.add_argument("--api-servers", type=int, default=2)
     args = parser.parse_args()
-    rng = random.Random(0)
-    bulk: dict[str, object] = {"input": [make_sentence(rng) for _ in range(args.bulk_inputs)]}
-    server = start_poolserve(["--api-server-count", str(args.api_servers)])
-    try:
-        with httpx.Client(base_url=server.url, timeout=120) as client:
-            query_latencies(client, 10, args.gap, [0])  # warm up
-            unloaded = query_latencies(client, args.queries, args.gap, [0])[0]
-            with SteadyLoad(server.url, clients=args.bulk_clients, body=bulk, timeout=120) as load:
-                load.wait_for(args.bulk_clients)
-                started, before = time.perf_counter(), sum(load.statuses.values())
-                loaded = query_latencies(client, 2 * args.queries, args.gap, [0, -1])
-                elapsed = time.perf_counter() - started
-                answered = sum(load.statuses.values()) - before
-            statuses = dict(load.statuses)
-    finally:
-        server.stop()
-    report = {
-        "unloaded": summarize_latencies(unloaded),
-        "under bulk, priority 0": summarize_latencies(loaded[0]),
-        "under bulk, priority -1": summarize_latencies(loaded[-1]),
-        "bulk inputs/s": round(answered * args.bulk_inputs / elapsed, 1),
-        "bulk statuses": statuses,
-        "bulk failures": len(load.failures),
-    }
+    report = measure_priority_mix(
+        bulk_clients=args.bulk_clients, bulk_inputs=args.bulk_inputs, queries=args.queries, gap=args.gap,
+        api_servers=args.api_servers, server_args=[],
+    )  # fmt: skip
     print(json.dumps(report, indent=2))
 
 

@@ -190,6 +190,44 @@ def startup_section(results: Results) -> str:
     )
 
 
+def priority_section(results: Results) -> str:
+    mix = results.get("priority") or {}
+    if not mix:
+        return "Not measured in this run."
+    settings = mix["settings"]
+    rows = [
+        [name, fmt(mix[name]["p50"]), fmt(mix[name]["p99"])]
+        for name in ("unloaded", "under bulk, priority 0", "under bulk, priority -1")
+    ]
+    ratio = mix["under bulk, priority -1"]["p99"] / mix["unloaded"]["p99"]
+    return (
+        f"{settings['bulk_clients']} bulk clients sending {settings['bulk_inputs']} sentences per request back to "
+        f"back, one query every {settings['gap']} s ({settings['queries']} per priority), "
+        f"{settings['api_servers']} API servers (bench/priority_mix.py).\n\n"
+        + table(["one-sentence query", "p50 ms", "p99 ms"], rows)
+        + f"\n\nPriority -1 under bulk / unloaded, p99: {ratio:.2f} (target <= 2). Bulk served "
+        f"{mix['bulk inputs/s']} inputs/s meanwhile, statuses {mix['bulk statuses']}, "
+        f"{mix['bulk failures']} failures."
+    )
+
+
+def cache_section(results: Results) -> str:
+    cache = results.get("cache") or {}
+    if not cache:
+        return "Not measured in this run."
+    rows = [
+        [label.removeprefix("cache "), fmt(run["repeated sentences/s"]), fmt(run["distinct sentences/s"]),
+         fmt(run["hits"], 0)]
+        for label, run in cache["runs"].items()
+    ]  # fmt: skip
+    return (
+        f"{cache['sentences']} sentences each sent {cache['repeats']} times in a shuffled order (repeated), "
+        f"and as many sentences none twice (distinct); 8 clients, 4 sentences per request, 2 API servers "
+        "(bench/cache_repeat.py).\n\n"
+        + table(["`--cache-bytes`", "repeated, sentences/s", "distinct, sentences/s", "hits"], rows)
+    )
+
+
 def render(results: Results, plot_name: str = "") -> str:
     from poolserve.config import default_api_server_count
 
@@ -220,6 +258,14 @@ def render(results: Results, plot_name: str = "") -> str:
         "### Start-up",
         "",
         startup_section(results),
+        "",
+        "### Queries during bulk indexing (priority)",
+        "",
+        priority_section(results),
+        "",
+        "### Repeated corpus (embedding cache)",
+        "",
+        cache_section(results),
     ]
     if plot_name:
         parts += ["", f"![throughput and p99 against concurrency](../bench/results/{plot_name})"]

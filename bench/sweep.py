@@ -25,8 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.cache_repeat import measure_cache
 from bench.machine import REPO, command_line, git_facts, load_average, machine_facts, versions
 from bench.models import bundled_model_folder, model_folder
+from bench.priority_mix import measure_priority_mix
 from bench.server_process import (
     ServerProcess,
     StartError,
@@ -235,9 +237,7 @@ class Sweep:
             args += ["--accept-balance", accept_balance]
         if kind != "bundled":
             args += ["--model", str(model_folder(kind))]
-        if self.args.torch_threads:
-            args += ["--torch-threads", str(self.args.torch_threads)]
-        server = start_poolserve([*args, *self.args.server_args.split()])
+        server = start_poolserve([*args, *self.server_args()])
         try:
             yield server
         finally:
@@ -313,6 +313,38 @@ class Sweep:
             server.stop()
         self.save()
 
+    def run_priority(self) -> None:
+        """Queries during bulk indexing (bench/priority_mix.py): p99 unloaded, under bulk at priority 0 and -1."""
+        if self.is_over_budget:
+            self.skip("priority", "over --max-minutes")
+            return
+        self.log("priority: queries during bulk load")
+        self.results["priority"] = measure_priority_mix(
+            bulk_clients=4, bulk_inputs=64, queries=self.args.priority_queries, gap=0.1, api_servers=2,
+            server_args=self.server_args(),
+        )  # fmt: skip
+        self.save()
+
+    def run_cache(self) -> None:
+        """A repeated corpus and a distinct one, with the cache off and on (bench/cache_repeat.py)."""
+        if self.is_over_budget:
+            self.skip("cache", "over --max-minutes")
+            return
+        self.log("cache: repeated and distinct corpus, cache off and on")
+        self.results["cache"] = {
+            "sentences": self.args.cache_sentences,
+            "repeats": self.args.cache_repeats,
+            "runs": measure_cache(
+                sentences=self.args.cache_sentences, repeats=self.args.cache_repeats, clients=8, per_request=4,
+                cache_bytes=64 * 1024 * 1024, server_args=self.server_args(),
+            ),
+        }  # fmt: skip
+        self.save()
+
+    def server_args(self) -> list[str]:
+        threads = ["--torch-threads", str(self.args.torch_threads)] if self.args.torch_threads else []
+        return [*threads, *self.args.server_args.split()]
+
     def workloads(self) -> list[str]:
         return [resolve_name(name) for name in self.args.workloads.split(",") if name]
 
@@ -338,6 +370,10 @@ class Sweep:
                                 self.run_config(workload, api_servers, preprocess, balance)
                             except (StartError, RuntimeError, subprocess.TimeoutExpired) as exc:
                                 self.skip(what, str(exc)[:2000])
+        if "priority" in steps:
+            self.run_priority()
+        if "cache" in steps:
+            self.run_cache()
         if "peers" in steps:
             self.run_peers()
         self.results["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -384,7 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", default="infinity", help="Peers to run on (a) and (b): infinity, or none.")
     parser.add_argument("--peers-venv", default=str(REPO / "bench" / ".peers-venv"))
     parser.add_argument("--peer-batch", type=int, default=32, help="Infinity's --batch-size.")
-    parser.add_argument("--steps", default="ceiling,offline,startup,serve,peers", help="Which steps to run.")
+    parser.add_argument(
+        "--steps", default="ceiling,offline,startup,serve,priority,cache,peers", help="Which steps to run."
+    )
+    parser.add_argument("--priority-queries", type=int, default=40, help="Queries per priority under bulk load.")
+    parser.add_argument("--cache-sentences", type=int, default=300, help="Distinct sentences of the repeated corpus.")
+    parser.add_argument("--cache-repeats", type=int, default=10, help="Times each is sent, in a shuffled order.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=45.0, help="Runs left past this are skipped (noted).")
     parser.add_argument("--label", default="", help="Appended to the result files' names; shown in the table.")

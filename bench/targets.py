@@ -147,4 +147,17 @@ def targets(results: Results, default_api_servers: int = 1) -> list[list[str]]:
     # 7. start-up
     median = (results.get("startup") or {}).get("median_s")
     rows.append(["7 start-up, bundled, 2 API servers", f"{fmt(median, 2)} s", "<= 5 s", verdict(median, 5.0, False)])
+    # Issue 14: a query at priority -1 under bulk load against the same query unloaded.
+    mix = results.get("priority") or {}
+    loaded_p99 = mix.get("under bulk, priority -1", {}).get("p99")
+    alone_p99 = mix.get("unloaded", {}).get("p99")
+    value = ratio(loaded_p99, alone_p99)
+    rows.append(
+        [
+            "query p99 under bulk (priority -1) / unloaded",
+            f"{fmt(loaded_p99)} / {fmt(alone_p99)} ms = {fmt(value, 2)}",
+            "<= 2 x",
+            verdict(value, 2.0, False),
+        ]
+    )
     return rows

@@ -44,6 +44,13 @@ def results() -> dict[str, Any]:
             {"role": "engine", "rss_mb": 500.0, "peak_rss_mb": 520.0}]}],
         "startup": {"median_s": 4.2, "runs": [{"ready_after_s": 4.2, "memory_idle": []}]},
         "skipped": [],
+        "priority": {"unloaded": {"p50": 20.0, "p99": 50.0}, "under bulk, priority 0": {"p50": 600.0, "p99": 1000.0},
+                     "under bulk, priority -1": {"p50": 60.0, "p99": 120.0}, "bulk inputs/s": 80.0,
+                     "bulk statuses": {"200": 40}, "bulk failures": 0,
+                     "settings": {"bulk_clients": 4, "bulk_inputs": 64, "queries": 40, "gap": 0.1, "api_servers": 2}},
+        "cache": {"sentences": 300, "repeats": 10, "runs": {
+            "cache 0": {"repeated sentences/s": 97.0, "distinct sentences/s": 88.0, "hits": 0.0},
+            "cache 67108864": {"repeated sentences/s": 326.0, "distinct sentences/s": 92.0, "hits": 2700.0}}},
     }  # fmt: skip
 
 
@@ -101,3 +108,13 @@ def test_tokens_come_from_openai_usage_and_are_zero_otherwise() -> None:
     assert tokens_of(b"[[0.1, 0.2]]") == 0
     assert tokens_of(b'{"error": {"message": "x"}}') == 0
     assert tokens_of(b"not json") == 0
+
+
+def test_the_priority_and_cache_workloads_get_their_tables_and_the_query_target_its_verdict() -> None:
+    markdown = render(results())
+    assert "### Queries during bulk indexing (priority)" in markdown
+    assert "| under bulk, priority -1 | 60.0 | 120.0 |" in markdown
+    assert "| 67108864 | 326.0 | 92.0 | 2,700 |" in markdown
+    assert verdicts()["query p99 under bulk (priority -1) / unloaded"] == "misses (2.40 vs 2.00)"
+    without = {key: value for key, value in results().items() if key not in ("priority", "cache")}
+    assert "Not measured in this run." in render(without)
