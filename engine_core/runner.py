@@ -26,6 +26,16 @@ class ModelRunner(Protocol):
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]: ...
 
 
+def to_device(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
+    """A host array on the model's device. For CUDA it is staged in page-locked memory first (torch's
+    caching host allocator reuses those blocks), which lets the copy run asynchronously: without it a
+    `non_blocking` copy from pageable memory waits for itself. On the CPU it is the array's own memory."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
 class TextBatch:
     """Rows of token ids right-padded into tensors on the model's device."""
 
@@ -37,16 +47,16 @@ class TextBatch:
         for i, row in enumerate(rows):
             input_ids[i, : len(row)] = row
         mask = np.arange(width)[None, :] < lengths[:, None]
-        self.input_ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
-        self.mask = torch.from_numpy(mask).to(device, non_blocking=True)
+        self.input_ids = to_device(input_ids, device)
+        self.mask = to_device(mask, device)
         self.attention_mask = self.mask.long()
-        self.lengths = torch.from_numpy(lengths).to(device, non_blocking=True)
+        self.lengths = to_device(lengths, device)
         self.token_type_ids: torch.Tensor | None = None
         if type_rows is not None:
             token_types = np.zeros((count, width), dtype=np.int64)
             for i, row in enumerate(type_rows):
                 token_types[i, : len(row)] = row
-            self.token_type_ids = torch.from_numpy(token_types).to(device, non_blocking=True)
+            self.token_type_ids = to_device(token_types, device)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
@@ -122,7 +132,7 @@ class ClipRunner:
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         with torch.inference_mode():
             # uint8 travels to the device: a quarter of the bytes of float32.
-            on_device = torch.from_numpy(pixels).to(self.device, non_blocking=True)
+            on_device = to_device(pixels, self.device)
             pixel_values = normalize_pixels(on_device, self.image, self.dtype)
             features = self.model.get_image_features(pixel_values=pixel_values)
             return to_numpy(features.pooler_output)

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
+import torch
 from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
@@ -219,3 +220,16 @@ def test_request_ids_are_echoed_or_generated(http: httpx.Client) -> None:
     generated = http.get("/health").headers["x-request-id"]
     assert len(generated) == 32
     assert http.get("/health", headers={"x-request-id": "has space"}).headers["x-request-id"] != "has space"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_server_on_cuda_equals_sentence_transformers(reference: Any) -> None:
+    """`--device cuda` (float16 by default) served end to end, against Sentence-Transformers on the CPU."""
+    launched = LaunchedServer("--device", "cuda", "--api-server-count", "2")
+    try:
+        with launched.wait_ready().client() as client:
+            got = embed(client, input=SENTENCES)
+    finally:
+        launched.stop()
+    cosine = (got * reference).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.999, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"

@@ -1,0 +1,84 @@
+"""The engine's own work around the forward pass: what overlapping the next batch's assembly could save.
+
+    python -m bench.engine_overhead [--device cpu] [--sentences 512] [--per-request 16] [--rounds 2]
+
+Drives EngineCore in process (the server's scheduler, batch cutting, padding, postprocessing; no
+sockets) over corpus sentences sent as requests of `--per-request`, and splits each round's time
+into the model runner's calls (padding and host-to-device copies included, as the runner does
+them) and everything else the engine's step does. The second share is the most that assembling
+the next batch during the forward pass could hide. docs/benchmarks.md, "CPU engine", holds the
+figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.corpus import make_sentence
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sentences", type=int, default=512)
+    parser.add_argument("--per-request", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from engine_core.admission import AdmissionLimit
+    from engine_core.core import EngineCore
+    from engine_core.loader import load_model
+    from engine_core.request_state import check_request
+    from poolserve.config import Config
+    from poolserve.protocol import PoolJob
+
+    loaded = load_model(Config(device=args.device, api_server_count=1))
+    backend = Tokenizer.from_str(loaded.card.tokenizer_json)
+    rng = random.Random(0)
+    rows = [backend.encode(make_sentence(rng)).ids for _ in range(args.sentences)]
+    core = EngineCore(loaded, AdmissionLimit(max_inputs=10**6, max_tokens=10**9))
+    run_texts = core.runner.run_texts
+    in_runner = [0.0]
+
+    def timed(
+        batch: Sequence[npt.NDArray[np.int32]], types: Sequence[npt.NDArray[np.int32]] | None
+    ) -> npt.NDArray[np.float32]:
+        started = time.perf_counter()
+        try:
+            return run_texts(batch, types)
+        finally:
+            in_runner[0] += time.perf_counter() - started
+
+    setattr(core.runner, "run_texts", timed)  # noqa: B010 (a method of an instance, replaced for timing)
+    report: list[dict[str, object]] = []
+    for round_index in range(args.rounds):
+        in_runner[0] = 0.0
+        started = time.perf_counter()
+        for i in range(0, len(rows), args.per_request):
+            job = PoolJob.from_rows(rows[i : i + args.per_request])
+            request = check_request(b"bench", job.header(round_index * 10**6 + i), job, core.card)
+            assert core.admission.try_admit(request.count, request.total_cost)
+            core.add(request)
+        steps = 0
+        while (batch := core.next_batch()) is not None:
+            core.run_batch(batch)
+            steps += 1
+        total = time.perf_counter() - started
+        report.append({"round": round_index, "steps": steps, "total_s": round(total, 3),
+                       "runner_s": round(in_runner[0], 3),
+                       "outside_runner_share": round((total - in_runner[0]) / total, 4)})  # fmt: skip
+    print(json.dumps({"device": args.device, "torch_threads": torch.get_num_threads(), "rounds": report}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
