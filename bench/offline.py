@@ -21,7 +21,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,7 @@ import numpy.typing as npt
 from bench.models import model_folder
 from bench.stats import summarize_latencies
 from bench.workloads import build_workload, corpus_jpegs, corpus_long_texts, corpus_sentences, resolve_name
+from poolserve.config import Device, DType
 
 
 def time_batches(
@@ -81,7 +82,14 @@ def time_frontend(step: Callable[[Any], object], raw: Sequence[Any], seconds: fl
 
 
 def measure(
-    workload_name: str, batch_sizes: list[int], seconds: float, seed: int, thread_counts: list[int]
+    workload_name: str,
+    batch_sizes: list[int],
+    seconds: float,
+    seed: int,
+    thread_counts: list[int],
+    *,
+    device: Device = "cpu",
+    dtype: DType = "auto",
 ) -> dict[str, Any]:
     import torch
 
@@ -91,7 +99,7 @@ def measure(
     workload = build_workload(workload_name, seed=seed)
     folder = model_folder(workload.model)
     started = time.perf_counter()
-    loaded = load_model(Config(model=str(folder), device="cpu"))
+    loaded = load_model(Config(model=str(folder), device=device, dtype=dtype))
     default_threads = torch.get_num_threads()
     load_s = time.perf_counter() - started
     card, runner = loaded.card, loaded.runner
@@ -180,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads", default="", help="torch thread counts to try, e.g. 1,2 (default: 1 and torch's default)."
     )
+    parser.add_argument("--device", default="cpu", choices=get_args(Device), help="The GPU run: bench/device/run.sh.")
+    parser.add_argument("--dtype", default="auto", choices=get_args(DType), help="The engine's --dtype.")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.batch_sizes.split(",") if size]
@@ -188,7 +198,9 @@ def main(argv: list[str] | None = None) -> None:
         import os
 
         threads = sorted({1, len(os.sched_getaffinity(0))})
-    result = measure(resolve_name(args.workload), sizes, args.seconds, args.seed, threads)
+    result = measure(
+        resolve_name(args.workload), sizes, args.seconds, args.seed, threads, device=args.device, dtype=args.dtype
+    )
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as f:
