@@ -1,0 +1,105 @@
+"""Cores each poolserve process uses per request served: the engine's waiting cost at light load.
+
+    python -m bench.cpu_use [--clients 1,8,32] [--seconds 10] [--api-servers 1] [--variant ARGS]...
+
+Starts a server per variant (each `--variant` is extra `launch` flags, quoted; the first run is
+the defaults), drives workload (a) (one sentence per request) with bench.loadgen in a closed loop
+at each client count, and reads every server process's CPU time from /proc over the measured
+window. Printed per run: requests/s, p99, and cores used by the engine, the API servers and the
+load generator. An engine that spins its threads between small batches shows as engine cores
+well above what its forward passes need at one client. docs/benchmarks.md, "CPU engine", holds
+the figures and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.server_process import PoolserveProcess, cmdline, process_tree, role_of
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a process, all its threads, from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def cpu_by_role(root: int) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for pid in process_tree(root):
+        role = role_of(cmdline(pid))
+        totals[role] = totals.get(role, 0.0) + cpu_seconds(pid)
+    return totals
+
+
+def measure(url: str, root: int, clients: int, seconds: float, warmup: float) -> dict[str, object]:
+    """One closed-loop run; the server's CPU is sampled over (about) loadgen's measured window."""
+    argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--workload", "a", "--concurrency", str(clients),
+            "--duration", str(seconds), "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
+    loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    time.sleep(warmup + 0.5)  # loadgen's own start-up (~0.5 s) and warm-up
+    before, started = cpu_by_role(root), time.monotonic()
+    time.sleep(seconds - 1.0)
+    after, window = cpu_by_role(root), time.monotonic() - started
+    out, _ = loadgen.communicate(timeout=seconds + 60)
+    result = json.loads(out.splitlines()[-1])
+    cores = {role: round((after.get(role, 0.0) - before.get(role, 0.0)) / window, 3) for role in after}
+    return {
+        "clients": clients,
+        "requests_per_s": round(result["requests_per_s"], 1),
+        "p99_ms": round(result["latency_ms"]["p99"], 1),
+        "cores": cores,
+        "generator_cores": round(result["generator"]["cpu_share"], 3),
+        "errors": result["errors"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--api-servers", type=int, default=1)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        help="Extra launch flags, quoted; NAME=value words set the environment.",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="Repeat every variant, alternating, this many times.")
+    args = parser.parse_args()
+    variants = [""] + (args.variant or [])
+    counts = [int(c) for c in args.clients.split(",")]
+    for _ in range(args.rounds):
+        for variant in variants:
+            run_variant(variant, args, counts)
+
+
+def run_variant(variant: str, args: argparse.Namespace, counts: list[int]) -> None:
+    words = shlex.split(variant)
+    env = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
+    flags = [word for word in words if not ("=" in word and not word.startswith("-"))]
+    server = PoolserveProcess(["--api-server-count", str(args.api_servers), *flags], env=env)
+    try:
+        server.wait_ready(300)
+        for clients in counts:
+            row = measure(server.url, server.pid, clients, args.seconds, args.warmup)
+            print(json.dumps({"variant": variant or "defaults", "load_average": os.getloadavg()[0], **row}), flush=True)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
