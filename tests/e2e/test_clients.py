@@ -1,0 +1,86 @@
+"""The clients people already have, in their plain documented usage with a bare base URL, against a live
+server: cohere (v1 and v2 rerank), langchain-openai and llama-index (embeddings). The openai client has
+its own tests (test_embeddings.py), huggingface_hub's InferenceClient its own (test_tei.py)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import cohere
+import httpx
+import numpy as np
+
+from poolserve.config import BUNDLED_MODEL_NAME
+from tests.utils import LaunchedServer
+
+QUERY = "What is the capital of France?"
+DOCUMENTS = [
+    "Paris is the capital and most populous city of France.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Berlin is the capital of Germany.",
+]
+TEXTS = ["Vector databases store embeddings.", "Retrieval grounds answers in documents.", "hello"]
+
+
+def embeddings_over_http(server: LaunchedServer, texts: list[str]) -> np.ndarray:
+    with server.client() as client:
+        data = client.post("/v1/embeddings", json={"input": texts}).json()["data"]
+    return np.asarray([item["embedding"] for item in data])
+
+
+def served_model(server: LaunchedServer) -> str:
+    with server.client() as client:
+        return str(client.get("/v1/models").json()["data"][0]["id"])
+
+
+def scores_over_http(server: LaunchedServer) -> dict[int, float]:
+    with server.client() as client:
+        body = client.post("/rerank", json={"query": QUERY, "documents": DOCUMENTS}).json()
+    return {item["index"]: item["relevance_score"] for item in body["results"]}
+
+
+def test_cohere_v2_rerank_with_a_bare_base_url(cross_encoder_server: LaunchedServer) -> None:
+    # The client's own httpx client is never closed by it; one the test owns is.
+    with httpx.Client() as http:
+        client = cohere.ClientV2(api_key="unused", base_url=cross_encoder_server.url, httpx_client=http)
+        response = client.rerank(model=served_model(cross_encoder_server), query=QUERY, documents=DOCUMENTS, top_n=2)
+    expected = scores_over_http(cross_encoder_server)
+    assert [r.index for r in response.results] == sorted(expected, key=expected.__getitem__, reverse=True)[:2]
+    for result in response.results:
+        assert math.isclose(result.relevance_score, expected[result.index], rel_tol=1e-5)
+
+
+def test_cohere_v1_rerank_with_a_bare_base_url(cross_encoder_server: LaunchedServer) -> None:
+    with httpx.Client() as http:
+        client = cohere.Client(api_key="unused", base_url=cross_encoder_server.url, httpx_client=http)
+        response = client.rerank(model=served_model(cross_encoder_server), query=QUERY, documents=DOCUMENTS)
+    expected = scores_over_http(cross_encoder_server)
+    assert {r.index for r in response.results} == set(expected)
+    for result in response.results:
+        assert math.isclose(result.relevance_score, expected[result.index], rel_tol=1e-5)
+
+
+def test_langchain_openai_embeddings(server: LaunchedServer) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: langchain's documented setting for servers other than OpenAI's
+    # (with it on, it tokenizes with OpenAI's tiktoken vocabulary and sends those ids).
+    embeddings = OpenAIEmbeddings(
+        model=BUNDLED_MODEL_NAME, base_url=f"{server.url}/v1", api_key="unused", check_embedding_ctx_length=False
+    )
+    expected = embeddings_over_http(server, TEXTS)
+    np.testing.assert_allclose(embeddings.embed_documents(TEXTS), expected, atol=1e-6)
+    np.testing.assert_allclose(embeddings.embed_query(TEXTS[0]), expected[0], atol=1e-6)
+
+
+def test_llama_index_openai_like_embeddings(server: LaunchedServer) -> None:
+    with warnings.catch_warnings():
+        # llama-index's import emits deprecation warnings of its own dependencies.
+        warnings.simplefilter("ignore")
+        from llama_index.embeddings.openai_like import OpenAILikeEmbedding
+
+    embedding = OpenAILikeEmbedding(model_name=BUNDLED_MODEL_NAME, api_base=f"{server.url}/v1", api_key="unused")
+    expected = embeddings_over_http(server, TEXTS)
+    np.testing.assert_allclose(embedding.get_text_embedding_batch(TEXTS), expected, atol=1e-6)
+    np.testing.assert_allclose(embedding.get_query_embedding(TEXTS[1]), expected[1], atol=1e-6)
