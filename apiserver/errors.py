@@ -60,6 +60,9 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+UNKNOWN_FIELD = "Object contains unknown field `"
+
+
 def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
     """Keep msgspec's message, which names the path (`... - at $.input[2]`); lift the path into `param`."""
     message = str(exc)
@@ -67,6 +70,12 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
         param = None
         if " - at `$." in message:
             param = message.rsplit(" - at `$.", 1)[1].rstrip("`")
+        if message.startswith(UNKNOWN_FIELD):
+            # A field no peer's shape here defines, or one this server refuses (docs/api.md): named, as OpenAI
+            # names it, with its path in `param`.
+            name = message[len(UNKNOWN_FIELD) :].split("`", 1)[0]
+            param = f"{param}.{name}" if param else name
+            return bad_request(f"Unrecognized request argument supplied: {param}", param=param)
         return bad_request(message, param=param)
     return bad_request(f"The request body is not valid JSON: {message}")
 

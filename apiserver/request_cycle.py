@@ -66,6 +66,9 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
         with timed(request, PARSING):
             parsed = await parsed
     plan: Plan[Any] = parsed
+    user = getattr(decoded, "user", None)
+    if user is not None:  # OpenAI's end-user id: the access log shows it beside the request id
+        request.state.user = user
     job = await job_of(request, plan, state)
     if job is not None:
         # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not).

@@ -11,6 +11,8 @@ import numpy as np
 import numpy.typing as npt
 from starlette.responses import Response
 
+from apiserver.vector_bytes import row_bytes
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -30,10 +32,13 @@ def now() -> int:
     return int(time.time())
 
 
-def encode_rows(rows: npt.NDArray[np.float32], encoding_format: str) -> list[list[float] | str]:
-    """Rows as JSON floats, or as base64 of their little-endian float32 bytes (what OpenAI's clients decode)."""
+def encode_rows(
+    rows: npt.NDArray[np.float32], encoding_format: str, embed_dtype: str = "float32", endianness: str = "native"
+) -> list[list[float] | str]:
+    """Rows as JSON floats, or as base64 of their bytes: float32 in this machine's byte order by default
+    (what OpenAI's clients decode), or vLLM's `embed_dtype` and `endianness`. Like vLLM, those two say
+    nothing about JSON floats."""
     if encoding_format == "base64":
-        data = np.ascontiguousarray(rows, dtype="<f4")
-        return [base64.b64encode(row.tobytes()).decode() for row in data]
+        return [base64.b64encode(data).decode() for data in row_bytes(rows, embed_dtype, endianness)]
     floats: list[list[float] | str] = rows.tolist()
     return floats

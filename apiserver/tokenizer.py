@@ -106,9 +106,11 @@ class TextTokenizer:
             return [tokenizer.encode(texts[0], add_special_tokens=add_special_tokens).ids]
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
-    def encode_truncated(self, text: str, max_tokens: int, direction: Direction = "right") -> list[int]:
-        """At most `max_tokens` ids: the text is cut on one side, the special tokens are kept."""
-        return self._encode_limited(text, None, max_tokens, direction).ids
+    def encode_truncated(
+        self, text: str, max_tokens: int, direction: Direction = "right", *, add_special_tokens: bool = True
+    ) -> list[int]:
+        """At most `max_tokens` ids: the text is cut on one side, the special tokens (if added) are kept."""
+        return self._encode_limited(text, None, max_tokens, direction, add_special_tokens=add_special_tokens).ids
 
     def encode_pairs(
         self, pairs: list[tuple[str, str]], max_tokens: int | None, direction: Direction = "right"
@@ -185,11 +187,13 @@ class TextTokenizer:
         tokenizer = self._tokenizer
         return [tokenizer.id_to_token(i) or "" for i in ids]
 
-    def _encode_limited(self, first: str, second: str | None, max_tokens: int, direction: Direction) -> Encoding:
+    def _encode_limited(
+        self, first: str, second: str | None, max_tokens: int, direction: Direction, *, add_special_tokens: bool = True
+    ) -> Encoding:
         tokenizer = self._tokenizer
         tokenizer.enable_truncation(max_tokens, strategy="longest_first", direction=direction)
         try:
-            return tokenizer.encode(first, second)
+            return tokenizer.encode(first, second, add_special_tokens=add_special_tokens)
         finally:
             tokenizer.no_truncation()
 

@@ -66,6 +66,7 @@ def build_job(
     direction: Direction = "right",
     option: str = "truncate_prompt_tokens",
     budget: TokenBudget | None = None,
+    add_special_tokens: bool = True,
 ) -> EngineJob:
     """Tokenize the texts, check the token rows, decode the images of a request's items."""
     params = params or [f"input[{k}]" for k in range(len(items))]
@@ -78,8 +79,9 @@ def build_job(
         text_params = [params[k] for k, _ in texts]
         text_list = [text for _, text in texts]
         rows = tokenize_texts(
-            text_list, text_params, limit, tokenizer, card, direction=direction, option=option, budget=budget
-        )
+            text_list, text_params, limit, tokenizer, card, direction=direction, option=option, budget=budget,
+            add_special_tokens=add_special_tokens,
+        )  # fmt: skip
     images: list[Pixels] = []
     if sources:
         if card.image is None or load_image is None:

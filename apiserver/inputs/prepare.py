@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from apiserver.aliases import value_of
 from apiserver.inputs.items import ImageSource, Item, request_items
 from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
 from apiserver.inputs.text import vllm_truncation
@@ -18,6 +19,7 @@ from apiserver.operation import JobBuilder, Plan
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
+from apiserver.vector_bytes import refuse_unsupported_dtype
 from poolserve.protocol import Task
 
 I = TypeVar("I", bound=ItemsRequest)  # noqa: E741
@@ -41,19 +43,27 @@ def check_images(items: list[Item], state: AppState) -> None:
     check_image_count(len(sources), state.config.max_images_per_request)
 
 
-def plan_items_request(state: AppState, request: I, *, task: Task, endpoint: str, activation: bool = True) -> Plan[I]:
-    """Validate a request that carries `input` or `messages` and plan its job."""
+def plan_items_request(
+    state: AppState, request: I, *, task: Task, endpoint: str, activation: bool | None = None
+) -> Plan[I]:
+    """Validate a request that carries `input` or `messages` and plan its job. `activation`: the request's
+    `activation` field where it has one (vLLM's older name for `use_activation`)."""
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
+    refuse_unsupported_dtype(request.embed_dtype)
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
-    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
+    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    # vLLM's `use_activation` is an embedding model's normalization and a classifier's activation.
+    normalize = value_of(normalize=request.normalize, use_activation=request.use_activation)
+    activation = value_of(use_activation=request.use_activation, activation=activation)
 
     def build(load_image: Callable[[ImageSource], Pixels]) -> EngineJob:
         job = build_job(
-            items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image, budget=state.token_budget
-        )
-        job.dimensions, job.normalize, job.activation = dimensions, request.normalize, activation
+            items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image,
+            direction=truncation.direction, budget=state.token_budget, add_special_tokens=request.add_special_tokens,
+        )  # fmt: skip
+        job.dimensions, job.normalize, job.activation = dimensions, normalize, activation is not False
         return job
 
     return plan_job(state, items, build, request)

@@ -9,7 +9,7 @@ from tokenizers import Encoding
 
 from apiserver.errors import ApiError, bad_request
 from apiserver.limits import TokenBudget
-from apiserver.tokenizer import Direction, TextTokenizer, longest_first, window_width
+from apiserver.tokenizer import Content, Direction, TextTokenizer, longest_first, window_width
 from poolserve.protocol import ModelCard
 
 
@@ -38,9 +38,10 @@ def resolve_token_limit(truncate_prompt_tokens: int | None, card: ModelCard) -> 
     return truncate_prompt_tokens
 
 
-def vllm_truncation(truncate_prompt_tokens: int | None, card: ModelCard) -> Truncation:
-    """vLLM's `truncate_prompt_tokens`: -1 for the model's maximum, k for k tokens; always from the right."""
-    return Truncation(resolve_token_limit(truncate_prompt_tokens, card))
+def vllm_truncation(truncate_prompt_tokens: int | None, card: ModelCard, side: Direction | None = None) -> Truncation:
+    """vLLM's `truncate_prompt_tokens`: -1 for the model's maximum, k for k tokens; from the right (keeping
+    the first tokens) unless `truncation_side` says "left"."""
+    return Truncation(resolve_token_limit(truncate_prompt_tokens, card), side or "right")
 
 
 def tei_truncation(truncate: bool | None, truncation_direction: str, card: ModelCard) -> Truncation:
@@ -79,31 +80,52 @@ def tokenize_texts(
     direction: Direction = "right",
     option: str = "truncate_prompt_tokens",
     budget: TokenBudget | None = None,
+    add_special_tokens: bool = True,
 ) -> list[list[int]]:
     """Token ids of each text; over-long texts are cut to `limit` when there is one, else refused.
+    `add_special_tokens=False` (vLLM's option): the text's own tokens only, the limit counting them alone.
 
     A text longer than a window (apiserver/tokenizer.py) is tokenized only as far as can matter: to
     the tokens truncation keeps, or, without truncation, to one past the model's maximum, which
     proves it too long."""
-    check_room(limit, tokenizer.special_tokens, option)
-    need = (card.max_model_len + 1 if limit is None else limit) - tokenizer.special_tokens
+    special_tokens = tokenizer.special_tokens if add_special_tokens else 0
+    check_room(limit, special_tokens, option)
+    need = (card.max_model_len + 1 if limit is None else limit) - special_tokens
     width = window_width(need)
     rows: list[list[int]] = []
     total = 0
     for begin in range(0, len(texts), CHUNK_INPUTS):
         chunk = range(begin, min(begin + CHUNK_INPUTS, len(texts)))
         short = [i for i in chunk if len(texts[i]) <= width]
-        encoded = dict(zip(short, tokenizer.encode([texts[i] for i in short]), strict=True)) if short else {}
+        encoded = (
+            dict(
+                zip(
+                    short,
+                    tokenizer.encode([texts[i] for i in short], add_special_tokens=add_special_tokens),
+                    strict=True,
+                )
+            )
+            if short
+            else {}
+        )
         for i in chunk:
             row = (
                 encoded[i]
                 if i in encoded
                 else long_text_row(
-                    texts[i], params[i], need, limit, tokenizer, card=card, direction=direction, option=option
+                    texts[i],
+                    params[i],
+                    need,
+                    limit,
+                    tokenizer,
+                    card=card,
+                    direction=direction,
+                    option=option,
+                    add_special_tokens=add_special_tokens,
                 )
             )
             if limit is not None and len(row) > limit:
-                row = tokenizer.encode_truncated(texts[i], limit, direction)
+                row = tokenizer.encode_truncated(texts[i], limit, direction, add_special_tokens=add_special_tokens)
             elif len(row) > card.max_model_len:
                 raise too_long(params[i], len(row), card, f"set `{option}`")
             rows.append(row)
@@ -123,11 +145,12 @@ def long_text_row(
     card: ModelCard,
     direction: Direction,
     option: str,
+    add_special_tokens: bool = True,
 ) -> list[int]:
     content = tokenizer.encode_content(text, need, direction)
     if limit is None and not content.is_whole:
         raise too_long(param, f"more than {card.max_model_len}", card, f"set `{option}`")
-    return tokenizer.finish(content, max_tokens=limit, direction=direction).ids
+    return tokenizer.finish(content, max_tokens=limit, direction=direction, add_special_tokens=add_special_tokens).ids
 
 
 def tokenize_pairs(
@@ -140,8 +163,10 @@ def tokenize_pairs(
     direction: Direction = "right",
     option: str = "truncate_prompt_tokens",
     budget: TokenBudget | None = None,
+    second_tokens: int | None = None,
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Ids and token type ids of each pair, as a cross-encoder reads them; long pairs as far as can matter."""
+    """Ids and token type ids of each pair, as a cross-encoder reads them; long pairs as far as can matter.
+    `second_tokens` (Cohere's `max_tokens_per_doc`): each second text is first cut to that many tokens."""
     check_room(limit, tokenizer.pair_special_tokens + 1, option)
     room = (card.max_model_len if limit is None else limit) - tokenizer.pair_special_tokens
     width = window_width(room + 1)
@@ -150,7 +175,10 @@ def tokenize_pairs(
     total = 0
     for begin in range(0, len(pairs), CHUNK_INPUTS):
         chunk = range(begin, min(begin + CHUNK_INPUTS, len(pairs)))
-        short = [i for i in chunk if len(pairs[i][0]) + len(pairs[i][1]) <= width]
+        capped = {}
+        if second_tokens is not None:
+            capped = {i: cut for i in chunk if (cut := cut_content(pairs[i][1], second_tokens, tokenizer, direction))}
+        short = [i for i in chunk if len(pairs[i][0]) + len(pairs[i][1]) <= width and i not in capped]
         encoded = tokenizer.encode_pairs([pairs[i] for i in short], limit, direction) if short else ([], [])
         by_index = {i: (ids, types) for i, ids, types in zip(short, *encoded, strict=True)}
         for i in chunk:
@@ -158,8 +186,9 @@ def tokenize_pairs(
                 row, types = by_index[i]
             else:
                 encoding = long_pair(
-                    pairs[i], params[i], room, limit, tokenizer, card=card, direction=direction, option=option
-                )
+                    pairs[i], params[i], room, limit, tokenizer, card=card, direction=direction, option=option,
+                    second=capped.get(i),
+                )  # fmt: skip
                 row, types = encoding.ids, encoding.type_ids
             if len(row) > card.max_model_len:
                 raise too_long(params[i], len(row), card, f"set `{option}`")
@@ -181,6 +210,7 @@ def long_pair(
     card: ModelCard,
     direction: Direction,
     option: str,
+    second: Content | None = None,
 ) -> Encoding:
     """A pair's encoding, from windows where that provably gives the same tokens as tokenizing it whole.
 
@@ -190,9 +220,9 @@ def long_pair(
     odd room's extra token depends on which is longer: then both are counted whole (with the GIL
     released; tokenizers' own truncation of two long sides builds every combination of their
     overflowing pieces, quadratic in their lengths)."""
-    first, second = pair
+    first, second_text = pair
     a = tokenizer.encode_content(first, room + 1, direction)
-    b = tokenizer.encode_content(second, room + 1, direction)
+    b = tokenizer.encode_content(second_text, room + 1, direction) if second is None else second
     if limit is None:
         if not (a.is_whole and b.is_whole):
             raise too_long(param, f"more than {card.max_model_len}", card, f"set `{option}`")
@@ -200,13 +230,23 @@ def long_pair(
     if a.is_whole and b.is_whole:
         return tokenizer.finish(a, b, max_tokens=limit, direction=direction)
     if not b.is_whole and a.is_whole and len(b) <= len(a):
-        b = tokenizer.encode_content(second, len(a) + 1, direction)
+        b = tokenizer.encode_content(second_text, len(a) + 1, direction)
     if not a.is_whole and b.is_whole and len(a) <= len(b):
         a = tokenizer.encode_content(first, len(b) + 1, direction)
     lengths = len(a), len(b)
     if not a.is_whole and not b.is_whole and room % 2:
-        lengths = tokenizer.count_tokens(first), tokenizer.count_tokens(second)
+        lengths = tokenizer.count_tokens(first), tokenizer.count_tokens(second_text)
     return tokenizer.finish_pair_cut(a, b, longest_first(*lengths, room), direction)
+
+
+def cut_content(text: str, tokens: int, tokenizer: TextTokenizer, direction: Direction) -> Content | None:
+    """The text's first (`right`) or last (`left`) `tokens` tokens, special tokens left out, as whole content;
+    None when it has no more than that."""
+    content = tokenizer.encode_content(text, tokens + 1, direction)
+    if len(content.encoding) <= tokens:
+        return None
+    content.encoding.truncate(tokens, direction=direction)
+    return Content(content.encoding, tokens)
 
 
 def check_token_rows(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from apiserver.aliases import value_of
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import build_job
 from apiserver.inputs.text import vllm_truncation
@@ -18,9 +19,13 @@ def parse(request: ClassifyRequest, state: AppState) -> Plan[None]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_CLASSIFY, "/classify")
     items = items_from_input(request.input, state.config.max_inputs_per_request)
-    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
-    job = build_job(items, state.card, state.tokenizer, limit=truncation.limit, budget=state.token_budget)
-    job.activation = request.activation
+    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    activation = value_of(use_activation=request.use_activation, activation=request.activation)
+    job = build_job(
+        items, state.card, state.tokenizer, limit=truncation.limit, direction=truncation.direction,
+        budget=state.token_budget, add_special_tokens=request.add_special_tokens,
+    )  # fmt: skip
+    job.activation = activation is not False
     return Plan(None, job=job)
 
 

@@ -16,7 +16,8 @@ def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
 
 
 def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
-    vectors = encode_rows(rows, plan.context.encoding_format)
+    request = plan.context
+    vectors = encode_rows(rows, request.encoding_format, request.embed_dtype, request.endianness)
     tokens = plan.prompt_tokens
     return encode_json(
         PoolingResponse(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from apiserver.aliases import one_spelling, value_of
 from apiserver.errors import bad_request
 from apiserver.inputs.text import tei_truncation, vllm_truncation
 from apiserver.limits import check_input_count
@@ -27,8 +29,8 @@ from apiserver.validation import check_model, require_task
 from poolserve.protocol import TASK_SCORE
 
 
-def as_texts(value: str | list[str], param: str) -> list[str]:
-    texts = [value] if isinstance(value, str) else value
+def as_texts(value: str | Sequence[str], param: str) -> list[str]:
+    texts = [value] if isinstance(value, str) else list(value)
     if not texts:
         raise bad_request(f"`{param}` must not be empty.", param=param)
     for i, text in enumerate(texts):
@@ -37,32 +39,59 @@ def as_texts(value: str | list[str], param: str) -> list[str]:
     return texts
 
 
+# vLLM's spellings of the two sides, each first side with the second sides it goes with.
+SIDE_PAIRS = {"queries": ("documents", "items"), "data_1": ("data_2",), "text_1": ("text_2",)}
+
+
+def score_sides(request: ScoreRequest) -> tuple[tuple[str, str | Sequence[str]], tuple[str, str | Sequence[str]]]:
+    """The two sides and the names they came under, whichever of vLLM's spellings the request used."""
+    first = one_spelling(queries=request.queries, data_1=request.data_1, text_1=request.text_1)
+    second = one_spelling(
+        documents=request.documents, items=request.items, data_2=request.data_2, text_2=request.text_2
+    )
+    if first is None or second is None:
+        missing = "the first side" if first is None else "the second side"
+        raise bad_request(
+            f"{missing} is missing: send `queries` with `documents` (or `items`), `data_1` with `data_2`, "
+            f"or `text_1` with `text_2`.",
+            param=("queries" if first is None else SIDE_PAIRS[first[0]][0]),
+        )
+    if second[0] not in SIDE_PAIRS[first[0]]:
+        raise bad_request(
+            f"`{first[0]}` goes with `{'` or `'.join(SIDE_PAIRS[first[0]])}`, not `{second[0]}`.", param=second[0]
+        )
+    return first, second
+
+
 def score_pairs(request: ScoreRequest, max_pairs: int) -> tuple[list[tuple[str, str]], list[str]]:
-    """vLLM's pairing: one text_1 against every text_2, or text_1[i] with text_2[i]."""
-    first, second = as_texts(request.text_1, "text_1"), as_texts(request.text_2, "text_2")
+    """vLLM's pairing: one first text against every second text, or first[i] with second[i]."""
+    (first_name, first_value), (second_name, second_value) = score_sides(request)
+    first, second = as_texts(first_value, first_name), as_texts(second_value, second_name)
     if len(first) == 1:
         first = first * len(second)
     elif len(first) != len(second):
         raise bad_request(
-            f"`text_1` has {len(first)} texts and `text_2` {len(second)}: send one text_1, or as many as text_2.",
-            param="text_1",
+            f"`{first_name}` has {len(first)} texts and `{second_name}` {len(second)}: send one {first_name}, "
+            f"or as many as {second_name}.",
+            param=first_name,
         )
-    check_input_count(len(second), max_pairs, "text_2")
-    return list(zip(first, second, strict=True)), [f"text_2[{i}]" for i in range(len(second))]
+    check_input_count(len(second), max_pairs, second_name)
+    return list(zip(first, second, strict=True)), [f"{second_name}[{i}]" for i in range(len(second))]
 
 
 def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_SCORE, "/score")
     pairs, params = score_pairs(request, state.config.max_inputs_per_request)
-    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card)
+    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    activation = value_of(use_activation=request.use_activation, activation=request.activation)
     scoring = plan_scores(
         pairs,
         params,
         state.card,
         state.tokenizer,
         truncation=truncation,
-        activation=request.activation,
+        activation=activation is not False,
         budget=state.token_budget,
     )
     return Plan(scoring, job=scoring.job)
@@ -120,19 +149,26 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
     param = "texts" if is_tei else "documents"
     pairs = [(request.query, document) for document in documents]
     params = [f"{param}[{i}]" for i in range(len(documents))]
+    activation = value_of(use_activation=request.use_activation, activation=request.activation)
     if is_tei:  # TEI's options
         truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
-        activation = not request.raw_scores
+        if request.raw_scores and activation:
+            raise bad_request(
+                "`raw_scores` (TEI's) and `use_activation` or `activation` (vLLM's) say opposite things; send one.",
+                param="raw_scores",
+            )
+        activation = not request.raw_scores if activation is None else activation
     else:
-        truncation, activation = vllm_truncation(request.truncate_prompt_tokens, state.card), True
+        truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
     scoring = plan_scores(
         pairs,
         params,
         state.card,
         state.tokenizer,
         truncation=truncation,
-        activation=activation,
+        activation=activation is not False,
         budget=state.token_budget,
+        second_tokens=request.max_tokens_per_doc,
     )
     return Plan(Reranking(request, documents, scoring), job=scoring.job)
 

@@ -6,16 +6,20 @@ from typing import Literal
 
 import msgspec
 
-from apiserver.schemas.common import Priority, TruncatePromptTokens, Usage
+from apiserver.schemas.common import PeerRequest, Priority, TruncatePromptTokens, TruncationSide, Usage
 
 
-class ClassifyRequest(msgspec.Struct, kw_only=True):
+class ClassifyRequest(PeerRequest, kw_only=True):
     input: str | list[str | int | list[int]]
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    truncation_side: TruncationSide | None = None
     priority: Priority = 0
-    # Apply the model's activation; without it, probs are the raw logits.
-    activation: bool = True
+    # Apply the model's activation (None: do); without it, probs are the raw logits. `activation` is
+    # vLLM's older name for `use_activation`.
+    use_activation: bool | None = None
+    activation: bool | None = None
+    add_special_tokens: bool = True
     user: str | None = None
 
 

@@ -47,10 +47,16 @@ class ChatMessage(msgspec.Struct):
 
 
 EncodingFormat = Literal["float", "base64"]
+# vLLM's base64 options: the dtype of each value (fp8 ones are refused: apiserver/vector_bytes.py) and
+# the byte order ("native": this server's).
+EmbedDType = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
+Endianness = Literal["native", "little", "big"]
 Dimensions = Annotated[int, Meta(ge=1)]
 # -1: cut to the model's maximum length; k >= 1: keep at most k tokens.
 TruncatePromptTokens = Annotated[int, Meta(ge=-1)]
 TruncationDirection = Literal["Left", "Right", "left", "right"]
+# vLLM's `truncation_side`: which end `truncate_prompt_tokens` cuts ("right" keeps the first tokens).
+TruncationSide = Literal["left", "right"]
 # vLLM's `priority`: lower is served sooner; the engine ranks by it (engine_core/scheduler.py).
 Priority = Annotated[int, Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 
@@ -60,7 +66,12 @@ class Usage(msgspec.Struct, kw_only=True):
     total_tokens: int
 
 
-class ItemsRequest(msgspec.Struct, kw_only=True):
+class PeerRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A request in a peer's shape (OpenAI, vLLM, Cohere, Jina, Voyage): a field this server does not
+    know is refused with a 400 naming it, as OpenAI answers, never skipped (docs/api.md)."""
+
+
+class ItemsRequest(PeerRequest, kw_only=True):
     """What /v1/embeddings and /pooling requests share: inputs as `input` or `messages`, and how the
     vectors come back."""
 
@@ -71,6 +82,13 @@ class ItemsRequest(msgspec.Struct, kw_only=True):
     dimensions: Dimensions | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     priority: Priority = 0
-    # L2-normalize the vectors (default: as the model's Sentence-Transformers files say).
+    # L2-normalize the vectors (default: as the model's Sentence-Transformers files say). vLLM's
+    # newer name for it is `use_activation`.
     normalize: bool | None = None
+    use_activation: bool | None = None
+    embed_dtype: EmbedDType = "float32"
+    endianness: Endianness = "native"
+    add_special_tokens: bool = True
+    truncation_side: TruncationSide | None = None
+    # OpenAI's end-user id: logged with the request id (apiserver/request_cycle.py), not otherwise used.
     user: str | None = None

@@ -10,8 +10,9 @@ from apiserver.schemas.common import ItemsRequest, Usage
 
 
 class PoolingRequest(ItemsRequest, kw_only=True):
-    # Classifiers: apply the model's activation (sigmoid/softmax) to the logits.
-    activation: bool = True
+    # Classifiers: apply the model's activation (sigmoid/softmax) to the logits (None: do). vLLM's
+    # older name for `use_activation`.
+    activation: bool | None = None
 
 
 class PoolingData(msgspec.Struct, kw_only=True):

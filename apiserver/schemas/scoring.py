@@ -7,17 +7,37 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from apiserver.schemas.common import Priority, TruncatePromptTokens, TruncationDirection, Usage
+from apiserver.schemas.common import (
+    PeerRequest,
+    Priority,
+    TruncatePromptTokens,
+    TruncationDirection,
+    TruncationSide,
+    Usage,
+)
+
+ScoreTexts = str | list[str]
 
 
-class ScoreRequest(msgspec.Struct, kw_only=True):
-    text_1: str | list[str]
-    text_2: str | list[str]
+class ScoreRequest(PeerRequest, kw_only=True):
+    """vLLM's four spellings of the two sides, one of them per request: `queries` with `documents` or
+    `items` (its newer names), `data_1`/`data_2`, or `text_1`/`text_2` (its older ones)."""
+
+    queries: ScoreTexts | None = None
+    documents: ScoreTexts | None = None
+    items: ScoreTexts | None = None
+    data_1: ScoreTexts | None = None
+    data_2: ScoreTexts | None = None
+    text_1: ScoreTexts | None = None
+    text_2: ScoreTexts | None = None
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    truncation_side: TruncationSide | None = None
     priority: Priority = 0
-    # Cross-encoders: apply the model's activation to the logit (scores in 0..1 for one label).
-    activation: bool = True
+    # Cross-encoders: apply the model's activation to the logit (None: do; scores in 0..1 for one
+    # label). `activation` is vLLM's older name for `use_activation`.
+    use_activation: bool | None = None
+    activation: bool | None = None
     user: str | None = None
 
 
@@ -40,7 +60,7 @@ class RerankDocument(msgspec.Struct):
     text: str
 
 
-class RerankRequest(msgspec.Struct, kw_only=True):
+class RerankRequest(PeerRequest, kw_only=True):
     """Jina/Cohere/vLLM rerank; TEI's form sends `texts` instead of `documents` and gets TEI's answer."""
 
     query: str
@@ -50,7 +70,13 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     top_n: Annotated[int, Meta(ge=0)] | None = None
     return_documents: bool = True
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    truncation_side: TruncationSide | None = None
     priority: Priority = 0
+    # vLLM's: apply the model's activation (None: do; TEI's form says it with `raw_scores`).
+    use_activation: bool | None = None
+    activation: bool | None = None
+    # Cohere's: cut each document to its first this many tokens before scoring.
+    max_tokens_per_doc: Annotated[int, Meta(ge=1)] | None = None
     # TEI's options.
     raw_scores: bool = False
     return_text: bool = False

@@ -56,8 +56,11 @@ def test_usage_counts_the_tokens_sent_to_the_model(tokenizer: TextTokenizer) -> 
     assert tokenize({"input": ["hello", "hello world"]}, tokenizer).prompt_tokens == 7
 
 
-def test_unknown_fields_are_ignored_like_openai_extensions(tokenizer: TextTokenizer) -> None:
-    assert tokenize({"input": "hi", "extra_body_field": 1}, tokenizer).rows == [[101, 7632, 102]]
+def test_unknown_fields_are_refused_by_name_as_openai_refuses_them(tokenizer: TextTokenizer) -> None:
+    with pytest.raises(ApiError) as caught:
+        tokenize({"input": "hi", "extra_body_field": 1}, tokenizer)
+    assert (caught.value.status, caught.value.param) == (400, "extra_body_field")
+    assert caught.value.message == "Unrecognized request argument supplied: extra_body_field"
 
 
 def test_the_wire_form_concatenates_token_ids() -> None:
@@ -94,7 +97,7 @@ def test_the_wire_form_concatenates_token_ids() -> None:
         ({"input": {"text": "a"}}, "input"),
         ({"input": 5}, "input"),
         ({"input": [{"image": ""}]}, "input[0].image"),
-        ({"input": [{"image": "x", "other": 1}]}, "input[0]"),
+        ({"input": [{"image": "x", "other": 1}]}, "input[0].other"),
         ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "a", "dimensions": 0}, "dimensions"),
         ({"input": "a", "dimensions": 385}, "dimensions"),

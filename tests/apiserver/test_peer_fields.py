@@ -1,0 +1,281 @@
+"""Every field a peer (OpenAI, vLLM, Cohere, Jina, Voyage) defines on poolserve's OpenAI/vLLM/Cohere-shaped
+endpoints: implemented as the peer documents it (what reaches the engine, or the answer, is checked), or
+refused with a 400 whose `param` names it. docs/api.md's compatibility tables say the same in words.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+
+from poolserve.protocol import CLASSIFIER
+from tests.apiserver import test_request_cycle
+from tests.apiserver.test_request_cycle import CLASSIFIER_CHANGES, DIM, text_row
+
+serve = test_request_cycle.serve  # the app with an in-process engine, as that module serves it
+
+CROSS_ENCODER: dict[str, Any] = {
+    "architecture": "BertForSequenceClassification", "kind": CLASSIFIER, "tasks": ["score", "pool", "tokenize"],
+    "output_size": 1, "labels": ["LABEL_0"], "activation": "sigmoid",
+}  # fmt: skip
+LONG = "one two three four five six seven eight nine ten"
+
+# Fields each endpoint refuses by name, whatever their value: peers' options this server does not have.
+REFUSED: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
+    *[
+        ("/v1/embeddings", {"input": "hi"}, name, {})
+        for name in (
+            "cache_salt",
+            "request_id",
+            "mm_processor_kwargs",
+            "padding",
+            "chat_template",
+            "chat_template_kwargs",
+            "add_generation_prompt",
+            "continue_final_message",
+            "media_io_kwargs",
+        )
+    ],
+    *[("/pooling", {"input": "hi"}, name, {}) for name in ("cache_salt", "request_id", "padding", "data")],
+    *[("/classify", {"input": "hi"}, name, CLASSIFIER_CHANGES) for name in ("messages", "cache_salt", "padding")],
+    *[
+        ("/score", {"text_1": "a", "text_2": "b"}, name, {})
+        for name in (
+            "add_special_tokens",
+            "cache_salt",
+            "request_id",
+            "padding",
+            "mm_processor_kwargs",
+        )
+    ],
+    *[
+        ("/v2/rerank", {"query": "a", "documents": ["b"]}, name, {})
+        for name in (
+            "rank_fields",
+            "max_chunks_per_doc",
+            "add_special_tokens",
+            "cache_salt",
+            "request_id",
+            "padding",
+        )
+    ],
+]
+
+
+@pytest.mark.parametrize(("path", "body", "name", "card"), REFUSED)
+def test_a_peers_field_this_server_lacks_is_a_400_naming_it(
+    serve: Any, path: str, body: dict[str, Any], name: str, card: dict[str, Any]
+) -> None:
+    served = serve(card=card)
+    error = served.post(path, {**body, name: "x"}, status=400)["error"]
+    assert error["param"] == name and name in error["message"]
+    assert served.engine.requests == []
+
+
+# A value outside the field's set, and the set's values refused by name.
+BAD_VALUES = [
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "base64"}, "embed_dtype", "int4"),
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "base64"}, "embed_dtype", "fp8_e4m3"),
+    ("/pooling", {"input": "hi"}, "embed_dtype", "fp8_e5m2"),
+    ("/v1/embeddings", {"input": "hi"}, "endianness", "middle"),
+    ("/pooling", {"input": "hi", "encoding_format": "base64"}, "endianness", "BIG"),
+    ("/v1/embeddings", {"input": "hi"}, "encoding_format", "bytes"),
+    ("/v1/embeddings", {"input": "hi"}, "use_activation", "yes"),
+    ("/v1/embeddings", {"input": "hi"}, "add_special_tokens", 0),
+    ("/v1/embeddings", {"input": "hi"}, "truncation_side", "middle"),
+    ("/v1/embeddings", {"input": "hi"}, "output_dtype", "int8"),
+    ("/v1/embeddings", {"input": "hi"}, "output_dtype", "uint8"),
+    ("/v1/embeddings", {"input": "hi"}, "output_dtype", "float16"),
+    ("/v1/embeddings", {"input": "hi"}, "input_type", "query"),
+    ("/v1/embeddings", {"input": "hi"}, "input_type", "document"),
+    ("/v1/embeddings", {"input": "hi"}, "output_dimension", 0),
+    ("/v1/embeddings", {"input": "hi"}, "output_dimension", DIM + 1),
+    ("/v1/embeddings", {"input": "hi"}, "truncation", "yes"),
+    ("/v1/embeddings", {"input": "hi", "dimensions": 4, "output_dtype": "binary"}, "output_dtype", "binary"),
+    ("/v2/rerank", {"query": "a", "documents": ["b"]}, "max_tokens_per_doc", 0),
+    ("/score", {"text_1": "a", "text_2": "b"}, "use_activation", "no"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "name", "value"), BAD_VALUES)
+def test_a_value_outside_a_fields_set_is_a_400_naming_the_field(
+    serve: Any, path: str, body: dict[str, Any], name: str, value: object
+) -> None:
+    served = serve()
+    error = served.post(path, {**body, name: value}, status=400)["error"]
+    assert error["param"] == name, error
+    assert served.engine.requests == []
+
+
+# Two spellings of one field in one request.
+SPELLINGS = [
+    ("/v1/embeddings", {"input": "hi", "normalize": True, "use_activation": True}, "use_activation", {}),
+    ("/v1/embeddings", {"input": "hi", "dimensions": 4, "output_dimension": 4}, "output_dimension", {}),
+    ("/v1/embeddings", {"input": "hi", "truncate_prompt_tokens": 4, "truncation": True}, "truncation", {}),
+    ("/pooling", {"input": "hi", "activation": False, "use_activation": False}, "activation", {}),
+    ("/classify", {"input": "hi", "activation": False, "use_activation": False}, "activation", CLASSIFIER_CHANGES),
+    ("/score", {"text_1": "a", "queries": "a", "text_2": "b"}, "text_1", {}),
+    ("/score", {"queries": "a", "documents": "b", "items": "b"}, "items", {}),
+    ("/score", {"queries": "a", "data_2": "b"}, "data_2", {}),
+    ("/score", {"text_1": "a"}, "text_2", {}),
+    ("/score", {"documents": "a"}, "queries", {}),
+    ("/rerank", {"query": "a", "documents": ["b"], "use_activation": True, "activation": True}, "activation", {}),
+    ("/rerank", {"query": "a", "texts": ["b"], "raw_scores": True, "use_activation": True}, "raw_scores", {}),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "card"), SPELLINGS)
+def test_two_spellings_of_one_field_are_a_400_naming_them(
+    serve: Any, path: str, body: dict[str, Any], param: str, card: dict[str, Any]
+) -> None:
+    served = serve(card=card)
+    error = served.post(path, body, status=400)["error"]
+    assert error["param"] == param, error
+    assert f"`{param}`" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/pooling"])
+@pytest.mark.parametrize(("embed_dtype", "dtype"), [("float32", "f4"), ("float16", "f2"), ("bfloat16", "bf16")])
+@pytest.mark.parametrize("endianness", ["native", "little", "big"])
+def test_base64_vectors_come_in_vllms_dtype_and_byte_order(
+    serve: Any, path: str, embed_dtype: str, dtype: str, endianness: str
+) -> None:
+    served = serve()
+    options = {"embed_dtype": embed_dtype, "endianness": endianness}
+    body = served.post(path, {"input": "hello", "encoding_format": "base64", **options})
+    key = "embedding" if path == "/v1/embeddings" else "data"
+    raw = base64.b64decode(body["data"][0][key])
+    order = ">" if endianness == "big" else "<"
+    if dtype == "bf16":
+        values = (np.frombuffer(raw, dtype=f"{order}u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(raw, dtype=f"{order}{dtype}")
+    expected = np.asarray(text_row(served.tokens("hello"), DIM), dtype=np.float32)
+    np.testing.assert_allclose(values, expected, rtol={"f4": 0, "f2": 1e-3, "bf16": 8e-3}[dtype])
+    # As in vLLM, the two options are about bytes: JSON floats stay float32 values.
+    floats = served.post(path, {"input": "hello", **options})["data"][0][key]
+    assert floats == expected.tolist()
+
+
+def test_use_activation_is_normalization_for_embeddings_and_activation_for_classifiers(serve: Any) -> None:
+    served = serve()
+    for path in ("/v1/embeddings", "/pooling"):
+        served.post(path, {"input": "hi", "use_activation": False})
+        assert served.engine.requests[-1].normalize is False
+        served.post(path, {"input": "hi"})
+        assert served.engine.requests[-1].normalize is None  # the model's own choice
+    served.post("/pooling", {"input": "hi", "use_activation": False})
+    assert served.engine.requests[-1].activation is False
+    classifier = serve(card=CLASSIFIER_CHANGES)
+    for name in ("use_activation", "activation"):
+        for path in ("/classify", "/pooling"):
+            classifier.post(path, {"input": "hi", name: False})
+            assert classifier.engine.requests[-1].activation is False
+            classifier.post(path, {"input": "hi", name: True})
+            assert classifier.engine.requests[-1].activation is True
+
+
+@pytest.mark.parametrize("name", ["use_activation", "activation"])
+def test_score_and_rerank_honour_both_activation_spellings(serve: Any, name: str) -> None:
+    served = serve(card=CROSS_ENCODER)
+    cases = [
+        ("/score", {"text_1": "a", "text_2": "b"}),
+        ("/rerank", {"query": "a", "documents": ["b"]}),
+        ("/v1/rerank", {"query": "a", "documents": ["b"]}),
+        ("/v2/rerank", {"query": "a", "documents": ["b"]}),
+        ("/rerank", {"query": "a", "texts": ["b"]}),
+    ]
+    for path, body in cases:
+        served.post(path, {**body, name: False})
+        assert served.engine.requests[-1].activation is False, path
+        served.post(path, body)
+        assert served.engine.requests[-1].activation is True, path
+
+
+@pytest.mark.parametrize(
+    ("path", "card"), [("/v1/embeddings", {}), ("/pooling", {}), ("/classify", CLASSIFIER_CHANGES)]
+)
+def test_add_special_tokens_false_sends_the_texts_own_tokens(serve: Any, path: str, card: dict[str, Any]) -> None:
+    served = serve(card={**card, "max_model_len": 16})
+    tokenizer = served.state.tokenizer
+    long = "word " * 3000  # past a tokenization window: tokenized from its start only
+    served.post(path, {"input": ["hello world", long], "add_special_tokens": False, "truncate_prompt_tokens": 5})
+    sent = served.engine.requests[-1]
+    assert sent.lengths == [2, 5]
+    served.post(path, {"input": ["hello world", long], "truncate_prompt_tokens": 5, "truncation_side": "left"})
+    assert served.engine.requests[-1].lengths == [4, 5]
+    assert tokenizer.encode(["hello world"], add_special_tokens=False) == [tokenizer.encode(["hello world"])[0][1:-1]]
+
+
+def test_add_special_tokens_false_keeps_the_limit_to_the_texts_tokens(serve: Any) -> None:
+    served = serve(card={"max_model_len": 8})
+    tokenizer = served.state.tokenizer
+    ids = tokenizer.encode([LONG], add_special_tokens=False)[0]
+    body = served.post("/v1/embeddings", {"input": LONG, "add_special_tokens": False, "truncate_prompt_tokens": -1})
+    assert body["data"][0]["embedding"] == text_row(ids[:8], DIM)
+    left = served.post("/v1/embeddings", {"input": LONG, "truncate_prompt_tokens": 4, "truncation_side": "left"})
+    assert left["data"][0]["embedding"] == text_row(tokenizer.encode_truncated(LONG, 4, "left"), DIM)
+
+
+def test_score_answers_the_same_under_each_of_vllms_spellings(serve: Any) -> None:
+    served = serve(card=CROSS_ENCODER)
+    answers = [
+        served.post("/score", {first: "a cat", second: ["a kitten", "a dog"]})["data"]
+        for first, second in (
+            ("queries", "documents"),
+            ("queries", "items"),
+            ("data_1", "data_2"),
+            ("text_1", "text_2"),
+        )
+    ]
+    assert all([d["score"] for d in answer] == [d["score"] for d in answers[0]] for answer in answers)
+    error = served.post("/score", {"queries": "a", "documents": ["b", ""]}, status=400)["error"]
+    assert error["param"] == "documents[1]"
+
+
+@pytest.mark.parametrize("card", [CROSS_ENCODER, {}])
+def test_max_tokens_per_doc_cuts_each_document_as_cohere_does(serve: Any, card: dict[str, Any]) -> None:
+    served = serve(card=card)
+    tokenizer = served.state.tokenizer
+    documents = [LONG, "short one", "word " * 3000]
+    body = served.post("/v2/rerank", {"query": "q", "documents": documents, "max_tokens_per_doc": 3})
+    cut = [tokenizer.encode([d], add_special_tokens=False)[0][:3] for d in documents]
+    sent = served.engine.requests[-1]
+    if card:  # a cross-encoder reads [CLS] q [SEP] doc[:3] [SEP]
+        assert sent.lengths == [3 + len(c) + 1 for c in cut]
+    else:  # a bi-encoder embeds the query and each cut document
+        assert sent.lengths == [3, *(2 + len(c) for c in cut)]
+    assert sorted(r["index"] for r in body["results"]) == [0, 1, 2]
+    assert body["results"][0]["document"]["text"] in documents  # the answer names the document as sent
+    hidden = served.post("/v2/rerank", {"query": "q", "documents": documents[:2], "return_documents": False})
+    assert all("document" not in r or r["document"] is None for r in hidden["results"])
+
+
+def test_voyages_fields_map_onto_openais(serve: Any) -> None:
+    served = serve(card={"max_model_len": 8})
+    row = text_row(served.tokens("hi"), DIM)
+    body = served.post("/v1/embeddings", {"input": "hi", "output_dimension": 4, "input_type": None})
+    assert served.engine.requests[-1].dimensions == 4 and body["data"][0]["embedding"] == row[:4]
+    assert served.post("/v1/embeddings", {"input": LONG, "truncation": True})["usage"]["prompt_tokens"] == 8
+    error = served.post("/v1/embeddings", {"input": LONG, "truncation": False}, status=400)["error"]
+    assert error["code"] == "context_length_exceeded"
+    signs = np.asarray(row) > 0
+    ubinary = served.post("/v1/embeddings", {"input": "hi", "output_dtype": "ubinary"})["data"][0]["embedding"]
+    assert ubinary == np.packbits(signs).tolist()
+    binary = served.post("/v1/embeddings", {"input": "hi", "output_dtype": "binary"})["data"][0]["embedding"]
+    assert binary == [b - 128 for b in ubinary]
+    packed = served.post("/v1/embeddings", {"input": "hi", "output_dtype": "binary", "encoding_format": "base64"})
+    assert np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype=np.int8).tolist() == binary
+
+
+def test_user_is_accepted_and_shown_in_the_access_log(serve: Any) -> None:
+    from apiserver.middleware import user_field
+
+    served = serve()
+    for path, body in [("/v1/embeddings", {"input": "hi"}), ("/score", {"text_1": "a", "text_2": "b"})]:
+        served.post(path, {**body, "user": "user-1234"})
+    assert user_field('a"\nb') == ' user="a\\"\\nb"'
+    assert user_field(None) == ""
