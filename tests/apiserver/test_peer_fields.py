@@ -6,11 +6,18 @@ refused with a 400 whose `param` names it. docs/api.md's compatibility tables sa
 from __future__ import annotations
 
 import base64
+import re
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
+from apiserver.schemas.classify import ClassifyRequest
+from apiserver.schemas.embeddings import EmbeddingRequest
+from apiserver.schemas.pooling import PoolingRequest
+from apiserver.schemas.scoring import RerankRequest, ScoreRequest
 from poolserve.protocol import CLASSIFIER
 from tests.apiserver import test_request_cycle
 from tests.apiserver.test_request_cycle import CLASSIFIER_CHANGES, DIM, text_row
@@ -23,45 +30,49 @@ CROSS_ENCODER: dict[str, Any] = {
 }  # fmt: skip
 LONG = "one two three four five six seven eight nine ten"
 
-# Fields each endpoint refuses by name, whatever their value: peers' options this server does not have.
-REFUSED: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = [
-    *[
-        ("/v1/embeddings", {"input": "hi"}, name, {})
-        for name in (
-            "cache_salt",
-            "request_id",
-            "mm_processor_kwargs",
-            "padding",
-            "chat_template",
-            "chat_template_kwargs",
-            "add_generation_prompt",
-            "continue_final_message",
-            "media_io_kwargs",
-        )
-    ],
-    *[("/pooling", {"input": "hi"}, name, {}) for name in ("cache_salt", "request_id", "padding", "data")],
-    *[("/classify", {"input": "hi"}, name, CLASSIFIER_CHANGES) for name in ("messages", "cache_salt", "padding")],
-    *[
-        ("/score", {"text_1": "a", "text_2": "b"}, name, {})
-        for name in (
-            "add_special_tokens",
-            "cache_salt",
-            "request_id",
-            "padding",
-            "mm_processor_kwargs",
-        )
-    ],
-    *[
-        ("/v2/rerank", {"query": "a", "documents": ["b"]}, name, {})
-        for name in (
-            "rank_fields",
-            "max_chunks_per_doc",
-            "add_special_tokens",
-            "cache_salt",
-            "request_id",
-            "padding",
-        )
-    ],
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+# docs/api.md's compatibility tables, by the line that opens each: the request types they describe, and a
+# request to send each refused field with.
+FAMILIES: dict[str, tuple[list[type[msgspec.Struct]], list[tuple[str, dict[str, Any], dict[str, Any]]]]] = {
+    "/v1/embeddings and /pooling:": (
+        [EmbeddingRequest, PoolingRequest],
+        [("/v1/embeddings", {"input": "hi"}, {}), ("/pooling", {"input": "hi"}, {})],
+    ),
+    "/score:": ([ScoreRequest], [("/score", {"text_1": "a", "text_2": "b"}, {})]),
+    "/rerank, /v1/rerank, /v2/rerank:": ([RerankRequest], [("/v2/rerank", {"query": "a", "documents": ["b"]}, {})]),
+    "/classify:": ([ClassifyRequest], [("/classify", {"input": "hi"}, CLASSIFIER_CHANGES)]),
+}
+
+
+def compatibility_rows() -> list[tuple[str, list[str], str]]:
+    """(family, fields, what poolserve does) of every row of docs/api.md's compatibility tables."""
+    section = API_DOC.read_text().split("## Compatibility", 1)[1].split("\n## ", 1)[0]
+    rows, family = [], ""
+    for line in section.splitlines():
+        if line in FAMILIES:
+            family = line
+        elif family and line.startswith("| `"):
+            fields, _, does = (cell.strip() for cell in line.strip("|").split("|")[:3])
+            rows.append((family, re.findall(r"`([a-z_0-9]+)`", fields), does))
+    return rows
+
+
+def test_the_compatibility_tables_say_what_the_request_types_do() -> None:
+    rows = compatibility_rows()
+    assert {family for family, _, _ in rows} == set(FAMILIES)
+    for family, fields, does in rows:
+        known = {name for type_ in FAMILIES[family][0] for name in type_.__struct_fields__}
+        for field in fields:
+            # "refused": an unknown field, which forbid_unknown_fields turns into a 400 naming it.
+            assert (field in known) != does.startswith("refused"), (family, field, does)
+
+
+REFUSED = [
+    (path, body, field, card)
+    for family, fields, does in compatibility_rows()
+    if does.startswith("refused")
+    for path, body, card in FAMILIES[family][1]
+    for field in fields
 ]
 
 
