@@ -233,3 +233,41 @@ def test_the_server_on_cuda_equals_sentence_transformers(reference: Any) -> None
         launched.stop()
     cosine = (got * reference).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() >= 0.999, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
+
+
+def test_vllms_base64_dtypes_and_byte_orders_decode_to_the_float_answer(server: LaunchedServer) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    floats = client.embeddings.create(model=BUNDLED_MODEL_NAME, input=SENTENCES[:4], encoding_format="float")
+    want = np.asarray([d.embedding for d in floats.data], dtype=np.float32)
+    # (dtype, byte order, how numpy reads it, relative precision)
+    for embed_dtype, endianness, read, precision in [
+        ("float16", "big", ">f2", 1e-3),
+        ("float16", "little", "<f2", 1e-3),
+        ("bfloat16", "big", ">u2", 8e-3),
+        ("float32", "big", ">f4", 0.0),
+    ]:
+        extra = {"embed_dtype": embed_dtype, "endianness": endianness}
+        raw = client.embeddings.create(
+            model=BUNDLED_MODEL_NAME, input=SENTENCES[:4], encoding_format="base64", extra_body=extra
+        )
+        rows = [np.frombuffer(base64.b64decode(d.embedding), dtype=read) for d in raw.data]  # type: ignore[arg-type]
+        if embed_dtype == "bfloat16":
+            rows = [(row.astype(np.uint32) << 16).view(np.float32) for row in rows]
+        np.testing.assert_allclose(np.stack(rows).astype(np.float32), want, rtol=precision, atol=precision * 1e-2)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=BUNDLED_MODEL_NAME, input="hi", extra_body={"embed_dtype": "fp8_e4m3"})
+    assert refused.value.body["param"] == "embed_dtype"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.embeddings.create(model=BUNDLED_MODEL_NAME, input="hi", extra_body={"cache_salt": "s"})
+    assert unknown.value.body["param"] == "cache_salt"  # type: ignore[index]
+
+
+def test_use_activation_and_add_special_tokens_reach_the_real_engine(
+    http: httpx.Client, token_ids: list[list[int]]
+) -> None:
+    raw = embed(http, input=SENTENCES[:2], use_activation=False)
+    pooled = http.post("/pooling", json={"input": SENTENCES[:2], "normalize": False}).json()["data"]
+    np.testing.assert_allclose(raw, [d["data"] for d in pooled], atol=1e-5)
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    bare = embed(http, input=SENTENCES[:2], add_special_tokens=False)
+    np.testing.assert_allclose(bare, embed(http, input=[ids[1:-1] for ids in token_ids[:2]]), atol=1e-6)

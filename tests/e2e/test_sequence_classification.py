@@ -184,3 +184,40 @@ def test_classifier_info_and_refusals(classifier: httpx.Client) -> None:
         response = classifier.post(path, json=body)
         assert response.status_code == 400
         assert "classify" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("path", "name"), [("/rerank", "use_activation"), ("/v2/rerank", "activation")])
+def test_rerank_without_activation_gives_the_logits_under_either_name(
+    cross_encoder: httpx.Client, cross_encoder_model: Path, path: str, name: str
+) -> None:
+    body = post(cross_encoder, path, {"query": QUERY, "documents": DOCUMENTS, name: False})
+    expected = direct_logits(cross_encoder_model, [QUERY] * len(DOCUMENTS), DOCUMENTS)[:, 0]
+    by_index = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([by_index[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5)
+    scored = post(cross_encoder, "/score", {"queries": QUERY, "documents": DOCUMENTS, "use_activation": False})
+    np.testing.assert_allclose([d["score"] for d in scored["data"]], expected, atol=1e-5)
+
+
+def test_max_tokens_per_doc_scores_each_document_cut_to_its_first_tokens(
+    cross_encoder: httpx.Client, cross_encoder_model: Path
+) -> None:
+    body = post(cross_encoder, "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS, "max_tokens_per_doc": 3})
+    tokenizer = AutoTokenizer.from_pretrained(cross_encoder_model)
+    model = AutoModelForSequenceClassification.from_pretrained(cross_encoder_model).eval()
+    query = tokenizer(QUERY, add_special_tokens=False)["input_ids"]
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    expected = []
+    with torch.inference_mode():
+        for document in DOCUMENTS:
+            cut = tokenizer(document, add_special_tokens=False)["input_ids"][:3]
+            ids = torch.tensor([[cls, *query, sep, *cut, sep]])
+            types = torch.tensor([[0] * (len(query) + 2) + [1] * (len(cut) + 1)])
+            expected.append(torch.sigmoid(model(input_ids=ids, token_type_ids=types).logits[0, 0]).item())
+    by_index = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([by_index[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == len(DOCUMENTS) * (len(query) + 6)
+
+
+def test_classify_without_activation_gives_the_logits(classifier: httpx.Client, classifier_model: Path) -> None:
+    raw = post(classifier, "/classify", {"input": TEXTS, "use_activation": False})
+    np.testing.assert_allclose([d["probs"] for d in raw["data"]], direct_logits(classifier_model, TEXTS), atol=1e-5)
