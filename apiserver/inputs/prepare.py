@@ -19,7 +19,6 @@ from apiserver.operation import JobBuilder, Plan
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
-from apiserver.vector_bytes import refuse_unsupported_dtype
 from poolserve.protocol import Task
 
 I = TypeVar("I", bound=ItemsRequest)  # noqa: E741
@@ -51,7 +50,6 @@ def plan_items_request(
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
-    refuse_unsupported_dtype(request.embed_dtype)
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
     # vLLM's `use_activation` is an embedding model's normalization and a classifier's activation.

@@ -47,8 +47,8 @@ class ChatMessage(msgspec.Struct):
 
 
 EncodingFormat = Literal["float", "base64"]
-# vLLM's base64 options: the dtype of each value (fp8 ones are refused: apiserver/vector_bytes.py) and
-# the byte order ("native": this server's).
+# vLLM's base64 options: the dtype of each value (apiserver/vector_bytes.py) and the byte order
+# ("native": this server's).
 EmbedDType = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 Endianness = Literal["native", "little", "big"]
 Dimensions = Annotated[int, Meta(ge=1)]

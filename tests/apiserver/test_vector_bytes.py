@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from apiserver.errors import ApiError
-from apiserver.vector_bytes import bfloat16_bits, packed_bits, refuse_unsupported_dtype, row_bytes
+from apiserver.vector_bytes import bfloat16_bits, packed_bits, row_bytes
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+}  # fmt: skip
+VIEWS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.float16}
 
 
 def hard_values() -> np.ndarray:
@@ -20,7 +23,25 @@ def hard_values() -> np.ndarray:
     random = (rng.standard_normal(4000) * scales).astype(np.float32)
     ties = (np.arange(1, 2000, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # exactly half a bfloat16 step
     edges = np.array(
-        [0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 6e-8, 3e-8, 65504.0, 65520.0, 3.4028235e38, -3.4028235e38],
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            448.0,
+            464.0,
+            480.0,
+            57344.0,
+            61440.0,
+            1e-45,
+            -1e-45,
+            6e-8,
+            3e-8,
+            65504.0,
+            65520.0,
+            3.4028235e38,
+            -3.4028235e38,
+        ],
         dtype=np.float32,
     )
     return np.concatenate([random, ties, -ties, edges]).reshape(1, -1)
@@ -30,8 +51,8 @@ def hard_values() -> np.ndarray:
 @pytest.mark.parametrize("endianness", ["native", "little", "big"])
 def test_bytes_are_torchs_as_vllm_encodes_them(embed_dtype: str, endianness: str) -> None:
     rows = hard_values()
-    # vLLM's tensor2binary: to the dtype, viewed as 2- or 4-byte units, swapped unless native or native-equal.
-    view = torch.float32 if embed_dtype == "float32" else torch.float16
+    # vLLM's tensor2binary: to the dtype, viewed as 1-, 2- or 4-byte units, swapped unless native or native-equal.
+    view = VIEWS.get(embed_dtype, torch.uint8)
     expected = torch.from_numpy(rows[0]).to(TORCH_DTYPES[embed_dtype]).view(view).numpy()
     if endianness == "big":
         expected = expected.byteswap()
@@ -48,11 +69,16 @@ def test_bfloat16_rounds_to_nearest_even_and_a_nan_stays_nan() -> None:
         assert np.isnan(nans[2:]).all()
 
 
-@pytest.mark.parametrize("embed_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_dtypes_are_refused_by_name(embed_dtype: str) -> None:
-    with pytest.raises(ApiError) as caught:
-        refuse_unsupported_dtype(embed_dtype)
-    assert caught.value.param == "embed_dtype" and embed_dtype in caught.value.message
+def test_fp8_covers_every_byte_and_saturates_or_overflows_as_torch() -> None:
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    for embed_dtype in ("fp8_e4m3", "fp8_e5m2"):
+        values = every_byte.view(TORCH_DTYPES[embed_dtype]).to(torch.float32).numpy()
+        finite = ~np.isnan(values)
+        assert row_bytes(values[finite].reshape(1, -1), embed_dtype, "big") == [bytes(every_byte.numpy()[finite])]
+    steps = np.linspace(-600, 600, 240_001, dtype=np.float32).reshape(1, -1)
+    for embed_dtype in ("fp8_e4m3", "fp8_e5m2"):
+        expected = torch.from_numpy(steps[0]).to(TORCH_DTYPES[embed_dtype]).view(torch.uint8).numpy()
+        assert row_bytes(steps, embed_dtype, "native") == [expected.tobytes()]
 
 
 def test_packed_bits_are_voyages_binary_and_ubinary() -> None:

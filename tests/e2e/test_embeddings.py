@@ -255,7 +255,7 @@ def test_vllms_base64_dtypes_and_byte_orders_decode_to_the_float_answer(server: 
             rows = [(row.astype(np.uint32) << 16).view(np.float32) for row in rows]
         np.testing.assert_allclose(np.stack(rows).astype(np.float32), want, rtol=precision, atol=precision * 1e-2)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.embeddings.create(model=BUNDLED_MODEL_NAME, input="hi", extra_body={"embed_dtype": "fp8_e4m3"})
+        client.embeddings.create(model=BUNDLED_MODEL_NAME, input="hi", extra_body={"embed_dtype": "int4"})
     assert refused.value.body["param"] == "embed_dtype"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as unknown:
         client.embeddings.create(model=BUNDLED_MODEL_NAME, input="hi", extra_body={"cache_salt": "s"})
