@@ -65,6 +65,7 @@ ENDPOINTS = [
         "/pooling", POOLING, "The model's pooled output (embeddings, or classifier scores).", "vLLM", PoolingResponse
     ),
     post("/score", SCORE, "Score text pairs: 1:1, 1:N or N:N.", "vLLM", ScoreResponse),
+    post("/v1/score", SCORE, "The same as /score (vLLM serves both).", "vLLM", ScoreResponse),
     post("/rerank", RERANK, RERANK_SUMMARY, "rerank", RERANK_RESPONSE),
     post("/v1/rerank", RERANK, RERANK_SUMMARY, "rerank", RERANK_RESPONSE),
     post("/v2/rerank", RERANK, RERANK_SUMMARY, "rerank", RERANK_RESPONSE),

@@ -147,6 +147,7 @@ def test_openapi_describes_every_endpoint_from_the_request_types(http: httpx.Cli
     assert document["openapi"].startswith("3.1")
     expected = {
         ("/v1/embeddings", "post"), ("/v1/models", "get"), ("/pooling", "post"), ("/score", "post"),
+        ("/v1/score", "post"),
         ("/rerank", "post"), ("/v1/rerank", "post"), ("/v2/rerank", "post"), ("/classify", "post"),
         ("/tokenize", "post"), ("/detokenize", "post"), ("/embed", "post"), ("/predict", "post"),
         ("/info", "get"), ("/version", "get"), ("/health", "get"), ("/health/ready", "get"), ("/health/live", "get"),
