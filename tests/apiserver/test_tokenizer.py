@@ -174,6 +174,21 @@ def test_long_texts_get_the_rows_of_tokenizing_them_whole(tokenizer: TextTokeniz
         )
 
 
+def test_long_texts_without_special_tokens_get_the_rows_of_tokenizing_them_whole(tokenizer: TextTokenizer) -> None:
+    card = msgspec.structs.replace(CARD, max_model_len=64)
+    rng = random.Random(4)
+    texts = [random_text(rng, n) for n in (5, 40, 900, 3000)]
+    bare = [tokenizer._tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    rows = tokenize_texts(texts, ["t"] * 4, 20, tokenizer, card, add_special_tokens=False)
+    assert rows == [ids[:20] for ids in bare]
+    rows = tokenize_texts(texts, ["t"] * 4, 20, tokenizer, card, direction="left", add_special_tokens=False)
+    assert rows == [ids[-20:] for ids in bare]
+    # The model's maximum holds the text's own tokens: 64 of them, not 62.
+    assert tokenize_texts(["word " * 64], ["t"], None, tokenizer, card, add_special_tokens=False) == [[2773] * 64]
+    with pytest.raises(ApiError, match="`t` has 66 tokens"):
+        tokenize_texts(["word " * 64], ["t"], None, tokenizer, card)
+
+
 @pytest.mark.parametrize("room", [21, 22])  # longest_first gives an odd room's extra token to the longer side
 def test_long_pairs_get_the_rows_of_tokenizing_them_whole(any_tokenizer: TextTokenizer, room: int) -> None:
     card = msgspec.structs.replace(CARD, max_model_len=4096)
