@@ -389,7 +389,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         Flag("logs", "One line per record: readable text, or one JSON object (for log shippers)."),
     ] = "text"
     access_log: Annotated[
-        bool, Flag("logs", "Log one line per request: request id, method, path, status, duration, tokens.")
+        bool, Flag("logs", "Log one line per request: request id, method, path, status, duration, tokens, user.")
     ] = False
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -142,7 +143,8 @@ def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedS
 
 def test_timing_headers_request_ids_and_the_access_log(metered: LaunchedServer) -> None:
     with metered.client() as client:
-        response = client.post("/v1/embeddings", json={"input": "timed"}, headers={"x-request-id": "trace-42"})
+        body = {"input": "timed", "user": "alice"}  # OpenAI's end-user id: the access log shows it
+        response = client.post("/v1/embeddings", json=body, headers={"x-request-id": "trace-42"})
     headers = response.headers
     assert headers["x-request-id"] == "trace-42"
     for name in ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"):
@@ -150,6 +152,7 @@ def test_timing_headers_request_ids_and_the_access_log(metered: LaunchedServer) 
     assert float(headers["x-total-time"]) >= float(headers["x-inference-time"])
     assert headers["x-compute-tokens"] == "3"  # [CLS] timed [SEP]
     assert wait_until(lambda: "request_id=trace-42 method=POST path=/v1/embeddings status=200" in metered.stderr(), 5)
+    assert re.search(r"request_id=trace-42 .* tokens=3 user=\"alice\"", metered.stderr())
 
 
 @pytest.fixture(scope="module")
