@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from apiserver.aliases import value_of
+from apiserver.errors import bad_request
 from apiserver.inputs.items import ImageSource, Item, request_items
 from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
 from apiserver.inputs.text import vllm_truncation
@@ -19,7 +20,7 @@ from apiserver.operation import JobBuilder, Plan
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
-from poolserve.protocol import Task
+from poolserve.protocol import CLASSIFIER, ModelCard, Task
 
 I = TypeVar("I", bound=ItemsRequest)  # noqa: E741
 
@@ -42,6 +43,25 @@ def check_images(items: list[Item], state: AppState) -> None:
     check_image_count(len(sources), state.config.max_images_per_request)
 
 
+def refuse_options_of_another_kind(card: ModelCard, request: ItemsRequest, activation: bool | None) -> None:
+    """An embedding model's options sent to a classifier, or a classifier's to an embedding model, would
+    change nothing: refused by name, as vLLM refuses a parameter its task does not take."""
+    if card.kind == CLASSIFIER:
+        for name, value in (("normalize", request.normalize), ("dimensions", request.dimensions)):
+            if value is not None:
+                raise bad_request(
+                    f"`{name}` is for embedding models; this model is a classifier (`use_activation` says "
+                    f"whether its scores get their activation).",
+                    param=name,
+                )
+    elif activation is not None:
+        raise bad_request(
+            "`activation` is for classifiers; this model embeds (`normalize` or `use_activation` says whether "
+            "its vectors are normalized).",
+            param="activation",
+        )
+
+
 def plan_items_request(
     state: AppState, request: I, *, task: Task, endpoint: str, activation: bool | None = None
 ) -> Plan[I]:
@@ -52,6 +72,7 @@ def plan_items_request(
     dimensions = check_dimensions(request.dimensions, state.card)
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    refuse_options_of_another_kind(state.card, request, activation)
     # vLLM's `use_activation` is an embedding model's normalization and a classifier's activation.
     normalize = value_of(normalize=request.normalize, use_activation=request.use_activation)
     activation = value_of(use_activation=request.use_activation, activation=activation)

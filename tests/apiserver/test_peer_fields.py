@@ -123,7 +123,15 @@ BAD_VALUES = [
     ("/v1/embeddings", {"input": "hi", "dimensions": 4, "output_dtype": "binary"}, "output_dtype", "binary"),
     ("/v2/rerank", {"query": "a", "documents": ["b"]}, "max_tokens_per_doc", 0),
     ("/score", {"text_1": "a", "text_2": "b"}, "use_activation", "no"),
+    # A classifier's option to an embedding model changes nothing: refused (classifiers: below).
+    ("/pooling", {"input": "hi"}, "activation", False),
 ]
+
+
+@pytest.mark.parametrize(("name", "value"), [("normalize", False), ("dimensions", 2)])
+def test_an_embedding_models_option_to_a_classifier_is_a_400_naming_it(serve: Any, name: str, value: object) -> None:
+    served = serve(card=CLASSIFIER_CHANGES)
+    assert served.post("/pooling", {"input": "hi", name: value}, status=400)["error"]["param"] == name
 
 
 @pytest.mark.parametrize(("path", "body", "name", "value"), BAD_VALUES)
@@ -141,7 +149,7 @@ SPELLINGS = [
     ("/v1/embeddings", {"input": "hi", "normalize": True, "use_activation": True}, "use_activation", {}),
     ("/v1/embeddings", {"input": "hi", "dimensions": 4, "output_dimension": 4}, "output_dimension", {}),
     ("/v1/embeddings", {"input": "hi", "truncate_prompt_tokens": 4, "truncation": True}, "truncation", {}),
-    ("/pooling", {"input": "hi", "activation": False, "use_activation": False}, "activation", {}),
+    ("/pooling", {"input": "hi", "activation": False, "use_activation": False}, "activation", CLASSIFIER_CHANGES),
     ("/classify", {"input": "hi", "activation": False, "use_activation": False}, "activation", CLASSIFIER_CHANGES),
     ("/score", {"text_1": "a", "queries": "a", "text_2": "b"}, "text_1", {}),
     ("/score", {"queries": "a", "documents": "b", "items": "b"}, "items", {}),
