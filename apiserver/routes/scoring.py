@@ -139,6 +139,32 @@ def documents_of(request: RerankRequest, max_documents: int) -> list[str]:
     return documents
 
 
+def refuse_the_other_forms_options(request: RerankRequest, is_tei: bool) -> None:
+    """TEI's options in a request that sends `documents`, or the others' in one that sends `texts`, would
+    change nothing: refused by name (a value that is the default changes nothing either way)."""
+    if is_tei:
+        others = {
+            "truncate_prompt_tokens": request.truncate_prompt_tokens is not None,
+            "truncation_side": request.truncation_side is not None,
+            "return_documents": not request.return_documents,
+        }
+        form, fix = "`documents`", "TEI's form has `truncate`, `truncation_direction` and `return_text`"
+    else:
+        others = {
+            "raw_scores": request.raw_scores,
+            "return_text": request.return_text,
+            "truncate": request.truncate,
+            "truncation_direction": request.truncation_direction.lower() != "right",
+        }
+        form, fix = (
+            "`texts` (TEI's form)",
+            "this form has `use_activation`, `truncate_prompt_tokens` and `return_documents`",
+        )
+    for name, is_set in others.items():
+        if is_set:
+            raise bad_request(f"`{name}` is for requests that send {form}; {fix}.", param=name)
+
+
 def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_SCORE, "rerank")
@@ -146,6 +172,7 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
         raise bad_request("`query` is an empty string.", param="query")
     documents = documents_of(request, state.config.max_inputs_per_request)
     is_tei = request.texts is not None
+    refuse_the_other_forms_options(request, is_tei)
     param = "texts" if is_tei else "documents"
     pairs = [(request.query, document) for document in documents]
     params = [f"{param}[{i}]" for i in range(len(documents))]

@@ -128,6 +128,20 @@ BAD_VALUES = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("form", "name", "value"),
+    [
+        ("documents", "raw_scores", True), ("documents", "return_text", True), ("documents", "truncate", True),
+        ("documents", "truncation_direction", "Left"), ("texts", "truncate_prompt_tokens", -1),
+        ("texts", "truncation_side", "left"), ("texts", "return_documents", False),
+    ],
+)  # fmt: skip
+def test_an_option_of_the_other_rerank_form_is_a_400_naming_it(serve: Any, form: str, name: str, value: object) -> None:
+    served = serve()
+    body = {"query": "a", form: ["b"], name: value}
+    assert served.post("/rerank", body, status=400)["error"]["param"] == name
+
+
 @pytest.mark.parametrize(("name", "value"), [("normalize", False), ("dimensions", 2)])
 def test_an_embedding_models_option_to_a_classifier_is_a_400_naming_it(serve: Any, name: str, value: object) -> None:
     served = serve(card=CLASSIFIER_CHANGES)
