@@ -192,13 +192,19 @@ def answers_200(url: str) -> bool:
 
 
 def start_infinity(
-    infinity: Path, model_folder: Path, served_name: str, batch_size: int = 32, timeout: float = 300.0
+    infinity: Path,
+    model_folder: Path,
+    served_name: str,
+    *,
+    batch_size: int = 32,
+    timeout: float = 300.0,
+    dtype: str = "float32",
 ) -> ServerProcess:
-    """infinity_emb v2 on loopback, torch engine on the CPU, offline, no telemetry."""
+    """infinity_emb v2 on loopback, torch engine on the CPU at `dtype` (its --dtype), offline, no telemetry."""
     port = free_port()
     argv = [
         str(infinity), "v2", "--model-id", str(model_folder), "--served-model-name", served_name,
-        "--engine", "torch", "--device", "cpu", "--batch-size", str(batch_size),
+        "--engine", "torch", "--device", "cpu", "--batch-size", str(batch_size), "--dtype", dtype,
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
     ]  # fmt: skip
     env = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}

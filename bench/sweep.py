@@ -289,7 +289,10 @@ class Sweep:
         peer: dict[str, Any] = {"version": peer_version(Path(self.args.peers_venv)), "runs": []}
         self.results["peers"]["infinity"] = peer
         try:
-            server = start_infinity(infinity, bundled_model_folder(), BUNDLED_NAME, batch_size=self.args.peer_batch)
+            server = start_infinity(
+                infinity, bundled_model_folder(), BUNDLED_NAME, batch_size=self.args.peer_batch,
+                dtype=self.args.peer_dtype,
+            )  # fmt: skip
         except StartError as exc:
             peer["error"] = str(exc)
             self.skip("infinity", str(exc).splitlines()[0])
@@ -304,7 +307,8 @@ class Sweep:
                     result = self.loadgen(
                         server.url, workload, concurrency, "--path", "/embeddings", "--model-name", BUNDLED_NAME
                     )
-                    result.update(target="infinity", config=f"infinity (batch {self.args.peer_batch})")
+                    config = f"infinity (batch {self.args.peer_batch}, {self.args.peer_dtype})"
+                    result.update(target="infinity", config=config)
                     peer["runs"].append(result)
                     self.results["runs"].append(result)
                     self.log_run(result)
@@ -420,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", default="infinity", help="Peers to run on (a) and (b): infinity, or none.")
     parser.add_argument("--peers-venv", default=str(REPO / "bench" / ".peers-venv"))
     parser.add_argument("--peer-batch", type=int, default=32, help="Infinity's --batch-size.")
+    parser.add_argument(
+        "--peer-dtype", default="float32", help="Infinity's --dtype: compare at the precision poolserve serves here."
+    )
     parser.add_argument(
         "--steps", default="ceiling,offline,startup,serve,priority,cache,peers", help="Which steps to run."
     )
