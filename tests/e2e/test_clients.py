@@ -4,11 +4,14 @@ its own tests (test_embeddings.py), huggingface_hub's InferenceClient its own (t
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from pathlib import Path
 
 import cohere
 import httpx
+import jsonschema_rs
 import numpy as np
 
 from poolserve.config import BUNDLED_MODEL_NAME
@@ -84,3 +87,20 @@ def test_llama_index_openai_like_embeddings(server: LaunchedServer) -> None:
     expected = embeddings_over_http(server, TEXTS)
     np.testing.assert_allclose(embedding.get_text_embedding_batch(TEXTS), expected, atol=1e-6)
     np.testing.assert_allclose(embedding.get_query_embedding(TEXTS[1]), expected[1], atol=1e-6)
+
+
+def test_embeddings_and_their_errors_match_openais_schema(server: LaunchedServer) -> None:
+    """Responses and error bodies against OpenAI's own types (tests/data/openai-schemas.json says where
+    they come from), whatever a client does with extra leniency."""
+    schemas = json.loads((Path(__file__).parent.parent / "data" / "openai-schemas.json").read_text())
+    response_schema = jsonschema_rs.validator_for(schemas["CreateEmbeddingResponse"])
+    error_schema = jsonschema_rs.validator_for(schemas["Error"])
+    with server.client() as client:
+        for body in ({"input": TEXTS}, {"input": TEXTS[0], "dimensions": 8}, {"input": [[101, 7592, 102]]}):
+            answer = client.post("/v1/embeddings", json=body)
+            assert answer.status_code == 200
+            response_schema.validate(answer.json())
+        for body in ({"input": []}, {"input": "x", "dimensions": 0}, {"input": "x", "model": "nope"}, {"inpt": "x"}):
+            answer = client.post("/v1/embeddings", json=body)
+            assert 400 <= answer.status_code < 500
+            error_schema.validate(answer.json()["error"])
