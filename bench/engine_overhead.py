@@ -6,8 +6,9 @@ Drives EngineCore in process (the server's scheduler, batch cutting, padding, po
 sockets) over corpus sentences sent as requests of `--per-request`, and splits each round's time
 into the model runner's calls (padding and host-to-device copies included, as the runner does
 them) and everything else the engine's step does. The second share is the most that assembling
-the next batch during the forward pass could hide. docs/benchmarks.md, "CPU engine", holds the
-figures.
+the next batch during the forward pass could hide. Also counted: the share of the tokens computed
+that are padding, after the scheduler's length-sorted cutting (what padding-free attention could
+save). docs/benchmarks.md, "CPU engine", holds the figures.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def main() -> None:
     core = EngineCore(loaded, AdmissionLimit(max_inputs=10**6, max_tokens=10**9))
     run_texts = core.runner.run_texts
     in_runner = [0.0]
+    tokens = [0, 0]  # real, and computed (padding included)
 
     def timed(
         batch: Sequence[npt.NDArray[np.int32]], types: Sequence[npt.NDArray[np.int32]] | None
     ) -> npt.NDArray[np.float32]:
+        lengths = [len(row) for row in batch]
+        tokens[0] += sum(lengths)
+        tokens[1] += len(lengths) * max(lengths)
         started = time.perf_counter()
         try:
             return run_texts(batch, types)
@@ -63,6 +68,7 @@ def main() -> None:
     report: list[dict[str, object]] = []
     for round_index in range(args.rounds):
         in_runner[0] = 0.0
+        tokens[:] = [0, 0]
         started = time.perf_counter()
         for i in range(0, len(rows), args.per_request):
             job = PoolJob.from_rows(rows[i : i + args.per_request])
@@ -76,7 +82,8 @@ def main() -> None:
         total = time.perf_counter() - started
         report.append({"round": round_index, "steps": steps, "total_s": round(total, 3),
                        "runner_s": round(in_runner[0], 3),
-                       "outside_runner_share": round((total - in_runner[0]) / total, 4)})  # fmt: skip
+                       "outside_runner_share": round((total - in_runner[0]) / total, 4),
+                       "padding_share": round(1 - tokens[0] / tokens[1], 4)})  # fmt: skip
     print(json.dumps({"device": args.device, "torch_threads": torch.get_num_threads(), "rounds": report}, indent=1))
 
 
