@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from apiserver.auth import ApiKeyAuth, open_paths
 from apiserver.body_limit import BodyBudget, BodySizeLimit
-from apiserver.endpoints import ENDPOINTS, Endpoint
+from apiserver.endpoints import ENDPOINTS, Endpoint, model_endpoints
 from apiserver.errors import EXCEPTION_HANDLERS
 from apiserver.limits import body_bytes_in_flight_limit, request_body_limit
 from apiserver.metrics import get_metrics
@@ -26,7 +26,7 @@ from poolserve.config import Config
 
 def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Starlette:
     """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json."""
-    endpoints = [*ENDPOINTS, *extra_endpoints]
+    endpoints = [*ENDPOINTS, *model_endpoints(state.card), *extra_endpoints]
     routes = [Route(e.path, e.route_handler(), methods=[e.method]) for e in endpoints]
     key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
     document = encode_openapi(endpoints, version("poolserve"), key_free)
@@ -45,6 +45,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
                 endpoints=[route.path for route in routes],
                 access_log=state.config.access_log,
                 load=state.load,
+                error_styles={e.path: e.error_style for e in endpoints},
             ),
             *access_middleware(
                 state.config, body_limit=request_body_limit(state.config, state.card), server_index=state.server_index

@@ -7,7 +7,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from apiserver.errors import error_response
+from apiserver.errors import error_response, style_of
 
 # Paths anyone may call without a key: load balancers' and orchestrators' probes carry no credentials.
 # Everything else, unknown paths included, needs the key (deny by default).
@@ -49,6 +49,7 @@ class ApiKeyAuth:
             "A valid API key is required: send it as `Authorization: Bearer <key>`.",
             code="invalid_api_key",
             headers={"www-authenticate": "Bearer"},
+            style=style_of(scope),
         )
         await response(scope, receive, send)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apiserver.errors import ApiError, error_response
+from apiserver.errors import ApiError, error_response, style_of
 from apiserver.limits import body_too_large
 from apiserver.metrics import BODIES_REFUSED, BODY_BYTES_IN_FLIGHT
 
@@ -68,14 +68,18 @@ class BodySizeLimit:
                 is_chunked = True
         if declared > self.limit:
             error = body_too_large(self.limit, declared)
-            await error_response(error.status, error.message, code=error.code)(scope, receive, send)
+            await error_response(error.status, error.message, code=error.code, style=style_of(scope))(
+                scope, receive, send
+            )
             return
         # A body with no length (chunked) cannot be judged up front: it reserves one byte, so it is refused
         # unread only when the budget is already spent, and the rest of its bytes as they arrive.
         upfront = declared if declared > 0 else int(is_chunked)
         if upfront and not self.budget.reserve(upfront):
             error = self.budget.refusal(upfront)
-            await error_response(error.status, error.message, code=error.code)(scope, receive, send)
+            await error_response(error.status, error.message, code=error.code, style=style_of(scope))(
+                scope, receive, send
+            )
             return
         reserved = upfront
         received = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from apiserver.errors import OPENAI, TEI, ErrorStyle
 from apiserver.operation import AnyOperation
 from apiserver.request_cycle import Handler, handler_of
 from apiserver.routes.classify import CLASSIFY
@@ -12,20 +13,30 @@ from apiserver.routes.embeddings import EMBEDDINGS
 from apiserver.routes.meta import get_version, list_models, live, ready
 from apiserver.routes.pooling import POOLING
 from apiserver.routes.scoring import RERANK, SCORE
-from apiserver.routes.tei import EMBED, PREDICT, get_info
-from apiserver.routes.tokenize import DETOKENIZE, TOKENIZE
+from apiserver.routes.similarity import SIMILARITY
+from apiserver.routes.tei import EMBED, EMBED_ALL, EMBED_SPARSE, PREDICT, get_info
+from apiserver.routes.tokenize import DECODE, DETOKENIZE, TOKENIZE
 from apiserver.schemas.classify import ClassifyResponse
 from apiserver.schemas.embeddings import EmbeddingResponse
 from apiserver.schemas.meta import HealthResponse, ModelList, VersionResponse
 from apiserver.schemas.pooling import PoolingResponse
 from apiserver.schemas.scoring import RerankResponse, ScoreResponse, TeiRerankResponse
-from apiserver.schemas.tei import EmbedResponse, InfoResponse, PredictResponse
-from apiserver.schemas.tokenize import DetokenizeResponse, TeiTokenizeResponse, TokenizeResponse
+from apiserver.schemas.tei import (
+    EmbedAllResponse,
+    EmbedResponse,
+    EmbedSparseResponse,
+    InfoResponse,
+    PredictResponse,
+    SimilarityResponse,
+)
+from apiserver.schemas.tokenize import DecodeResponse, DetokenizeResponse, TeiTokenizeResponse, TokenizeResponse
+from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """A POST endpoint names its operation (run by the request cycle); a GET endpoint its handler."""
+    """A POST endpoint names its operation (run by the request cycle); a GET endpoint its handler.
+    `error_style`: the shape of its errors, OpenAI's or TEI's (apiserver/errors.py)."""
 
     path: str
     method: str
@@ -34,6 +45,7 @@ class Endpoint:
     response: Any = None  # the msgspec type of a 200 answer
     operation: AnyOperation | None = None
     handler: Handler | None = None
+    error_style: ErrorStyle = OPENAI
 
     @property
     def request(self) -> Any:
@@ -47,12 +59,14 @@ class Endpoint:
         return self.handler
 
 
-def post(path: str, operation: AnyOperation, summary: str, tag: str, response: Any) -> Endpoint:
-    return Endpoint(path, "POST", summary, tag, response, operation=operation)
+def post(
+    path: str, operation: AnyOperation, summary: str, tag: str, response: Any, *, errors: ErrorStyle = OPENAI
+) -> Endpoint:
+    return Endpoint(path, "POST", summary, tag, response, operation=operation, error_style=errors)
 
 
-def get(path: str, handler: Handler, summary: str, tag: str, response: Any) -> Endpoint:
-    return Endpoint(path, "GET", summary, tag, response, handler=handler)
+def get(path: str, handler: Handler, summary: str, tag: str, response: Any, *, errors: ErrorStyle = OPENAI) -> Endpoint:
+    return Endpoint(path, "GET", summary, tag, response, handler=handler, error_style=errors)
 
 
 RERANK_SUMMARY = "Rank documents against a query. A body with `texts` (TEI) gets TEI's list of {index, score} back."
@@ -60,6 +74,7 @@ RERANK_RESPONSE = RerankResponse | TeiRerankResponse
 
 ENDPOINTS = [
     post("/v1/embeddings", EMBEDDINGS, "Embed texts, token ids or images.", "OpenAI", EmbeddingResponse),
+    post("/embeddings", EMBEDDINGS, "The same as /v1/embeddings (TEI serves both).", "OpenAI", EmbeddingResponse),
     get("/v1/models", list_models, "The model names this server answers to.", "OpenAI", ModelList),
     post(
         "/pooling", POOLING, "The model's pooled output (embeddings, or classifier scores).", "vLLM", PoolingResponse
@@ -75,12 +90,42 @@ ENDPOINTS = [
         TokenizeResponse | TeiTokenizeResponse,
     ),
     post("/detokenize", DETOKENIZE, "The text of token ids.", "tokenizer", DetokenizeResponse),
-    post("/embed", EMBED, "Embed texts (TEI).", "TEI", EmbedResponse),
-    post("/predict", PREDICT, "Classify texts or text pairs (TEI).", "TEI", PredictResponse),
-    get("/info", get_info, "The model and the server's limits (TEI).", "TEI", InfoResponse),
+    post("/embed", EMBED, "Embed texts (TEI).", "TEI", EmbedResponse, errors=TEI),
+    post("/embed_all", EMBED_ALL, "Every token's hidden state, unpooled (TEI).", "TEI", EmbedAllResponse, errors=TEI),
+    post(
+        "/embed_sparse", EMBED_SPARSE, "Sparse (SPLADE) vectors: refused, 424, as TEI refuses a model without them.",
+        "TEI", EmbedSparseResponse, errors=TEI,
+    ),
+    post(
+        "/similarity", SIMILARITY, "Cosine similarity of sentences to a source sentence (TEI).", "TEI",
+        SimilarityResponse, errors=TEI,
+    ),
+    post("/predict", PREDICT, "Classify texts or text pairs (TEI).", "TEI", PredictResponse, errors=TEI),
+    post("/decode", DECODE, "The texts of token ids (TEI).", "TEI", DecodeResponse, errors=TEI),
+    get("/info", get_info, "The model and the server's limits (TEI).", "TEI", InfoResponse, errors=TEI),
     get("/version", get_version, "poolserve's version.", "server", VersionResponse),
-    get("/health", ready, "200 when the engine answers and is not hung, else 503.", "server", HealthResponse),
+    get("/health", ready, "200 when the engine answers, not hung; else 503.", "server", HealthResponse, errors=TEI),
     get("/health/ready", ready, "The same as /health.", "server", HealthResponse),
     get("/health/live", live, "200 while this process's event loop runs.", "server", HealthResponse),
-    get("/ping", ready, "The same as /health.", "server", HealthResponse),
+    get("/ping", ready, "The same as /health (SageMaker's probe).", "server", HealthResponse, errors=TEI),
+    get("/", ready, "The same as /health (TEI).", "server", HealthResponse, errors=TEI),
 ]  # fmt: skip
+
+
+def model_endpoints(card: ModelCard) -> list[Endpoint]:
+    """POST / and /invocations (SageMaker's route), answered by the route TEI picks for the model's kind: a
+    reranker (a one-label classifier) ranks as /rerank, another classifier predicts as /predict, any other
+    model embeds as /embed. Bodies and errors are that route's, in TEI's style."""
+    chosen: tuple[str, AnyOperation, Any]
+    if card.kind == CLASSIFIER:
+        if card.supports(TASK_SCORE):
+            chosen = ("/rerank", RERANK, RERANK_RESPONSE)
+        else:
+            chosen = ("/predict", PREDICT, PredictResponse)
+    else:
+        chosen = ("/embed", EMBED, EmbedResponse)
+    name, operation, response = chosen
+    return [
+        post(path, operation, f"The same as {name} for this model (TEI, {what}).", "TEI", response, errors=TEI)
+        for path, what in (("/", "by the model's kind"), ("/invocations", "SageMaker's route"))
+    ]

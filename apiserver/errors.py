@@ -1,16 +1,23 @@
-"""Errors as HTTP: typed exceptions, OpenAI-style bodies, and the Starlette handlers that map them."""
+"""Errors as HTTP: typed exceptions, their bodies in the route family's style (OpenAI's or TEI's), and the
+Starlette handlers that map them.
+
+Each endpoint names its error style in the endpoint table (apiserver/endpoints.py); the outermost
+middleware records it in the request's scope before anything can fail, and every answer below reads
+it from there, so the routes and middleware never look at paths to choose a shape."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
 from http import HTTPStatus
+from typing import Final, Literal
 
 import msgspec
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from apiserver.tei_errors import TeiErrorBody, tei_error
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
 
 logger = logging.getLogger("poolserve.api")
@@ -28,6 +35,20 @@ ERROR_TYPES = {
     503: "service_unavailable",
     504: "timeout_error",
 }
+
+
+# OpenAI's `{"error": {message, type, param, code}}`, or TEI's `{"error", "error_type"}` with TEI's statuses.
+ErrorStyle = Literal["openai", "tei"]
+OPENAI: Final = "openai"
+TEI: Final = "tei"
+# The key in a request's scope state where the middleware records its endpoint's style.
+ERROR_STYLE = "error_style"
+
+
+def style_of(scope: Mapping[str, object]) -> ErrorStyle:
+    state = scope.get("state")
+    style = state.get(ERROR_STYLE) if isinstance(state, dict) else None
+    return TEI if style == TEI else OPENAI
 
 
 class ErrorDetail(msgspec.Struct):
@@ -54,6 +75,8 @@ class ApiError(Exception):
         self.message = message
         self.param = param
         self.code = code
+        # Set when the request's body chose the style (a TEI body on a route several APIs share).
+        self.style: ErrorStyle | None = None
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -75,9 +98,9 @@ def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) ->
             # names it, with its path in `param`.
             name = message[len(UNKNOWN_FIELD) :].split("`", 1)[0]
             param = f"{param}.{name}" if param else name
-            return bad_request(f"Unrecognized request argument supplied: {param}", param=param)
-        return bad_request(message, param=param)
-    return bad_request(f"The request body is not valid JSON: {message}")
+            return bad_request(f"Unrecognized request argument supplied: {param}", param=param, code="invalid_body")
+        return bad_request(message, param=param, code="invalid_body")
+    return bad_request(f"The request body is not valid JSON: {message}", code="invalid_json")
 
 
 _encoder = msgspec.json.Encoder()
@@ -88,19 +111,31 @@ def error_response(
     message: str,
     param: str | None = None,
     code: str | None = None,
+    *,
     headers: Mapping[str, str] | None = None,
+    style: ErrorStyle = OPENAI,
 ) -> Response:
-    body = ErrorBody(ErrorDetail(message, ERROR_TYPES.get(status, "server_error"), param, code))
+    status, body = error_body(status, message, param, code, style)
     extra = dict(headers or {})
     if status in (429, 503):
         extra["retry-after"] = "1"
-    return Response(_encoder.encode(body), status_code=status, media_type="application/json", headers=extra)
+    return Response(body, status_code=status, media_type="application/json", headers=extra)
 
 
-def error_bytes(status: int, message: str, code: str) -> bytes:
+def error_body(status: int, message: str, param: str | None, code: str | None, style: ErrorStyle) -> tuple[int, bytes]:
+    """The status and encoded body of an error in `style` (TEI's style has statuses of its own)."""
+    if style == TEI:
+        status, error_type = tei_error(status, code)
+        return status, _encoder.encode(TeiErrorBody(message, error_type))
+    return status, _encoder.encode(
+        ErrorBody(ErrorDetail(message, ERROR_TYPES.get(status, "server_error"), param, code))
+    )
+
+
+def error_bytes(status: int, message: str, code: str, style: ErrorStyle = OPENAI) -> bytes:
     """A whole response that closes its connection, for answers written straight to a transport outside
     any route (the HTTP protocol's and the acceptor's own): the body and Retry-After of error_response."""
-    body = _encoder.encode(ErrorBody(ErrorDetail(message, ERROR_TYPES.get(status, "server_error"), None, code)))
+    status, body = error_body(status, message, None, code, style)
     retry_after = b"retry-after: 1\r\n" if status in (429, 503) else b""
     return (
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s"
@@ -120,7 +155,7 @@ def request_id(request: Request) -> str:
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.message, exc.param, exc.code)
+    return error_response(exc.status, exc.message, exc.param, exc.code, style=exc.style or style_of(request.scope))
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -131,22 +166,26 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     elif exc.status_code == 405:
         message = f"Method {request.method} is not allowed on {request.url.path}."
     # Starlette's 405 carries `allow`, which RFC 9110 requires on it.
-    return error_response(exc.status_code, message, headers=exc.headers)
+    return error_response(exc.status_code, message, headers=exc.headers, style=style_of(request.scope))
 
 
 async def handle_engine_unavailable(request: Request, exc: Exception) -> Response:
     logger.warning("request %s: engine unavailable: %s", request_id(request), exc)
-    return error_response(503, f"The model engine is unavailable: {exc}.", code="engine_unavailable")
+    return error_response(
+        503, f"The model engine is unavailable: {exc}.", code="engine_unavailable", style=style_of(request.scope)
+    )
 
 
 async def handle_engine_overloaded(request: Request, exc: Exception) -> Response:
-    return error_response(429, f"The server is busy: {exc}. Retry shortly.", code="overloaded")
+    return error_response(
+        429, f"The server is busy: {exc}. Retry shortly.", code="overloaded", style=style_of(request.scope)
+    )
 
 
 async def handle_engine_error(request: Request, exc: Exception) -> Response:
     logger.error("request %s failed in the engine: %s", request_id(request), exc)
     code = "poison_pill" if isinstance(exc, PoisonPill) else "engine_error"
-    return error_response(500, f"The model engine failed this request: {exc}", code=code)
+    return error_response(500, f"The model engine failed this request: {exc}", code=code, style=style_of(request.scope))
 
 
 # Set in the request's state by the HTTP protocol when it answered 408 because the body stalled

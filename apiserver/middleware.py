@@ -6,10 +6,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle
 from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS
 
@@ -30,7 +31,8 @@ access_logger = logging.getLogger("poolserve.access")
 class RequestTelemetry:
     """Adds `x-poolserve-server`, `x-request-id` (the client's, when it sent a sane one), TEI's
     timing headers; counts and times every request by endpoint; writes the access log when asked; keeps
-    the server's count of requests in flight (fair accept reads it)."""
+    the server's count of requests in flight (fair accept reads it). Records the endpoint's error style
+    (`error_styles`, by path) in the request's state first, so whatever fails after answers in it."""
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class RequestTelemetry:
         endpoints: Iterable[str],
         load: ServerLoad,
         access_log: bool = False,
+        error_styles: Mapping[str, ErrorStyle] | None = None,
     ):
         self.app = app
         self.load = load
@@ -47,6 +50,7 @@ class RequestTelemetry:
         self.server_header = (b"x-poolserve-server", self.server.encode())
         self.endpoints = frozenset(endpoints)
         self.access_log = access_log
+        self.error_styles = dict(error_styles or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -59,6 +63,7 @@ class RequestTelemetry:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
         state["started"] = started
+        state[ERROR_STYLE] = self.error_styles.get(scope["path"], OPENAI)
         is_counted = False
 
         def count(status: int) -> None:

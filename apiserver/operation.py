@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from apiserver.errors import ErrorStyle
 from apiserver.inputs.items import ImageSource
 from apiserver.inputs.job import EngineJob, Pixels
 from apiserver.state import AppState
@@ -49,6 +50,8 @@ class Plan(Generic[C]):
 # parse may be a coroutine function: its coroutine is awaited on the event loop (for I/O of its own).
 Parse = Callable[[R, AppState], Plan[C] | Awaitable[Plan[C]]]
 Render = Callable[[Plan[C], Rows, AppState], bytes]
+# The error style a decoded body asks for, on a route several APIs share (None: the endpoint's own).
+StyleOf = Callable[[R], ErrorStyle | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,7 @@ class Operation(Generic[R, C]):
     request: type[R]
     parse: Parse[R, C]
     render: Render[C]
+    error_style: StyleOf[R] | None = None
 
 
 AnyOperation = Operation[Any, Any]

@@ -22,7 +22,7 @@ from prometheus_client import Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.errors import ApiError, ClientDisconnected
+from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorStyle
 from apiserver.inputs.job import EngineJob
 from apiserver.limits import check_image_count, check_job
 from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS
@@ -61,7 +61,9 @@ def handler_of(operation: AnyOperation) -> Handler:
 async def answer(request: Request, operation: AnyOperation, decoder: msgspec.json.Decoder[Any]) -> Response:
     state: AppState = request.app.state.poolserve
     body = await request.body()
-    decoded, parsed = await off_loop(request, PARSING, len(body), parse_body, body, decoder, operation, state)
+    decoded, style, parsed = await off_loop(request, PARSING, len(body), parse_body, body, decoder, operation, state)
+    if style is not None:  # what fails from here on (the engine, a timeout) answers in the body's style
+        setattr(request.state, ERROR_STYLE, style)
     if inspect.isawaitable(parsed):
         with timed(request, PARSING):
             parsed = await parsed
@@ -81,11 +83,16 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
 
 def parse_body(
     body: bytes, decoder: msgspec.json.Decoder[Any], operation: AnyOperation, state: AppState
-) -> tuple[Any, Plan[Any] | Awaitable[Plan[Any]]]:
-    """The decoded request and its plan; an async parse only creates its coroutine here, to be awaited
-    on the loop."""
+) -> tuple[Any, ErrorStyle | None, Plan[Any] | Awaitable[Plan[Any]]]:
+    """The decoded request, the error style its body asks for, and its plan; an async parse only creates
+    its coroutine here, to be awaited on the loop."""
     decoded = decode_body(body, decoder)
-    return decoded, operation.parse(decoded, state)
+    style = None if operation.error_style is None else operation.error_style(decoded)
+    try:
+        return decoded, style, operation.parse(decoded, state)
+    except ApiError as exc:
+        exc.style = exc.style or style
+        raise
 
 
 async def off_loop(

@@ -19,11 +19,13 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
         raise from_validation_error(exc) from None
     except UnicodeDecodeError as exc:
         # msgspec raises this, not a DecodeError, for a string that is not UTF-8.
-        raise bad_request(f"The request body holds a string that is not valid UTF-8 ({exc.reason}).") from None
+        raise bad_request(
+            f"The request body holds a string that is not valid UTF-8 ({exc.reason}).", code="invalid_json"
+        ) from None
     except RecursionError:
         # msgspec skips a field it does not know by recursing into it; JSON nested past Python's recursion
         # limit there (even 1000 levels) raises this instead of a DecodeError.
-        raise bad_request("The request body is nested too deeply to be a request.") from None
+        raise bad_request("The request body is nested too deeply to be a request.", code="invalid_json") from None
 
 
 def check_model(requested: str | None, served: list[str]) -> None:

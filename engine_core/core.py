@@ -21,6 +21,7 @@ from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS
 from engine_core.postprocess import finish_rows
 from engine_core.request_state import PendingRequest
+from engine_core.runner import TextOutputs
 from engine_core.scheduler import Scheduler, WorkItem
 from poolserve.protocol import ERROR_MODEL, PooledOutput, RequestFailed
 
@@ -102,7 +103,8 @@ class EngineCore:
         if request.is_image(index):
             return input_key(b"image", request.image(index))
         types = None if request.token_types is None else request.input_token_types(index)
-        return input_key(b"text", request.input_ids(index), types)
+        # A text's token states and its pooled row are different outputs of the same ids.
+        return input_key(b"tokens" if request.per_token else b"text", request.input_ids(index), types)
 
     def take_answered_from_cache(self) -> StepOutputs | None:
         """The requests the cache answered whole since the last call; None when there were none."""
@@ -171,14 +173,17 @@ class EngineCore:
         ]
         return self._finish(finished)
 
-    def _forward(self, batch: list[WorkItem]) -> F32:
-        """The scheduler never mixes texts and images in a batch."""
+    def _forward(self, batch: list[WorkItem]) -> TextOutputs:
+        """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts."""
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
         rows = [item.request.input_ids(item.index) for item in batch]
         type_rows = None
         if any(item.request.token_types is not None for item in batch):
             type_rows = [item.request.input_token_types(item.index) for item in batch]
+        per_token = [item.request.per_token for item in batch]
+        if any(per_token):
+            return self.runner.run_texts(rows, type_rows, per_token)
         return self.runner.run_texts(rows, type_rows)
 
     def _finish(self, finished: list[PendingRequest]) -> StepOutputs:

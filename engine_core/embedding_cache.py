@@ -4,7 +4,8 @@ What is cached is one input's row as the model's pooling gives it, before the re
 finishing (normalize, `dimensions`, activation: engine_core/postprocess.py), so requests that
 differ only in those share an entry and each still gets its own finishing. The key is a hash of
 what determines that row in this engine: the token ids and token type ids of a text, or an image's
-pixels after the API server's resize and crop (the model, its pooling and its dtype are fixed for
+pixels after the API server's resize and crop, tagged by what was asked of it (a text's pooled row, or
+its per-token states: a length x hidden array, cached as one entry) (the model, its pooling and its dtype are fixed for
 the engine's life; a restarted engine starts empty). Least recently used entries go first.
 """
 

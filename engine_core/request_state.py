@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from poolserve.protocol import ModelCard, PoolJob, PoolRequest
+from poolserve.protocol import TASK_TOKEN_EMBED, ModelCard, PoolJob, PoolRequest
 
 
 @dataclass(eq=False, slots=True)
@@ -33,6 +33,8 @@ class PendingRequest:
     is_suspect: bool = False
     # Lower runs sooner (scheduler.py).
     priority: int = 0
+    # Every token's state rather than one pooled row per input: `output` holds one row per token.
+    per_token: bool = False
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
@@ -107,10 +109,15 @@ class PendingRequest:
         return True
 
     def add_row(self, index: int, row: npt.NDArray[np.float32]) -> bool:
-        """Keep input `index`'s raw output row; True when it was the last one missing."""
+        """Keep input `index`'s raw output row (per token: its rows, one per token); True when it was the
+        last one missing."""
         if self.output is None:
-            self.output = np.empty((self.count, row.shape[0]), dtype=np.float32)
-        self.output[index] = row
+            height = int(self.offsets[-1]) if self.per_token else self.count
+            self.output = np.empty((height, row.shape[-1]), dtype=np.float32)
+        if self.per_token:
+            self.output[self.offsets[index] : self.offsets[index + 1]] = row
+        else:
+            self.output[index] = row
         self.remaining -= 1
         return self.remaining == 0
 
@@ -138,6 +145,8 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         height, width = card.image.output_size
         if job.pixels.shape[1:3] != (height, width):
             raise InvalidRequest(f"images must be {height}x{width} pixels")
+    if job.per_token and (not card.supports(TASK_TOKEN_EMBED) or job.pixels is not None):
+        raise InvalidRequest("per-token output needs texts and a model that gives token states")
     if not 0 <= job.dimensions <= card.output_size:
         raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
     return PendingRequest(
@@ -153,4 +162,5 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         image_cost=max(card.image_tokens, 1),
         is_suspect=request.is_suspect,
         priority=job.priority,
+        per_token=job.per_token,
     )

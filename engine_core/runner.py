@@ -1,7 +1,8 @@
 """Runs the model on one batch (texts or images) and returns one raw float32 row per input.
 
 Raw means before the per-request steps (normalization, Matryoshka truncation, a classifier's
-activation), which engine_core.postprocess applies once a request is complete.
+activation), which engine_core.postprocess applies once a request is complete. An input asked for
+per token gets its token states instead (length x hidden), from the same forward pass.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from engine_core.pooling import POOLERS, PoolingMode
 from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
+F32 = npt.NDArray[np.float32]
+# One output per input, in order: a batch x dim array, or a list when some inputs are per token.
+TextOutputs = F32 | list[F32]
 
 
 class ModelRunner(Protocol):
-    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]: ...
+    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs: ...
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]: ...
 
@@ -78,11 +82,15 @@ class EmbeddingRunner:
         self.pad_token_id = pad_token_id
         self.device = device
 
-    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]:
+    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs:
         with torch.inference_mode():
             batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
-            hidden = self.model(**batch.model_inputs()).last_hidden_state
-            return to_numpy(self.pooler(hidden.float(), batch.mask, batch.lengths))
+            hidden = self.model(**batch.model_inputs()).last_hidden_state.float()
+            pooled = to_numpy(self.pooler(hidden, batch.mask, batch.lengths))
+            if not any(per_token):
+                return pooled
+            states = to_numpy(hidden)
+            return [states[i, : len(row)] if per_token[i] else pooled[i] for i, row in enumerate(rows)]
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         raise TypeError("this model takes no images")
@@ -96,7 +104,8 @@ class ClassifierRunner:
         self.pad_token_id = pad_token_id
         self.device = device
 
-    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]:
+    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs:
+        # No per-token output: the engine refuses such requests for this kind (request_state.py).
         with torch.inference_mode():
             batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
             return to_numpy(self.model(**batch.model_inputs()).logits)
@@ -123,7 +132,7 @@ class ClipRunner:
         self.dtype = dtype
         self.image = image
 
-    def run_texts(self, rows: Rows, type_rows: Rows | None) -> npt.NDArray[np.float32]:
+    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs:
         with torch.inference_mode():
             batch = TextBatch(rows, None, self.pad_token_id, self.device)
             features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=batch.attention_mask)

@@ -46,12 +46,13 @@ CLASSIFIER: Final = "classifier"  # AutoModelForSequenceClassification: one logi
 CLIP: Final = "clip"  # text and image towers projected into one space
 
 # Tasks a model card may list; each endpoint needs one of them.
-Task = Literal["embed", "classify", "score", "pool", "tokenize"]
+Task = Literal["embed", "classify", "score", "pool", "tokenize", "token_embed"]
 TASK_EMBED: Final = "embed"
 TASK_CLASSIFY: Final = "classify"
 TASK_SCORE: Final = "score"
 TASK_POOL: Final = "pool"
 TASK_TOKENIZE: Final = "tokenize"
+TASK_TOKEN_EMBED: Final = "token_embed"  # every token's hidden state, unpooled (TEI's /embed_all)
 
 # How token states become one vector: a pooling mode, CLIP's projection, or none (a classifier's head).
 CardPooling = Literal["mean", "cls", "last", "projection", "none"]
@@ -172,6 +173,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     attempt: int = 0
     is_suspect: bool = False
     priority: int = 0
+    per_token: bool = False
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -193,7 +195,8 @@ class PoolJob:
     resubmission state). `lengths` cut `tokens` (and `token_types`) into the text inputs; `pixels`
     holds the images. `dimensions` 0 means the full output size; `normalize` None means the
     model's own choice; `activation` applies a classifier's activation to its logits. `priority`:
-    lower runs sooner (engine_core/scheduler.py says how).
+    lower runs sooner (engine_core/scheduler.py says how). `per_token`: every token's hidden state
+    instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
     """
 
     lengths: npt.NDArray[np.int64]
@@ -204,6 +207,7 @@ class PoolJob:
     normalize: bool | None = None
     activation: bool = True
     priority: int = 0
+    per_token: bool = False
 
     @classmethod
     def from_rows(
@@ -216,6 +220,7 @@ class PoolJob:
         normalize: bool | None = None,
         activation: bool = True,
         priority: int = 0,
+        per_token: bool = False,
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -225,7 +230,7 @@ class PoolJob:
         if type_rows is not None:
             token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
         pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
-        return cls(lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority)
+        return cls(lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token)
 
     @property
     def images(self) -> int:
@@ -250,6 +255,7 @@ class PoolJob:
             attempt=attempt,
             is_suspect=is_suspect,
             priority=self.priority,
+            per_token=self.per_token,
         )
 
     def frames(self) -> list[Frame]:
@@ -304,6 +310,7 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         request.normalize,
         request.activation,
         request.priority,
+        request.per_token,
     )
 
 

@@ -26,7 +26,7 @@ def items_from_input(value: str | Sequence[InputItem], max_items: int, param: st
     if isinstance(value, str):
         value = [value]
     if not value:
-        raise bad_request(f"`{param}` must not be empty.", param=param)
+        raise bad_request(f"`{param}` must not be empty.", param=param, code="empty_input")
     check_input_count(len(value), max_items, param)
     if isinstance(value[0], int):
         if not all(isinstance(item, int) for item in value):

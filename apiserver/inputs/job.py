@@ -33,6 +33,8 @@ class EngineJob:
     activation: bool = True
     # Lower runs sooner (engine_core/scheduler.py); set from the request's `priority` by request_cycle.py.
     priority: int = 0
+    # Every token's state instead of one pooled row per input (TEI's /embed_all, vLLM's token_embed).
+    per_token: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -48,7 +50,13 @@ class EngineJob:
             normalize=self.normalize,
             activation=self.activation,
             priority=self.priority,
+            per_token=self.per_token,
         )
+
+    def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
+        """A per-token job's rows (one per token of every input) cut into one tokens x dim array per input."""
+        cuts = np.cumsum([len(row) for row in self.rows])[:-1]
+        return np.split(rows, cuts)
 
 
 def images_not_taken(source: ImageSource) -> ApiError:

@@ -63,10 +63,18 @@ def refuse_options_of_another_kind(card: ModelCard, request: ItemsRequest, activ
 
 
 def plan_items_request(
-    state: AppState, request: I, *, task: Task, endpoint: str, activation: bool | None = None
+    state: AppState,
+    request: I,
+    *,
+    task: Task,
+    endpoint: str,
+    activation: bool | None = None,
+    per_token: bool = False,
+    normalize_default: bool | None = None,
 ) -> Plan[I]:
     """Validate a request that carries `input` or `messages` and plan its job. `activation`: the request's
-    `activation` field where it has one (vLLM's older name for `use_activation`)."""
+    `activation` field where it has one (vLLM's older name for `use_activation`); `normalize_default`: the
+    normalization when the request does not say (None: the model's own)."""
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
@@ -82,7 +90,10 @@ def plan_items_request(
             items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image,
             direction=truncation.direction, budget=state.token_budget, add_special_tokens=request.add_special_tokens,
         )  # fmt: skip
-        job.dimensions, job.normalize, job.activation = dimensions, normalize, activation is not False
+        if per_token and job.images:
+            raise bad_request(f"{endpoint} gives token states of texts; this request holds images.", param="input")
+        job.dimensions, job.activation, job.per_token = dimensions, activation is not False, per_token
+        job.normalize = normalize_default if normalize is None else normalize
         return job
 
     return plan_job(state, items, build, request)

@@ -7,7 +7,7 @@ from importlib.metadata import version
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.errors import error_response
+from apiserver.errors import error_response, style_of
 from apiserver.responses import json_response
 from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
 from apiserver.state import AppState
@@ -42,7 +42,7 @@ async def ready(request: Request) -> Response:
     pong = state.engine.latest_pong()
     if pong is None:
         message = "The model engine is not answering (loading, restarting or down)."
-        return error_response(503, message, code="engine_unavailable")
+        return error_response(503, message, code="engine_unavailable", style=style_of(request.scope))
     timeout = state.config.worker_timeout
     stall_limit = timeout / 3 if timeout else DEFAULT_STALL_LIMIT_S
     if pong.stalled_for > stall_limit:
@@ -50,6 +50,7 @@ async def ready(request: Request) -> Response:
             503,
             f"The model engine has been inside one forward pass for {pong.stalled_for:.0f}s: it looks hung.",
             code="engine_hung",
+            style=style_of(request.scope),
         )
     engine = EngineHealth(
         queued_inputs=pong.queued_inputs, queued_tokens=pong.queued_tokens, busy_seconds=round(pong.stalled_for, 3)

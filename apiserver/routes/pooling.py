@@ -1,30 +1,78 @@
-"""POST /pooling (vLLM): the model's pooled output, whatever the model kind."""
+"""POST /pooling (vLLM): the model's pooled output, whatever the model kind, or what vLLM's `task` asks for."""
 
 from __future__ import annotations
 
+from typing import Any, Final
+
+import numpy as np
+
+from apiserver.errors import bad_request
 from apiserver.inputs.prepare import plan_items_request
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json, encode_rows, now, response_id
 from apiserver.schemas.common import Usage
-from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse
+from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse, PoolingTask
 from apiserver.state import AppState
-from poolserve.protocol import TASK_POOL
+from poolserve.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_POOL, TASK_TOKEN_EMBED, Task
+
+# vLLM's tasks poolserve runs, and the card task each needs.
+TASKS: Final[dict[PoolingTask, Task]] = {
+    "embed": TASK_EMBED,
+    "classify": TASK_CLASSIFY,
+    "token_embed": TASK_TOKEN_EMBED,
+}
+# vLLM's others, refused by name with what to use instead.
+REFUSED: Final[dict[PoolingTask, str]] = {
+    "score": "send pairs to /score or /rerank",
+    "token_classify": "poolserve loads no token-classification models",
+    "encode": "vLLM replaced it with `token_embed`",
+    "plugin": "poolserve runs no vLLM IO plugins",
+}
 
 
 def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
-    return plan_items_request(state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation)
+    task = request.task
+    if task is None:
+        return plan_items_request(state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation)
+    if task in REFUSED:
+        raise bad_request(
+            f"`task` {task!r} is not supported: {REFUSED[task]}.", param="task", code="task_not_supported"
+        )
+    needed = TASKS[task]
+    if not state.card.supports(needed):
+        raise bad_request(
+            f"`task` {task!r} needs a model that can {needed}; this model ({state.card.architecture}, a "
+            f"{state.card.kind} model) serves: {', '.join(state.card.tasks)}.",
+            param="task",
+            code="task_not_supported",
+        )
+    per_token = task == "token_embed"
+    # vLLM normalizes per-token states unless the request says not to.
+    return plan_items_request(
+        state, request, task=needed, endpoint="/pooling", activation=request.activation, per_token=per_token,
+        normalize_default=True if per_token else None,
+    )  # fmt: skip
 
 
 def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
     request = plan.context
-    vectors = encode_rows(rows, request.encoding_format, request.embed_dtype, request.endianness)
+    fmt, dtype, order = request.encoding_format, request.embed_dtype, request.endianness
+    data: list[Any]  # per input: a vector, a tokens x dim matrix, or base64 of either
+    if plan.job is not None and plan.job.per_token:
+        matrices = plan.job.token_outputs(rows)
+        if fmt == "base64":  # each input's tokens x dim values in embed_dtype, row after row, as vLLM sends them
+            data = [encode_rows(np.reshape(matrix, (1, -1)), fmt, dtype, order)[0] for matrix in matrices]
+        else:
+            data = [matrix.tolist() for matrix in matrices]
+    else:
+        data = encode_rows(rows, fmt, dtype, order)
     tokens = plan.prompt_tokens
     return encode_json(
         PoolingResponse(
             id=response_id("pool"),
             created=now(),
             model=state.model_name,
-            data=[PoolingData(index=i, data=vector) for i, vector in enumerate(vectors)],
+            data=[PoolingData(index=i, data=vector) for i, vector in enumerate(data)],
             usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
         )
     )

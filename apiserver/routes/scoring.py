@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apiserver.aliases import one_spelling, value_of
-from apiserver.errors import bad_request
+from apiserver.errors import TEI, ErrorStyle, bad_request
 from apiserver.inputs.text import tei_truncation, vllm_truncation
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
@@ -131,7 +131,7 @@ def documents_of(request: RerankRequest, max_documents: int) -> list[str]:
     assert given is not None
     documents = [doc.text if isinstance(doc, RerankDocument) else doc for doc in given]
     if not documents:
-        raise bad_request(f"`{param}` must not be empty.", param=param)
+        raise bad_request(f"`{param}` must not be empty.", param=param, code="empty_input")
     check_input_count(len(documents), max_documents, param)
     for i, document in enumerate(documents):
         if not document:
@@ -227,4 +227,9 @@ def render_rerank(plan: Plan[Reranking], rows: Rows, state: AppState) -> bytes:
     )
 
 
-RERANK = Operation(RerankRequest, parse_rerank, render_rerank)
+def rerank_style(request: RerankRequest) -> ErrorStyle | None:
+    """A TEI body (`texts`) gets TEI's errors."""
+    return TEI if request.texts is not None else None
+
+
+RERANK = Operation(RerankRequest, parse_rerank, render_rerank, rerank_style)

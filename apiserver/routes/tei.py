@@ -1,4 +1,4 @@
-"""HuggingFace text-embeddings-inference's POST /embed, POST /predict and GET /info."""
+"""HuggingFace text-embeddings-inference's POST /embed, /embed_all, /embed_sparse, /predict and GET /info."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apiserver.errors import bad_request
+from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import EngineJob, build_job
 from apiserver.inputs.text import tei_truncation, tokenize_pairs, tokenize_texts
@@ -17,6 +17,7 @@ from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
+    EmbedAllRequest,
     EmbeddingModelType,
     EmbedRequest,
     InfoResponse,
@@ -26,16 +27,20 @@ from apiserver.schemas.tei import (
 )
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, require_task
-from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE
+from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE, TASK_TOKEN_EMBED
 
 
-def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
-    require_task(state.card, TASK_EMBED, "/embed")
-    if request.prompt_name is not None:
-        raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param="prompt_name")
+def refuse_prompt_name(prompt_name: str | None, param: str = "prompt_name") -> None:
+    if prompt_name is not None:
+        raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param=param)
+
+
+def tei_job(request: EmbedRequest | EmbedAllRequest, state: AppState) -> EngineJob:
+    """The job of TEI's `inputs` (texts or token ids), truncated as TEI's `truncate` says."""
+    refuse_prompt_name(request.prompt_name)
     items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
     truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
-    job = build_job(
+    return build_job(
         items,
         state.card,
         state.tokenizer,
@@ -45,6 +50,11 @@ def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
         option=truncation.option,
         budget=state.token_budget,
     )
+
+
+def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
+    require_task(state.card, TASK_EMBED, "/embed")
+    job = tei_job(request, state)
     job.dimensions = check_dimensions(request.dimensions, state.card)
     job.normalize = request.normalize
     return Plan(None, job=job)
@@ -55,6 +65,39 @@ def render_embed(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
 
 
 EMBED = Operation(EmbedRequest, parse_embed, render_embed)
+
+
+def parse_embed_all(request: EmbedAllRequest, state: AppState) -> Plan[None]:
+    """Every token's last hidden state, as the model gives it: TEI's /embed_all neither pools nor normalizes."""
+    require_task(state.card, TASK_TOKEN_EMBED, "/embed_all")
+    job = tei_job(request, state)
+    job.per_token, job.normalize = True, False
+    return Plan(None, job=job)
+
+
+def render_embed_all(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
+    assert plan.job is not None
+    return encode_json([matrix.tolist() for matrix in plan.job.token_outputs(rows)])
+
+
+EMBED_ALL = Operation(EmbedAllRequest, parse_embed_all, render_embed_all)
+
+
+def parse_embed_sparse(request: EmbedAllRequest, state: AppState) -> Plan[None]:
+    """TEI serves sparse vectors only from a masked-LM model with SPLADE pooling, which poolserve does not
+    load; TEI answers any other model so (424)."""
+    raise ApiError(
+        400,
+        "Backend error: Model is not an embedding model with SPLADE pooling (poolserve loads no SPLADE models).",
+        code="sparse_not_supported",
+    )
+
+
+def render_nothing(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
+    raise AssertionError("never planned")
+
+
+EMBED_SPARSE = Operation(EmbedAllRequest, parse_embed_sparse, render_nothing)
 
 Sequence = str | tuple[str, str]
 
@@ -67,7 +110,7 @@ def predict_sequences(inputs: str | list[str | list[str]]) -> tuple[list[Sequenc
     if len(inputs) == 2 and all(isinstance(item, str) for item in inputs):
         return [(inputs[0], inputs[1])], False  # type: ignore[list-item]
     if not inputs:
-        raise bad_request("`inputs` must not be empty.", param="inputs")
+        raise bad_request("`inputs` must not be empty.", param="inputs", code="empty_input")
     sequences: list[Sequence] = []
     for i, item in enumerate(inputs):
         if isinstance(item, str):
@@ -142,6 +185,7 @@ async def get_info(request: Request) -> Response:
     return json_response(
         InfoResponse(
             model_id=state.model_name,
+            served_model_name=state.model_name,
             model_sha=None,
             model_dtype=card.dtype,
             model_type=model_type(state),

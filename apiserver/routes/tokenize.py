@@ -1,4 +1,5 @@
-"""POST /tokenize (vLLM's `prompt`, or TEI's `inputs`) and POST /detokenize: answered without the model."""
+"""POST /tokenize (vLLM's `prompt`, or TEI's `inputs`), POST /detokenize (vLLM) and POST /decode (TEI):
+answered without the model."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ from typing import TypeVar
 
 from tokenizers import Encoding
 
-from apiserver.errors import bad_request
+from apiserver.errors import TEI, ErrorStyle, bad_request
 from apiserver.inputs.text import check_token_rows
 from apiserver.limits import TokenBudget, check_input_count
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json
 from apiserver.schemas.tokenize import (
+    DecodeRequest,
+    DecodeResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     TeiToken,
@@ -46,7 +49,9 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
                 token_strs=state.tokenizer.token_strings(ids) if request.return_token_strs else None,
             )
         )
-    texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs or []
+    texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
+    if not texts:
+        raise bad_request("`inputs` must not be empty.", param="inputs", code="empty_input")
     check_input_count(len(texts), state.config.max_inputs_per_request, "inputs")
     answer: list[list[TeiToken]] = []
     total = 0
@@ -91,12 +96,41 @@ def parse_detokenize(request: DetokenizeRequest, state: AppState) -> Plan[Detoke
     return Plan(DetokenizeResponse(prompt=state.tokenizer.decode(request.tokens)))
 
 
+def parse_decode(request: DecodeRequest, state: AppState) -> Plan[DecodeResponse]:
+    """TEI's reading of `ids`: one list of ids (even an empty one), or a list of them."""
+    ids = request.ids
+    batch: list[list[int]]
+    if all(isinstance(item, int) for item in ids):
+        batch = [ids]  # type: ignore[list-item]
+    elif all(isinstance(item, list) for item in ids):
+        batch = ids  # type: ignore[assignment]
+        if not batch:
+            raise bad_request("`ids` must not be empty.", param="ids", code="empty_input")
+    else:
+        raise bad_request("`ids` must be a list of token ids, or a list of such lists.", param="ids")
+    check_input_count(len(batch), state.config.max_inputs_per_request, "ids")
+    params = ["ids"] if batch is not ids else [f"ids[{i}]" for i in range(len(batch))]
+    for row, param in zip(batch, params, strict=True):
+        if row:
+            check_token_rows([row], [param], limit=len(row), card=state.card)
+    skip = request.skip_special_tokens
+    return Plan([state.tokenizer.decode(row, skip_special_tokens=skip) for row in batch])
+
+
+def tokenize_style(request: TokenizeRequest) -> ErrorStyle | None:
+    """A TEI body (`inputs`) gets TEI's errors."""
+    return TEI if request.inputs is not None else None
+
+
 def render_answer(plan: Plan[Answer], rows: Rows, state: AppState) -> bytes:
     """The answer parse made (no model ran)."""
     return encode_json(plan.context)
 
 
-TOKENIZE: Operation[TokenizeRequest, TokenizeAnswer] = Operation(TokenizeRequest, parse_tokenize, render_answer)
+TOKENIZE: Operation[TokenizeRequest, TokenizeAnswer] = Operation(
+    TokenizeRequest, parse_tokenize, render_answer, tokenize_style
+)
 DETOKENIZE: Operation[DetokenizeRequest, DetokenizeResponse] = Operation(
     DetokenizeRequest, parse_detokenize, render_answer
 )
+DECODE: Operation[DecodeRequest, DecodeResponse] = Operation(DecodeRequest, parse_decode, render_answer)

@@ -8,17 +8,23 @@ import msgspec
 
 from apiserver.schemas.common import ItemsRequest, Usage
 
+# vLLM's pooling tasks (vllm/tasks.py), and `encode`, its older name for per-token output.
+PoolingTask = Literal["embed", "classify", "score", "token_embed", "token_classify", "plugin", "encode"]
+
 
 class PoolingRequest(ItemsRequest, kw_only=True):
     # Classifiers: apply the model's activation (sigmoid/softmax) to the logits (None: do). vLLM's
     # older name for `use_activation`.
     activation: bool | None = None
+    # None: the model's own output (a vector, or a classifier's scores).
+    task: PoolingTask | None = None
 
 
 class PoolingData(msgspec.Struct, kw_only=True):
     object: Literal["pooling"] = "pooling"
     index: int
-    data: list[float] | str
+    # A vector, a tokens x dim matrix (`token_embed`), or base64 of either's values in `embed_dtype`.
+    data: list[float | list[float]] | str
 
 
 class PoolingResponse(msgspec.Struct, kw_only=True):

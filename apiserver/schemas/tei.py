@@ -1,4 +1,4 @@
-"""HuggingFace text-embeddings-inference's POST /embed, /predict and GET /info."""
+"""HuggingFace text-embeddings-inference's request and response bodies (its OpenAPI document's names)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,50 @@ class EmbedRequest(msgspec.Struct, kw_only=True):
 
 
 EmbedResponse = list[list[float]]
+
+
+class EmbedAllRequest(msgspec.Struct, kw_only=True):
+    """/embed_all and /embed_sparse: `inputs` as /embed takes them; no normalization, no dimensions."""
+
+    inputs: str | list[str | int | list[int]]
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: str | None = None
+    priority: Priority = 0  # poolserve's, as vLLM names it
+
+
+EmbedSparseRequest = EmbedAllRequest
+# Per input, per token: its hidden state.
+EmbedAllResponse = list[list[list[float]]]
+
+
+class SparseValue(msgspec.Struct):
+    index: int
+    value: float
+
+
+EmbedSparseResponse = list[list[SparseValue]]
+
+
+class SimilarityInput(msgspec.Struct, kw_only=True):
+    source_sentence: str
+    sentences: list[str]
+
+
+class SimilarityParameters(msgspec.Struct, kw_only=True):
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: str | None = None
+
+
+class SimilarityRequest(msgspec.Struct, kw_only=True):
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+    priority: Priority = 0  # poolserve's, as vLLM names it
+
+
+# The cosine similarity of each of `sentences` to `source_sentence`.
+SimilarityResponse = list[float]
 
 
 class PredictRequest(msgspec.Struct, kw_only=True):
@@ -59,6 +103,7 @@ class ModelType(msgspec.Struct, omit_defaults=True):
 
 class InfoResponse(msgspec.Struct, kw_only=True):
     model_id: str
+    served_model_name: str
     model_sha: str | None
     model_dtype: str
     model_type: ModelType

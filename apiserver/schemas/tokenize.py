@@ -40,3 +40,13 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 class DetokenizeResponse(msgspec.Struct, kw_only=True):
     prompt: str
+
+
+class DecodeRequest(msgspec.Struct, kw_only=True):
+    """TEI's /decode: one list of ids, or a list of them."""
+
+    ids: list[int | list[int]]
+    skip_special_tokens: bool = True
+
+
+DecodeResponse = list[str]

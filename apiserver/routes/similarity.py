@@ -1,0 +1,49 @@
+"""POST /similarity (TEI): how close each of `sentences` is to `source_sentence`, by the cosine of their embeddings."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from apiserver.errors import bad_request
+from apiserver.inputs.job import build_job
+from apiserver.inputs.text import tei_truncation
+from apiserver.limits import check_input_count
+from apiserver.operation import Operation, Plan, Rows
+from apiserver.responses import encode_json
+from apiserver.routes.tei import refuse_prompt_name
+from apiserver.schemas.tei import SimilarityParameters, SimilarityRequest
+from apiserver.state import AppState
+from apiserver.validation import require_task
+from poolserve.protocol import TASK_EMBED
+
+
+def parse(request: SimilarityRequest, state: AppState) -> Plan[None]:
+    require_task(state.card, TASK_EMBED, "/similarity")
+    sentences = request.inputs.sentences
+    if not sentences:
+        raise bad_request("`inputs.sentences` must not be empty.", param="inputs.sentences", code="empty_input")
+    # The source sentence is embedded too: it counts, as in TEI.
+    check_input_count(len(sentences) + 1, state.config.max_inputs_per_request, "inputs.sentences")
+    parameters = request.parameters or SimilarityParameters()
+    refuse_prompt_name(parameters.prompt_name, "parameters.prompt_name")
+    texts = [request.inputs.source_sentence, *sentences]
+    params = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(sentences)))]
+    for text, param in zip(texts, params, strict=True):
+        if not text:
+            raise bad_request(f"`{param}` is an empty string.", param=param)
+    truncation = tei_truncation(parameters.truncate, parameters.truncation_direction, state.card)
+    job = build_job(
+        list(texts), state.card, state.tokenizer, limit=truncation.limit, params=params,
+        direction=truncation.direction, option=truncation.option, budget=state.token_budget,
+    )  # fmt: skip
+    job.normalize = True  # the cosine is then a dot product
+    return Plan(None, job=job)
+
+
+def render(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
+    source, others = rows[0], rows[1:]
+    norms = np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
+    return encode_json((others @ source / norms).tolist())
+
+
+SIMILARITY = Operation(SimilarityRequest, parse, render)
