@@ -44,7 +44,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from apiserver.errors import BODY_TIMED_OUT, error_bytes
+from apiserver.errors import BODY_TIMED_OUT, OPENAI, ErrorStyle, error_bytes, style_of
 from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import CONNECTIONS_RECYCLED, CONNECTIONS_TIMED_OUT
 from apiserver.read_timeouts import ReadClock
@@ -79,9 +79,13 @@ class ConnectionPolicy:
             "header_timeout",
         )
 
-    def body_timed_out(self) -> bytes:
+    def body_timed_out(self, style: ErrorStyle = OPENAI) -> bytes:
+        """In the style of the route that was reading the body (its scope says: apiserver/errors.py)."""
         return error_bytes(
-            408, f"The request body stopped arriving for {self.body_timeout_s:g} s (--body-timeout).", "body_timeout"
+            408,
+            f"The request body stopped arriving for {self.body_timeout_s:g} s (--body-timeout).",
+            "body_timeout",
+            style,
         )
 
 
@@ -254,7 +258,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle.scope.setdefault("state", {})[BODY_TIMED_OUT] = True
         cycle.disconnected = True
         cycle.message_event.set()
-        self.answer_and_close(self.policy.body_timed_out())
+        self.answer_and_close(self.policy.body_timed_out(style_of(cycle.scope)))
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -14,7 +15,7 @@ from engine_core.core import EngineCore, StepOutputs
 from engine_core.embedding_cache import EmbeddingCache
 from engine_core.loader import LoadedModel, load_model
 from engine_core.postprocess import l2_normalize
-from engine_core.request_state import check_request
+from engine_core.request_state import InvalidRequest, check_request
 from poolserve.config import Config
 from poolserve.protocol import PooledOutput, PoolJob
 
@@ -179,3 +180,33 @@ def test_a_repeated_input_is_answered_from_the_cache_with_the_computed_row(loade
     assert out.cached == 1
     assert (core.admission.inputs, core.running, core.waiting) == (0, 0, 0)
     assert core.take_answered_from_cache() is None  # nothing left to answer
+
+
+def test_per_token_requests_get_every_tokens_state_beside_pooled_ones_and_the_cache_keeps_them_apart(
+    loaded: LoadedModel,
+) -> None:
+    core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
+    pair = SENTENCES[:2]
+    for request_id in (1, 2):
+        submit(core, b"api-0", request_id, PoolJob.from_rows(pair, normalize=False, per_token=request_id == 2))
+    outputs, _ = run_until_idle(core)
+    pooled, states = outputs[(b"api-0", 1)][1], outputs[(b"api-0", 2)][1]
+    assert states.shape == (sum(map(len, pair)), loaded.card.output_size)
+    # The bundled model mean-pools: each input's token states average to its pooled row.
+    means = [chunk.mean(axis=0) for chunk in np.split(states, [len(pair[0])])]
+    np.testing.assert_allclose(np.stack(means), pooled, atol=1e-5)
+    # Both are cached, each under its own key: the same ids asked each way get their own rows back.
+    for request_id, per_token in ((3, True), (4, False)):
+        submit(core, b"api-0", request_id, PoolJob.from_rows(pair, normalize=False, per_token=per_token))
+    step = core.take_answered_from_cache()
+    assert step is not None and core.next_batch() is None
+    answers = {out.id: rows for out, rows in step.outputs[b"api-0"]}
+    np.testing.assert_array_equal(answers[3], states)
+    np.testing.assert_array_equal(answers[4], pooled)
+
+
+def test_a_model_without_token_states_refuses_per_token_requests(loaded: LoadedModel) -> None:
+    card = msgspec.structs.replace(loaded.card, tasks=["classify"])
+    job = PoolJob.from_rows([HELLO], per_token=True)
+    with pytest.raises(InvalidRequest, match="per-token"):
+        check_request(b"api-0", job.header(1), job, card)
