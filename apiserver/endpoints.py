@@ -12,6 +12,7 @@ from apiserver.routes.classify import CLASSIFY
 from apiserver.routes.embeddings import EMBEDDINGS
 from apiserver.routes.meta import get_version, list_models, live, ready
 from apiserver.routes.pooling import POOLING
+from apiserver.routes.root import EMBED_OR_SIMILARITY
 from apiserver.routes.scoring import RERANK, SCORE
 from apiserver.routes.similarity import SIMILARITY
 from apiserver.routes.tei import EMBED, EMBED_ALL, EMBED_SPARSE, PREDICT, get_info
@@ -23,6 +24,7 @@ from apiserver.schemas.pooling import PoolingResponse
 from apiserver.schemas.scoring import RerankResponse, ScoreResponse, TeiRerankResponse
 from apiserver.schemas.tei import (
     EmbedAllResponse,
+    EmbedOrSimilarityResponse,
     EmbedResponse,
     EmbedSparseResponse,
     InfoResponse,
@@ -115,7 +117,8 @@ ENDPOINTS = [
 def model_endpoints(card: ModelCard) -> list[Endpoint]:
     """POST / and /invocations (SageMaker's route), answered by the route TEI picks for the model's kind: a
     reranker (a one-label classifier) ranks as /rerank, another classifier predicts as /predict, any other
-    model embeds as /embed. Bodies and errors are that route's, in TEI's style."""
+    model embeds as /embed, or, given /similarity's body, compares as /similarity (routes/root.py). Bodies and
+    errors are that route's, in TEI's style."""
     chosen: tuple[str, AnyOperation, Any]
     if card.kind == CLASSIFIER:
         if card.supports(TASK_SCORE):
@@ -123,7 +126,7 @@ def model_endpoints(card: ModelCard) -> list[Endpoint]:
         else:
             chosen = ("/predict", PREDICT, PredictResponse)
     else:
-        chosen = ("/embed", EMBED, EmbedResponse)
+        chosen = ("/embed", EMBED_OR_SIMILARITY, EmbedOrSimilarityResponse)
     name, operation, response = chosen
     return [
         post(path, operation, f"The same as {name} for this model (TEI, {what}).", "TEI", response, errors=TEI)

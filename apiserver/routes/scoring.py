@@ -228,8 +228,8 @@ def render_rerank(plan: Plan[Reranking], rows: Rows, state: AppState) -> bytes:
 
 
 def rerank_style(request: RerankRequest) -> ErrorStyle | None:
-    """A TEI body (`texts`) gets TEI's errors."""
-    return TEI if request.texts is not None else None
+    """A TEI body (`texts`, not `documents` too) gets TEI's errors."""
+    return TEI if request.texts is not None and request.documents is None else None
 
 
 RERANK = Operation(RerankRequest, parse_rerank, render_rerank, rerank_style)

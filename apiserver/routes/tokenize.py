@@ -118,8 +118,8 @@ def parse_decode(request: DecodeRequest, state: AppState) -> Plan[DecodeResponse
 
 
 def tokenize_style(request: TokenizeRequest) -> ErrorStyle | None:
-    """A TEI body (`inputs`) gets TEI's errors."""
-    return TEI if request.inputs is not None else None
+    """A TEI body (`inputs`, not `prompt` too) gets TEI's errors."""
+    return TEI if request.inputs is not None and request.prompt is None else None
 
 
 def render_answer(plan: Plan[Answer], rows: Rows, state: AppState) -> bytes:

@@ -63,6 +63,8 @@ class SimilarityRequest(msgspec.Struct, kw_only=True):
 
 # The cosine similarity of each of `sentences` to `source_sentence`.
 SimilarityResponse = list[float]
+# POST / of an embedding model: /embed's vectors or /similarity's scores (msgspec allows one array type per union).
+EmbedOrSimilarityResponse = list[list[float] | float]
 
 
 class PredictRequest(msgspec.Struct, kw_only=True):

@@ -124,6 +124,13 @@ def test_post_root_and_invocations_answer_as_the_route_tei_picks_for_the_model(
     assert served.client.get("/").status_code == 200  # TEI's GET / is its health check
 
 
+def test_post_root_of_an_embedding_model_compares_a_similarity_body(serve: Any) -> None:
+    """What huggingface_hub's InferenceClient.sentence_similarity sends to a bare URL."""
+    served = serve()
+    body = {"inputs": {"source_sentence": "hello", "sentences": ["hi", "big"]}, "parameters": {}}
+    assert served.post("/", body) == served.post("/similarity", body)
+
+
 @pytest.mark.parametrize(
     ("card", "path", "body", "answer"),
     [

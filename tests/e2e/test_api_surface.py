@@ -78,12 +78,9 @@ def test_a_bi_encoder_reranks_by_cosine(http: httpx.Client, st_model: SentenceTr
         ("/rerank", {"query": "q", "documents": ["a"], "texts": ["a"]}),
         ("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}),
         ("/classify", {"input": "a"}),
-        ("/predict", {"inputs": "a"}),
         ("/tokenize", {}),
         ("/tokenize", {"prompt": "a", "inputs": "b"}),
         ("/detokenize", {"tokens": [1, 999_999]}),
-        ("/embed", {"inputs": "a", "prompt_name": "query"}),
-        ("/embed", {"inputs": "word " * 300}),
         ("/v1/embeddings", {"input": [{"image": "data:image/png;base64,AAAA"}]}),
     ],
 )
@@ -91,6 +88,68 @@ def test_malformed_or_unsupported_requests_get_a_400(http: httpx.Client, path: s
     response = http.post(path, json=body)
     assert response.status_code == 400, response.text
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "error_type"),
+    [
+        ("/predict", {"inputs": "a"}, 424, "Backend"),  # TEI: the model is not a classifier
+        ("/embed", {"inputs": "a", "prompt_name": "query"}, 413, "Validation"),
+        ("/embed", {"inputs": "word " * 300}, 413, "Validation"),
+        ("/embed", {"inputs": []}, 400, "Empty"),
+        ("/embed_sparse", {"inputs": "a"}, 424, "Backend"),
+        ("/", {"inputs": 1.5}, 422, "Validation"),
+    ],
+)
+def test_tei_routes_refuse_as_tei_does(
+    http: httpx.Client, path: str, body: dict[str, Any], status: int, error_type: str
+) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"error", "error_type"} and response.json()["error_type"] == error_type
+
+
+def test_embed_all_gives_each_tokens_state_and_they_average_to_the_mean_pooled_vector(http: httpx.Client) -> None:
+    texts = SENTENCES[:3]
+    states = post(http, "/embed_all", {"inputs": texts})
+    pooled = np.asarray(post(http, "/embed", {"inputs": texts, "normalize": False}))
+    for text, rows, vector in zip(texts, states, pooled, strict=True):
+        assert len(rows) == len(post(http, "/tokenize", {"inputs": text})[0])
+        np.testing.assert_allclose(np.mean(rows, axis=0), vector, atol=1e-5)
+    tokens = post(http, "/pooling", {"input": texts[:1], "task": "token_embed"})["data"][0]["data"]
+    unit = np.asarray(states[0]) / np.linalg.norm(states[0], axis=1, keepdims=True)
+    np.testing.assert_allclose(tokens, unit, atol=1e-5)  # vLLM's token_embed: each token's state, normalized
+
+
+def test_post_root_and_invocations_embed_and_similarity_decode_as_tei(
+    http: httpx.Client, st_model: SentenceTransformer
+) -> None:
+    body = {"inputs": SENTENCES[:2]}
+    embedded = post(http, "/embed", body)
+    np.testing.assert_allclose(post(http, "/", body), embedded, atol=1e-6)
+    np.testing.assert_allclose(post(http, "/invocations", body), embedded, atol=1e-6)
+    assert http.get("/").status_code == 200
+    similarity = post(http, "/similarity", {"inputs": {"source_sentence": SENTENCES[0], "sentences": SENTENCES[1:4]}})
+    vectors = st_model.encode(SENTENCES[:4])
+    np.testing.assert_allclose(similarity, vectors[1:] @ vectors[0], atol=1e-5)
+    ids = post(http, "/tokenize", {"inputs": "Hello world"})[0]
+    assert post(http, "/decode", {"ids": [t["id"] for t in ids]}) == ["hello world"]
+
+
+def test_huggingface_hubs_inference_client_with_the_bare_url(
+    server: LaunchedServer, st_model: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+
+    # huggingface_hub refuses every request while HF_HUB_OFFLINE is set, even to a local server.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    client = InferenceClient(model=server.url)
+    vectors = client.feature_extraction(SENTENCES[0])
+    np.testing.assert_allclose(np.asarray(vectors).reshape(-1), st_model.encode(SENTENCES[0]), atol=1e-5)
+    scores = client.sentence_similarity(SENTENCES[0], other_sentences=SENTENCES[1:3])
+    expected = st_model.encode(SENTENCES[1:3]) @ st_model.encode(SENTENCES[0])
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
 
 
 def test_tokenize_and_detokenize_as_vllm(http: httpx.Client, bundled_model: Path) -> None:
@@ -135,7 +194,7 @@ def test_tei_embed_truncates_on_either_side_when_asked(http: httpx.Client, st_mo
 
 def test_tei_info_and_version(http: httpx.Client) -> None:
     info = http.get("/info").json()
-    assert info["model_id"] == BUNDLED_MODEL_NAME
+    assert info["model_id"] == info["served_model_name"] == BUNDLED_MODEL_NAME
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_input_length"] == 256 and info["model_dtype"] == "float32"
     assert info["max_batch_tokens"] == 8192 and info["max_client_batch_size"] == 2048
@@ -151,7 +210,9 @@ def test_openapi_describes_every_endpoint_from_the_request_types(http: httpx.Cli
         ("/rerank", "post"), ("/v1/rerank", "post"), ("/v2/rerank", "post"), ("/classify", "post"),
         ("/tokenize", "post"), ("/detokenize", "post"), ("/embed", "post"), ("/predict", "post"),
         ("/info", "get"), ("/version", "get"), ("/health", "get"), ("/health/ready", "get"), ("/health/live", "get"),
-        ("/ping", "get"), ("/openapi.json", "get"),
+        ("/ping", "get"), ("/openapi.json", "get"), ("/embeddings", "post"), ("/embed_all", "post"),
+        ("/embed_sparse", "post"), ("/similarity", "post"), ("/decode", "post"), ("/", "get"), ("/", "post"),
+        ("/invocations", "post"),
     }  # fmt: skip
     described = {(path, method) for path, methods in document["paths"].items() for method in methods}
     assert described == expected
@@ -161,7 +222,7 @@ def test_openapi_describes_every_endpoint_from_the_request_types(http: httpx.Cli
     request_schema = schemas[ref.rsplit("/", 1)[1]]
     assert set(request_schema["properties"]) >= {"input", "model", "encoding_format", "dimensions", "messages"}
     assert request_schema["properties"]["dimensions"]["anyOf"][0]["minimum"] == 1
-    assert "ErrorBody" in schemas
+    assert {"ErrorBody", "TeiErrorBody"} <= set(schemas)
     for path, methods in document["paths"].items():
         for operation in methods.values():
             assert operation["responses"], path
@@ -179,16 +240,21 @@ def test_openapi_describes_every_endpoint_from_the_request_types(http: httpx.Cli
         ("/rerank", {"query": "q", "texts": ["a"] * 2049}, "texts"),
     ],
 )
-def test_too_many_inputs_is_one_400_on_every_endpoint(
+def test_too_many_inputs_is_one_message_on_every_endpoint(
     http: httpx.Client, path: str, body: dict[str, Any], param: str
 ) -> None:
     response = http.post(path, json=body)
+    message = (
+        f"`{param}` has 2049 inputs, more than this server's limit of 2048 per request (--max-inputs-per-request)."
+    )
+    if param in ("inputs", "texts"):  # a TEI body: TEI's status and shape
+        assert response.status_code == 413, response.text
+        assert response.json() == {"error": message, "error_type": "Validation"}
+        return
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "too_many_inputs" and error["param"] == param
-    assert error["message"] == (
-        f"`{param}` has 2049 inputs, more than this server's limit of 2048 per request (--max-inputs-per-request)."
-    )
+    assert error["message"] == message
 
 
 def test_parse_and_render_times_come_back_apart(http: httpx.Client) -> None:

@@ -145,8 +145,10 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_model: Path) -> N
         sender.start()
         with server.client() as client:
             assert wait_until(lambda: client.get("/health").status_code == 503, 5), "a hung engine read healthy"
-            body = client.get("/health").json()
+            body = client.get("/health/ready").json()
             assert body["error"]["code"] in ("engine_hung", "engine_unavailable")
+            # /health is TEI's too: TEI's error shape.
+            assert client.get("/health").json()["error_type"] == "Unhealthy"
             assert client.get("/health/live").status_code == 200
             ready_line_time(server, "engine", engine, timeout=30)
             sender.join(90)

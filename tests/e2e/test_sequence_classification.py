@@ -221,3 +221,17 @@ def test_max_tokens_per_doc_scores_each_document_cut_to_its_first_tokens(
 def test_classify_without_activation_gives_the_logits(classifier: httpx.Client, classifier_model: Path) -> None:
     raw = post(classifier, "/classify", {"input": TEXTS, "use_activation": False})
     np.testing.assert_allclose([d["probs"] for d in raw["data"]], direct_logits(classifier_model, TEXTS), atol=1e-5)
+
+
+def test_post_root_and_invocations_rank_on_a_cross_encoder_and_predict_on_a_classifier(
+    cross_encoder: httpx.Client, classifier: httpx.Client
+) -> None:
+    """TEI's routing of POST / (and SageMaker's /invocations) by the model's kind."""
+    ranking = {"query": QUERY, "texts": DOCUMENTS}
+    expected = post(cross_encoder, "/rerank", ranking)
+    assert post(cross_encoder, "/", ranking) == post(cross_encoder, "/invocations", ranking) == expected
+    prediction = {"inputs": TEXTS}
+    expected = post(classifier, "/predict", prediction)
+    assert post(classifier, "/", prediction) == post(classifier, "/invocations", prediction) == expected
+    refused = classifier.post("/embed_all", json={"inputs": "hi"})
+    assert refused.status_code == 424 and refused.json()["error_type"] == "Backend"
