@@ -283,10 +283,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "HTTP",
             "Bytes of request bodies one API server receives or holds at once: a request reserves its "
             "Content-Length before its body is read (a chunked body, its bytes as they arrive) until it is "
-            "answered; past the limit it gets 503 with Retry-After, unread, so slow uploads cannot pile up "
-            "memory. 0: four times the body limit (--max-request-bytes, or its default for the model: 128 MiB "
-            "with images, 16 MiB text-only): four of the largest bodies at once (measured: four 32 MiB bodies "
-            "took an API server from 74 to 278 MB at peak, parsing included).",
+            "answered; past the limit it gets 503 (429 on TEI's routes) with Retry-After, unread, so slow "
+            "uploads cannot pile up memory. 0: four times the body limit (--max-request-bytes, or its default "
+            "for the model: 128 MiB with images, 16 MiB text-only): four of the largest bodies at once "
+            "(measured: four 32 MiB bodies took an API server from 74 to 278 MB at peak, parsing included).",
         ),
     ] = 0
     shutdown_timeout: Annotated[

@@ -36,6 +36,8 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
     check_model(request.model, state.model_names)
     if (request.prompt is None) == (request.inputs is None):
         raise bad_request("Send exactly one of `prompt` (vLLM) and `inputs` (TEI).", param="prompt")
+    if request.prompt_name is not None:
+        raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param="prompt_name")
     special = request.add_special_tokens
     budget = TokenBudget(state.config.max_tokens_per_request)  # no engine queue to fit: its own flag only
     if request.prompt is not None:

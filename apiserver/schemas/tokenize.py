@@ -13,6 +13,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     add_special_tokens: bool = True
     return_token_strs: bool = False
+    prompt_name: str | None = None  # TEI's; refused: poolserve applies no Sentence-Transformers prompts
 
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,6 +13,7 @@ import uvicorn
 from prometheus_client import REGISTRY
 from uvicorn.server import ServerState
 
+from apiserver.errors import ERROR_STYLE, TEI
 from apiserver.fair_accept import ServerLoad
 from apiserver.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
 from poolserve.load_board import LoadBoard
@@ -42,10 +44,8 @@ async def slow_route(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 @asynccontextmanager
-async def serving(keep_alive_s: float = 5.0) -> AsyncIterator[int]:
-    config = uvicorn.Config(
-        slow_route, lifespan="off", log_config=None, access_log=False, timeout_keep_alive=keep_alive_s
-    )
+async def serving(keep_alive_s: float = 5.0, app: Any = slow_route) -> AsyncIterator[int]:
+    config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_keep_alive=keep_alive_s)
     config.load()
     board = LoadBoard.create()
     load = ServerLoad(board, board.claim_slot(), server_index=0)
@@ -115,6 +115,20 @@ def test_a_body_that_stops_coming_while_the_route_waits_for_it_is_timed_out() ->
 
     answer = asyncio.run(scenario())
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+
+
+def test_a_stalled_body_is_answered_in_the_style_its_route_recorded() -> None:
+    async def tei_route(scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("state", {})[ERROR_STYLE] = TEI  # as the app's middleware records it
+        await slow_route(scope, receive, send)
+
+    async def scenario() -> bytes:
+        async with serving(app=tei_route) as port:
+            return await exchange(port, post_head(10), b"12345")
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error_type"] == "Validation"
 
 
 def timed_out(reason: str) -> float:

@@ -144,6 +144,13 @@ def test_post_root_of_an_embedding_model_compares_a_similarity_body(serve: Any) 
         (CLASSIFIER_CHANGES, "/embed", {"inputs": "hi"}, (424, "Backend")),
         ({}, "/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, (400, "Empty")),
         ({}, "/tokenize", {"inputs": []}, (400, "Empty")),
+        ({}, "/tokenize", {"inputs": "a", "prompt_name": "query"}, (413, "Validation")),
+        (
+            {},
+            "/similarity",
+            {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": "q"}},
+            (413, "Validation"),
+        ),
         ({}, "/decode", {"ids": [1, [2]]}, (413, "Validation")),
         ({}, "/rerank", {"query": "q", "texts": []}, (400, "Empty")),
     ],
