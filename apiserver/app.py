@@ -20,6 +20,7 @@ from apiserver.limits import body_bytes_in_flight_limit, request_body_limit
 from apiserver.metrics import get_metrics
 from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
+from apiserver.request_cycle import Handler
 from apiserver.state import AppState
 from poolserve.config import Config
 
@@ -27,7 +28,7 @@ from poolserve.config import Config
 def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Starlette:
     """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json."""
     endpoints = [*ENDPOINTS, *model_endpoints(state.card), *extra_endpoints]
-    routes = [Route(e.path, e.route_handler(), methods=[e.method]) for e in endpoints]
+    routes = routes_of(endpoints)
     key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
     document = encode_openapi(endpoints, version("poolserve"), key_free)
 
@@ -55,6 +56,26 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
     )
     app.state.poolserve = state
     return app
+
+
+def routes_of(endpoints: Sequence[Endpoint]) -> list[Route]:
+    """One route per path, so that a path served with several methods (`/`: GET and POST) answers any
+    other method with a 405 whose `Allow` lists them all."""
+    handlers: dict[str, dict[str, Handler]] = {}
+    for endpoint in endpoints:
+        handlers.setdefault(endpoint.path, {})[endpoint.method] = endpoint.route_handler()
+    return [Route(path, by_method(methods), methods=list(methods)) for path, methods in handlers.items()]
+
+
+def by_method(handlers: dict[str, Handler]) -> Handler:
+    if len(handlers) == 1:
+        return next(iter(handlers.values()))
+
+    async def dispatch(request: Request) -> Response:
+        # Starlette adds HEAD to a route that has GET.
+        return await handlers["GET" if request.method == "HEAD" else request.method](request)
+
+    return dispatch
 
 
 def access_middleware(config: Config, *, body_limit: int, server_index: int = 0) -> list[Middleware]:

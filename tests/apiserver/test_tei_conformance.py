@@ -233,3 +233,8 @@ def test_the_openapi_document_names_tei_errors_on_tei_routes(serve: Any) -> None
     default_error = document["paths"]["/embed"]["post"]["responses"]["default"]["content"]["application/json"]
     assert default_error["schema"] == {"$ref": "#/components/schemas/TeiErrorBody"}
     assert "/invocations" in document["paths"] and "post" in document["paths"]["/"]
+
+
+def test_a_path_served_with_two_methods_allows_both(serve: Any) -> None:
+    refused = serve().client.put("/", json={})
+    assert refused.status_code == 405 and set(refused.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
