@@ -21,7 +21,6 @@ from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS
 from engine_core.postprocess import finish_rows
 from engine_core.request_state import PendingRequest
-from engine_core.runner import TextOutputs
 from engine_core.scheduler import Scheduler, WorkItem
 from poolserve.protocol import ERROR_MODEL, PooledOutput, RequestFailed
 
@@ -173,7 +172,7 @@ class EngineCore:
         ]
         return self._finish(finished)
 
-    def _forward(self, batch: list[WorkItem]) -> TextOutputs:
+    def _forward(self, batch: list[WorkItem]) -> F32 | list[F32]:
         """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts."""
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
@@ -183,7 +182,7 @@ class EngineCore:
             type_rows = [item.request.input_token_types(item.index) for item in batch]
         per_token = [item.request.per_token for item in batch]
         if any(per_token):
-            return self.runner.run_texts(rows, type_rows, per_token)
+            return self.runner.run_texts_per_token(rows, type_rows, per_token)
         return self.runner.run_texts(rows, type_rows)
 
     def _finish(self, finished: list[PendingRequest]) -> StepOutputs:

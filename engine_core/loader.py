@@ -280,7 +280,7 @@ def load_model(config: Config) -> LoadedModel:
         logger.warning("--dtype bfloat16 on a CPU without native bfloat16 (AVX512_BF16 or AMX): torch emulates it, "
                        "several times slower than float32")  # fmt: skip
     warm_up = np.asarray(backend.encode("warm up").ids, dtype=np.int32)
-    output_size = int(np.asarray(runner.run_texts([warm_up], None)).shape[1])
+    output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
 

@@ -20,12 +20,12 @@ from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
 F32 = npt.NDArray[np.float32]
-# One output per input, in order: a batch x dim array, or a list when some inputs are per token.
-TextOutputs = F32 | list[F32]
 
 
 class ModelRunner(Protocol):
-    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs: ...
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32: ...
+
+    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]: ...
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]: ...
 
@@ -82,15 +82,24 @@ class EmbeddingRunner:
         self.pad_token_id = pad_token_id
         self.device = device
 
-    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs:
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
-            batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
-            hidden = self.model(**batch.model_inputs()).last_hidden_state.float()
+            hidden, batch = self._hidden(rows, type_rows)
+            return to_numpy(self.pooler(hidden, batch.mask, batch.lengths))
+
+    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+        """Each input's pooled row, or, where `per_token` says, its token states (length x hidden), from
+        one forward pass."""
+        with torch.inference_mode():
+            hidden, batch = self._hidden(rows, type_rows)
             pooled = to_numpy(self.pooler(hidden, batch.mask, batch.lengths))
-            if not any(per_token):
-                return pooled
             states = to_numpy(hidden)
             return [states[i, : len(row)] if per_token[i] else pooled[i] for i, row in enumerate(rows)]
+
+    def _hidden(self, rows: Rows, type_rows: Rows | None) -> tuple[torch.Tensor, TextBatch]:
+        """The last hidden states in float32 (pooling is done in float32), and the batch they came from."""
+        batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
+        return self.model(**batch.model_inputs()).last_hidden_state.float(), batch
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         raise TypeError("this model takes no images")
@@ -104,11 +113,13 @@ class ClassifierRunner:
         self.pad_token_id = pad_token_id
         self.device = device
 
-    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs:
-        # No per-token output: the engine refuses such requests for this kind (request_state.py).
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
             batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
             return to_numpy(self.model(**batch.model_inputs()).logits)
+
+    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+        raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         raise TypeError("this model takes no images")
@@ -132,7 +143,10 @@ class ClipRunner:
         self.dtype = dtype
         self.image = image
 
-    def run_texts(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool] = ()) -> TextOutputs:
+    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+        raise TypeError("this model gives no token states")  # the engine refuses such requests first
+
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
             batch = TextBatch(rows, None, self.pad_token_id, self.device)
             features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
