@@ -83,10 +83,26 @@ def check_fits_queue(job: EngineJob, config: Config, card: ModelCard) -> None:
         )
 
 
+# Values one per-token answer (/embed_all, /pooling's token_embed) may hold: tokens x hidden size. Every
+# token's vector comes back, so at --max-tokens-per-request's default a 384-wide model would answer 400 MB
+# of float32 (several GB of JSON); this keeps one answer near 32 MB of float32 (a few 100 MB of JSON).
+MAX_TOKEN_STATE_VALUES = 8 * 1024 * 1024
+
+
+def check_token_states(job: EngineJob, card: ModelCard) -> None:
+    if job.per_token and job.prompt_tokens * card.output_size > MAX_TOKEN_STATE_VALUES:
+        limit = MAX_TOKEN_STATE_VALUES // card.output_size
+        raise over_limit(
+            "This request", job.prompt_tokens, "tokens", limit, f"every token's {card.output_size} values back",
+            param=None, code="too_many_tokens",
+        )  # fmt: skip
+
+
 def check_job(job: EngineJob, config: Config, card: ModelCard) -> None:
     """The limits every engine job meets before it is sent, whichever endpoint (or plugin) built it."""
     check_image_count(len(job.images), config.max_images_per_request)
     token_budget(config).check(job.prompt_tokens)
+    check_token_states(job, card)
     check_fits_queue(job, config, card)
 
 

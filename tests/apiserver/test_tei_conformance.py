@@ -97,6 +97,15 @@ def test_embed_all_answers_each_tokens_state_unnormalized(serve: Any) -> None:
     assert (sent.per_token, sent.normalize) == (True, False)
 
 
+def test_a_per_token_answer_is_bounded_by_its_values(serve: Any) -> None:
+    served = serve(card={"tasks": EMBEDDING_TASKS, "output_size": 4096, "max_model_len": 8192}, engine_answer=per_token)
+    error = served.post("/embed_all", {"inputs": "word " * 2100}, status=413)  # 2102 tokens x 4096 > 8 Mi values
+    assert error["error_type"] == "Validation" and "limit of 2048" in error["error"]
+    refused = served.post("/pooling", {"input": "word " * 2100, "task": "token_embed"}, status=400)
+    assert refused["error"]["code"] == "too_many_tokens"
+    assert served.engine.requests == []
+
+
 def test_decode_and_similarity_answer_as_tei(serve: Any) -> None:
     served = serve()
     assert served.post("/decode", {"ids": [101, 7592, 102]}) == ["hello"]
