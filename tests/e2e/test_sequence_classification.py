@@ -235,3 +235,17 @@ def test_post_root_and_invocations_rank_on_a_cross_encoder_and_predict_on_a_clas
     assert post(classifier, "/", prediction) == post(classifier, "/invocations", prediction) == expected
     refused = classifier.post("/embed_all", json={"inputs": "hi"})
     assert refused.status_code == 424 and refused.json()["error_type"] == "Backend"
+
+
+def test_huggingface_hubs_text_classification_with_the_bare_url(
+    classifier: httpx.Client, classifier_server: LaunchedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+
+    # huggingface_hub refuses every request while HF_HUB_OFFLINE is set, even to a local server.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    best = post(classifier, "/predict", {"inputs": TEXTS[0]})[0]
+    # The client takes the first element of TEI's answer, the best label.
+    answer = InferenceClient(model=classifier_server.url).text_classification(TEXTS[0])
+    assert (answer.label, answer.score) == (best["label"], pytest.approx(best["score"], abs=1e-6))
