@@ -4,6 +4,7 @@ error body, through the real app with an in-process engine (test_request_cycle.p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,21 @@ def test_the_openapi_document_names_tei_errors_on_tei_routes(serve: Any) -> None
 def test_a_path_served_with_two_methods_allows_both(serve: Any) -> None:
     refused = serve().client.put("/", json={})
     assert refused.status_code == 405 and set(refused.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
+
+
+def test_the_tei_compatibility_table_names_every_route_and_request_field_of_teis_document() -> None:
+    docs = (Path(__file__).parent.parent.parent / "docs" / "api.md").read_text()
+    table = docs.split("## Compatibility: TEI", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:4] for line in table.splitlines() if line.startswith("| `")]
+    named: dict[str, str] = {}
+    for route, fields, _ in rows:
+        for path in re.findall(r"`(?:[A-Z]+ )?(/[\w/]*)`", route):
+            named[path] = named.get(path, "") + fields
+    for path, methods in SPEC["paths"].items():
+        assert path in named, f"{path} has no row"
+        body = methods.get("post", {}).get("requestBody")
+        if body is None or path == "/v1/embeddings":  # OpenAI's fields: the OpenAI section's table
+            continue
+        schema = SPEC["components"]["schemas"][body["content"]["application/json"]["schema"]["$ref"].rsplit("/")[-1]]
+        for field in schema["properties"]:
+            assert f"`{field}" in named[path] or f".{field}`" in named[path] or "all" in named[path], (path, field)
