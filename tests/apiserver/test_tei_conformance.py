@@ -3,6 +3,7 @@ error body, through the real app with an in-process engine (test_request_cycle.p
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -236,6 +237,37 @@ def test_pooling_tasks_run_where_the_model_can_and_are_refused_by_name_elsewhere
     assert len(classifier.post("/pooling", {"input": "good", "task": "classify"})["data"][0]["data"]) == 3
     for task in ("embed", "token_embed"):
         classifier.post("/pooling", {"input": "good", "task": task}, status=400)
+
+
+@pytest.mark.parametrize(
+    ("embed_dtype", "endianness", "dtype"), [("float32", "native", "=f4"), ("float16", "big", ">f2")]
+)
+def test_per_token_base64_takes_vllms_embed_dtype_and_endianness(
+    serve: Any, embed_dtype: str, endianness: str, dtype: str
+) -> None:
+    served = serve(card={"tasks": EMBEDDING_TASKS}, engine_answer=per_token)
+    body = {"input": "hello", "task": "token_embed", "normalize": False, "encoding_format": "base64"}
+    data = served.post("/pooling", {**body, "embed_dtype": embed_dtype, "endianness": endianness})["data"][0]["data"]
+    matrix = np.frombuffer(base64.b64decode(data), dtype=dtype).reshape(-1, DIM)
+    ids = served.tokens("hello")
+    assert matrix[:, :2].tolist() == [[float(token), float(k)] for k, token in enumerate(ids)]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/embed", {"inputs": "hi"}), ("/embed_all", {"inputs": "hi"}), ("/tokenize", {"inputs": "hi"}),
+        ("/decode", {"ids": [7592]}), ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
+    ],
+)  # fmt: skip
+def test_tei_routes_ignore_a_field_tei_does_not_define_as_tei_does(serve: Any, path: str, body: dict[str, Any]) -> None:
+    """TEI's request types take serde's default (no deny_unknown_fields): huggingface_hub's InferenceClient
+    sends `parameters` to /predict that TEI never reads, and would break on a refusal."""
+    served = serve(card={"tasks": EMBEDDING_TASKS}, engine_answer=per_token)
+    assert served.post(path, {**body, "not_a_tei_field": 1}) == served.post(path, body)
+    classifier = serve(card=CLASSIFIER_CHANGES)
+    predict = {"inputs": "good"}
+    assert classifier.post("/predict", {**predict, "parameters": {}}) == classifier.post("/predict", predict)
 
 
 def test_the_openapi_document_names_tei_errors_on_tei_routes(serve: Any) -> None:
