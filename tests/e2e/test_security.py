@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], int]] = {
     "/v1/embeddings": ({"input": "hi"}, 200),
     "/pooling": ({"input": "hi"}, 200),
     "/score": ({"text_1": "a", "text_2": "b"}, 200),
+    "/v1/score": ({"text_1": "a", "text_2": "b"}, 200),
     "/rerank": ({"query": "a", "documents": ["b"]}, 200),
     "/v1/rerank": ({"query": "a", "documents": ["b"]}, 200),
     "/v2/rerank": ({"query": "a", "documents": ["b"]}, 200),
