@@ -83,10 +83,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=60, help="queries per priority under load")
     parser.add_argument("--gap", type=float, default=0.1, help="seconds between queries")
     parser.add_argument("--api-servers", type=int, default=2)
+    parser.add_argument("--server-args", default="", help="Extra `launch` flags, e.g. --torch-threads 2.")
     args = parser.parse_args()
     report = measure_priority_mix(
         bulk_clients=args.bulk_clients, bulk_inputs=args.bulk_inputs, queries=args.queries, gap=args.gap,
-        api_servers=args.api_servers, server_args=[],
+        api_servers=args.api_servers, server_args=args.server_args.split(),
     )  # fmt: skip
     print(json.dumps(report, indent=2))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache, input_key
@@ -22,6 +23,7 @@ from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUE
 from engine_core.postprocess import finish_rows
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import Scheduler, WorkItem
+from engine_core.threads import ThreadPlan
 from poolserve.protocol import ERROR_MODEL, PooledOutput, RequestFailed
 
 logger = logging.getLogger("poolserve.engine")
@@ -63,6 +65,7 @@ class EngineCore:
         self._batches: deque[list[WorkItem]] = deque()
         self._window_priority: int | None = None
         self.running = 0
+        self.threads = ThreadPlan(loaded.card.device, torch.get_num_threads())
 
     @property
     def waiting(self) -> int:
@@ -174,8 +177,11 @@ class EngineCore:
 
     def _forward(self, batch: list[WorkItem]) -> F32 | list[F32]:
         """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts."""
+        is_urgent = any(item.request.priority < 0 for item in batch)
         if batch[0].is_image:
+            self.threads.apply(len(batch) * self.card.image_tokens, is_urgent=is_urgent)
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
+        self.threads.apply(len(batch) * max(item.length for item in batch), is_urgent=is_urgent)
         rows = [item.request.input_ids(item.index) for item in batch]
         type_rows = None
         if any(item.request.token_types is not None for item in batch):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,16 +90,6 @@ def select_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
         raise LoadError("--device cuda was asked for, but no CUDA device is visible to torch.")
     return torch.device(requested)
-
-
-def cpu_threads(api_server_count: int) -> int:
-    """The engine's torch threads on a CPU when --torch-threads is 0: the usable cores less one per API
-    server. torch's own default takes every core, and its OpenMP threads spin-wait between parallel
-    regions: beside API servers on the same cores a spinning team thrashes (a thread whose core an
-    API server holds stalls the others at every barrier). Measured on 2 cores (docs/benchmarks.md,
-    "CPU engine"): 2 threads served 4-9 requests/s where 1 thread served 24-48 with other work on
-    the machine, and used 1.8 cores at one client where 1 thread uses under 1."""
-    return max(1, len(os.sched_getaffinity(0)) - api_server_count)
 
 
 def select_dtype(requested: str, device: torch.device) -> torch.dtype:
@@ -217,9 +206,8 @@ def load_model(config: Config) -> LoadedModel:
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     folder = resolve_model_folder(config.model)
     device = select_device(config.device)
-    threads = config.torch_threads or (cpu_threads(config.api_server_count) if device.type == "cpu" else 0)
-    if threads:
-        torch.set_num_threads(threads)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     dtype = select_dtype(config.dtype, device)
     trust = config.trust_remote_code
     try:

@@ -375,8 +375,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         int,
         Flag(
             "engine",
-            "torch intra-op threads in the engine. 0: on CPU the usable cores less one per API server (at least 1), "
-            "so that torch's spin-waiting threads never share a core with an API server; on CUDA torch's default.",
+            "torch intra-op threads in the engine; 0: torch's default (the usable cores). On CPU a batch of at most "
+            "128 padded tokens runs on one of them unless it holds a request with priority < 0 "
+            "(engine_core/threads.py).",
         ),
     ] = 0
     engine_start_timeout: Annotated[

@@ -16,7 +16,7 @@ from engine_core.cpu_precision import (
     choose_auto_dtype,
     measure_agreement,
 )
-from engine_core.loader import LoadedModel, cpu_threads, load_model
+from engine_core.loader import LoadedModel, load_model
 from poolserve.config import Config
 
 CLOSE = Agreement(min_cosine=0.999, top_overlap=1.0)
@@ -91,10 +91,9 @@ def test_auto_on_a_processor_without_bf16_serves_float32_and_logs_why(
 ) -> None:
     monkeypatch.setattr(loader, "has_native_bf16", lambda: False)
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
-        loaded = load_model(Config(device="cpu", dtype="auto", api_server_count=1))
+        loaded = load_model(Config(device="cpu", dtype="auto"))
     assert loaded.card.dtype == "float32"
     assert "--dtype auto chose float32: this CPU has no native bfloat16" in caplog.text
-    assert torch.get_num_threads() == cpu_threads(1)  # --torch-threads 0 on a CPU
 
 
 def test_a_model_that_strays_in_bf16_is_served_from_float32_weights_reloaded(

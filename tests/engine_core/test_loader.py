@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
@@ -8,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from engine_core.loader import cpu_threads, measure_batch_overhead
+from engine_core.loader import measure_batch_overhead
 
 
 class TimedRunner:
@@ -29,9 +28,3 @@ def test_the_measured_overhead_is_the_forward_pass_cost_in_tokens() -> None:
     runner = TimedRunner(overhead=0.004, per_token=0.00002)  # a pass costs as much as 200 tokens
     overhead = measure_batch_overhead(runner, np.arange(10, dtype=np.int32), max_model_len=256)
     assert overhead == pytest.approx(200, rel=0.25)
-
-
-def test_the_engine_leaves_one_core_per_api_server_and_keeps_at_least_one_thread() -> None:
-    cores = len(os.sched_getaffinity(0))
-    assert cpu_threads(api_server_count=1) == max(1, cores - 1)
-    assert cpu_threads(api_server_count=cores + 5) == 1

@@ -1,0 +1,39 @@
+"""The engine's thread count follows the batch on a CPU: one thread for a few short inputs, all for a large batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from engine_core.threads import SMALL_BATCH_TOKENS, ThreadPlan
+
+
+@pytest.fixture
+def restore_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_small_batch_runs_on_one_thread_and_a_large_one_on_all(restore_threads: None) -> None:
+    torch.set_num_threads(2)
+    plan = ThreadPlan("cpu", 2)
+    plan.apply(SMALL_BATCH_TOKENS)
+    assert torch.get_num_threads() == 1
+    plan.apply(SMALL_BATCH_TOKENS + 1)
+    assert torch.get_num_threads() == 2
+    plan.apply(SMALL_BATCH_TOKENS)
+    assert torch.get_num_threads() == 1
+    plan.apply(8, is_urgent=True)  # a priority < 0 request: someone waits for it
+    assert torch.get_num_threads() == 2
+
+
+def test_one_configured_thread_and_cuda_are_left_alone(restore_threads: None) -> None:
+    torch.set_num_threads(1)
+    ThreadPlan("cpu", 1).apply(10_000)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    ThreadPlan("cuda", 2).apply(1)
+    assert torch.get_num_threads() == 2
