@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
+from apiserver.schemas.common import PeerRequest
 
-class TokenizeRequest(msgspec.Struct, kw_only=True):
-    """vLLM sends `prompt`; TEI sends `inputs` and gets TEI's answer."""
+
+class TokenizeRequest(PeerRequest, kw_only=True):
+    """vLLM sends `prompt`; TEI sends `inputs` and gets TEI's answer. vLLM's chat form (`messages`,
+    `chat_template`, ...) is unknown here, so refused by name: poolserve applies no chat template."""
 
     prompt: str | None = None
     inputs: str | list[str] | None = None
@@ -34,7 +37,7 @@ class TeiToken(msgspec.Struct, kw_only=True):
 TeiTokenizeResponse = list[list[TeiToken]]
 
 
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
+class DetokenizeRequest(PeerRequest, kw_only=True):
     tokens: list[int]
     model: str | None = None
 

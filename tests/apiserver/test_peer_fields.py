@@ -20,6 +20,7 @@ from apiserver.schemas.classify import ClassifyRequest
 from apiserver.schemas.embeddings import EmbeddingRequest
 from apiserver.schemas.pooling import PoolingRequest
 from apiserver.schemas.scoring import RerankRequest, ScoreRequest
+from apiserver.schemas.tokenize import DetokenizeRequest, TokenizeRequest
 from poolserve.protocol import CLASSIFIER
 from tests.apiserver import test_request_cycle
 from tests.apiserver.test_request_cycle import CLASSIFIER_CHANGES, DIM, text_row
@@ -55,6 +56,10 @@ FAMILIES = {
     "/score, /v1/score:": [Target("/v1/score", ScoreRequest, {"text_1": "a", "text_2": "b"})],
     "/rerank, /v1/rerank, /v2/rerank:": [Target("/v1/rerank", RerankRequest, {"query": "a", "documents": ["b"]})],
     "/classify:": [Target("/classify", ClassifyRequest, {"input": "hi"}, CLASSIFIER_CHANGES)],
+    "/tokenize, /detokenize (vLLM's form; TEI's is in \"Compatibility: TEI\" below):": [
+        Target("/tokenize", TokenizeRequest, {"prompt": "hi"}),
+        Target("/detokenize", DetokenizeRequest, {"tokens": [101]}),
+    ],
 }
 
 

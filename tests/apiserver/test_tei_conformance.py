@@ -256,8 +256,8 @@ def test_per_token_base64_takes_vllms_embed_dtype_and_endianness(
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/embed", {"inputs": "hi"}), ("/embed_all", {"inputs": "hi"}), ("/tokenize", {"inputs": "hi"}),
-        ("/decode", {"ids": [7592]}), ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
+        ("/embed", {"inputs": "hi"}), ("/embed_all", {"inputs": "hi"}), ("/decode", {"ids": [7592]}),
+        ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
     ],
 )  # fmt: skip
 def test_tei_routes_ignore_a_field_tei_does_not_define_as_tei_does(serve: Any, path: str, body: dict[str, Any]) -> None:
@@ -268,6 +268,15 @@ def test_tei_routes_ignore_a_field_tei_does_not_define_as_tei_does(serve: Any, p
     classifier = serve(card=CLASSIFIER_CHANGES)
     predict = {"inputs": "good"}
     assert classifier.post("/predict", {**predict, "parameters": {}}) == classifier.post("/predict", predict)
+
+
+def test_tokenize_refuses_a_field_no_peer_defines_in_either_form(serve: Any) -> None:
+    """/tokenize's one request type serves vLLM's form and TEI's: a field neither defines is refused by name
+    (vLLM's chat form, `messages` and the rest, with it: poolserve applies no chat template)."""
+    served = serve(card={"tasks": EMBEDDING_TASKS})
+    for body in ({"inputs": "hi"}, {"prompt": "hi"}):
+        error = served.post("/tokenize", {**body, "messages": []}, status=400)["error"]
+        assert error["param"] == "messages"
 
 
 def test_the_openapi_document_names_tei_errors_on_tei_routes(serve: Any) -> None:
