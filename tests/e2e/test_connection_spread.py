@@ -40,31 +40,20 @@ def metric_values(url: str, name: str) -> dict[str, float]:
     return {labels: float(value) for labels, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE)}
 
 
-@pytest.fixture(params=[2, 4])
-def spread_server(request: pytest.FixtureRequest) -> Iterator[tuple[LaunchedServer, int]]:
-    """Two API servers: the session's (the default flags, and one launch fewer); four: its own."""
-    if request.param == 2:
-        yield request.getfixturevalue("server"), 2
-    else:
-        with launched("--api-server-count", str(request.param)) as server:
-            yield server, request.param
-
-
-def test_32_keepalive_connections_opened_at_once_spread_evenly_in_every_run(
-    spread_server: tuple[LaunchedServer, int],
-) -> None:
-    server, api_servers = spread_server
-    runs = measure_spread(server.url, connections=32, requests=10, runs=10)
-    report = "\n".join(describe(run, api_servers) for run in runs)
-    for run in runs:
-        assert run.failures == 0, report
-        assert sum(run.connections.values()) == 32, report
-        assert len(run.connections) == api_servers, report
-        # Every server's share of connections and of requests within 25 % of a fair share.
-        assert run.worst_deviation(api_servers) <= 0.25, report
-    # The gate did the spreading.
-    pauses = metric_values(server.url, "poolserve_accept_pauses_total")
-    assert sum(pauses.values()) > 0, pauses
+@pytest.mark.parametrize("api_servers", [2, 4])
+def test_32_keepalive_connections_opened_at_once_spread_evenly_in_every_run(api_servers: int) -> None:
+    with launched("--api-server-count", str(api_servers)) as server:
+        runs = measure_spread(server.url, connections=32, requests=10, runs=10)
+        report = "\n".join(describe(run, api_servers) for run in runs)
+        for run in runs:
+            assert run.failures == 0, report
+            assert sum(run.connections.values()) == 32, report
+            assert len(run.connections) == api_servers, report
+            # Every server's share of connections and of requests within 25 % of a fair share.
+            assert run.worst_deviation(api_servers) <= 0.25, report
+        # The gate did the spreading.
+        pauses = metric_values(server.url, "poolserve_accept_pauses_total")
+        assert sum(pauses.values()) > 0, pauses
 
 
 # One 2-server instance for the tests that only send requests -------------------------------------

@@ -31,13 +31,15 @@ REPEATS = ["--exclude-path", "/embeddings", "--exclude-path", "/invocations", "-
 REPEATS += ["--exclude-operation-id", "get_root"]
 
 
-def run_schemathesis(server: LaunchedServer, headers: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_schemathesis(
+    server: LaunchedServer, headers: list[str], cwd: Path, examples: int
+) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable, "-c", "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
         "run", f"{server.url}/openapi.json",
         "--checks", "all", "--exclude-checks", EXCLUDED_CHECKS,
         "--phases", "coverage,fuzzing",
-        "--max-examples", str(EXAMPLES), "--seed", str(SEED),
+        "--max-examples", str(examples), "--seed", str(SEED),
         "--request-timeout", "30", "--no-color", "--warnings", "off",
         *REPEATS, *headers,
     ]  # fmt: skip
@@ -61,9 +63,12 @@ def test_generated_requests_get_no_5xx_and_no_answer_outside_the_schema(
 ) -> None:
     server: LaunchedServer = request.getfixturevalue(FIXTURES[kind])
     headers = ["--header", f"Authorization: Bearer {API_KEY}"] if kind == "api-key" else []
-    result = run_schemathesis(server, headers, tmp_path)
+    # The bundled model's run fuzzes hardest; the others mostly repeat its request types on another model kind
+    # (or behind the key), so their coverage phase and a few generated cases each find what they add.
+    examples = EXAMPLES if kind == "bundled" else EXAMPLES // 2
+    result = run_schemathesis(server, headers, tmp_path, examples)
     assert result.returncode == 0, f"{result.stdout[-20000:]}\n{result.stderr[-2000:]}"
     counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)
     assert counts is not None, result.stdout[-3000:]
     generated, passed = map(int, counts.groups())
-    assert generated == passed > 16 * EXAMPLES
+    assert generated == passed > 16 * examples
