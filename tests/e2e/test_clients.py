@@ -2,7 +2,8 @@
 server: cohere (v1 and v2 rerank) and langchain-openai (embeddings). The openai client has its own tests
 (test_embeddings.py), huggingface_hub's InferenceClient its own (test_api_surface.py). llama-index's
 OpenAILikeEmbedding sends its requests through the openai client and passed against a live server when
-checked by hand (docs/api.md, "Compatibility"); it stays out of the dev extras, whose install time the suite's limit counts."""
+checked by hand (docs/api.md, "Compatibility"); it stays out of the dev extras, whose install time the
+suite's limit counts."""
 
 from __future__ import annotations
 
