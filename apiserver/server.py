@@ -91,7 +91,12 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     except PluginError as exc:
         report_boot(spec, BootReport(status="failed", message=f"API server {spec.index}: {exc}"))
         return EXIT_BOOT_ERROR
-    engine = EngineClient(spec.engine_endpoint, spec.index, wait_timeout=config.engine_wait_timeout)
+    engine = EngineClient(
+        spec.engine_endpoints,
+        spec.index,
+        wait_timeout=config.engine_wait_timeout,
+        stall_limit=config.engine_stall_limit,
+    )
     # A replacement API server may start while the engine itself restarts: wait as long as an engine
     # boot, but stop waiting at once when told to stop.
     connecting = asyncio.create_task(engine.connect(config.engine_start_timeout))

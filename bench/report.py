@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.tables import Results, fmt, runs_of, table
-from bench.targets import targets
+from bench.targets import ratio, targets
 
 DOCS_START = "<!-- bench:results:start -->"
 DOCS_END = "<!-- bench:results:end -->"
@@ -199,13 +199,14 @@ def priority_section(results: Results) -> str:
         [name, fmt(mix[name]["p50"]), fmt(mix[name]["p99"])]
         for name in ("unloaded", "under bulk, priority 0", "under bulk, priority -1")
     ]
-    ratio = mix["under bulk, priority -1"]["p99"] / mix["unloaded"]["p99"]
+    query_ratio = ratio(mix["under bulk, priority -1"]["p99"], mix["unloaded"]["p99"])
+    shown = "—" if query_ratio is None else f"{query_ratio:.2f}"
     return (
         f"{settings['bulk_clients']} bulk clients sending {settings['bulk_inputs']} sentences per request back to "
         f"back, one query every {settings['gap']} s ({settings['queries']} per priority), "
         f"{settings['api_servers']} API servers (bench/priority_mix.py).\n\n"
         + table(["one-sentence query", "p50 ms", "p99 ms"], rows)
-        + f"\n\nPriority -1 under bulk / unloaded, p99: {ratio:.2f} (target <= 2). Bulk served "
+        + f"\n\nPriority -1 under bulk / unloaded, p99: {shown} (target <= 2). Bulk served "
         f"{mix['bulk inputs/s']} inputs/s meanwhile, statuses {mix['bulk statuses']}, "
         f"{mix['bulk failures']} failures."
     )

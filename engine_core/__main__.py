@@ -12,6 +12,7 @@ from types import FrameType
 from poolserve.boot import (
     EXIT_BOOT_ERROR,
     BootReport,
+    engine_endpoint,
     exit_with_parent,
     read_child_spec,
     report_boot,
@@ -57,6 +58,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(spec.name, spec.config.log_level, spec.config.log_format)
     reserve_metric_files()  # before the engine's modules make their metrics
+    from engine_core.metrics import set_engine_index
+
+    set_engine_index(spec.index)
     started = time.perf_counter()
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:
@@ -73,9 +77,10 @@ def main() -> int:
         loaded = load_model(config)
         engine = EngineProcess(
             loaded,
-            spec.engine_endpoint,
+            engine_endpoint(spec.runtime_dir, spec.index, config.engine_count),
             admission=AdmissionLimit(config.max_queued_inputs, config.max_queued_tokens),
-            recorder=FlightRecorder(os.path.join(spec.runtime_dir, "engine-flight")),
+            # Its own file: a restarted engine names what it was running, not what a sibling was.
+            recorder=FlightRecorder(os.path.join(spec.runtime_dir, f"{spec.name}-flight")),
             beat=lambda: send_heartbeat(spec),
             cache=EmbeddingCache(config.cache_bytes),
         )

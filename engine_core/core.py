@@ -19,12 +19,12 @@ import torch
 from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
-from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS
-from engine_core.postprocess import finish_rows
+from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS, engine_label
+from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import ERROR_MODEL, PooledOutput, RequestFailed
+from poolserve.protocol import CLASSIFIER, ERROR_MODEL, PooledOutput, RequestFailed
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -152,20 +152,23 @@ class EngineCore:
     def run_batch(self, batch: list[WorkItem]) -> StepOutputs:
         """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
         started = time.monotonic()
+        engine = engine_label()
+        queue_seconds = QUEUE_SECONDS.labels(engine)
         for request in requests_of(batch):
             if request.start(started):
                 self.running += 1
-                QUEUE_SECONDS.observe(started - request.admitted_at)
+                queue_seconds.observe(started - request.admitted_at)
+        padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
         try:
-            rows = self._forward(batch)
+            rows = self._forward(batch, padded)
         except Exception as exc:
             failed = requests_of(batch)
             logger.exception("forward pass failed for requests %s", [r.id for r in failed])
             return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
         modality = "image" if batch[0].is_image else "text"
-        FORWARD_SECONDS.labels(modality=modality).observe(time.monotonic() - started)
-        BATCH_INPUTS.observe(len(batch))
-        BATCH_TOKENS.observe(len(batch) * max(item.length for item in batch))
+        FORWARD_SECONDS.labels(engine, modality).observe(time.monotonic() - started)
+        BATCH_INPUTS.labels(engine).observe(len(batch))
+        BATCH_TOKENS.labels(engine).observe(padded)
         if self.cache.max_bytes:
             for row, item in zip(rows, batch, strict=True):
                 if item.request.cache_keys:
@@ -175,13 +178,12 @@ class EngineCore:
         ]
         return self._finish(finished)
 
-    def _forward(self, batch: list[WorkItem]) -> F32 | list[F32]:
-        """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts."""
-        is_urgent = any(item.request.priority < 0 for item in batch)
+    def _forward(self, batch: list[WorkItem], padded: int) -> F32 | list[F32]:
+        """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts.
+        `padded`: the batch's tokens, padding included, which sets the pass's torch threads."""
+        self.threads.apply(padded, is_urgent=any(item.request.priority < 0 for item in batch))
         if batch[0].is_image:
-            self.threads.apply(len(batch) * self.card.image_tokens, is_urgent=is_urgent)
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
-        self.threads.apply(len(batch) * max(item.length for item in batch), is_urgent=is_urgent)
         rows = [item.request.input_ids(item.index) for item in batch]
         type_rows = None
         if any(item.request.token_types is not None for item in batch):
@@ -195,17 +197,22 @@ class EngineCore:
         """Complete requests' rows as their clients asked for them (normalized, truncated, activated)."""
         step = StepOutputs()
         now = time.monotonic()
+        normalized = normalize_together([r for r in finished if r.normalize and self.card.kind != CLASSIFIER])
         for request in finished:
             self._requests.pop(request.key, None)
             self._release(request)
             assert request.output is not None
-            vectors = finish_rows(
-                request.output,
-                self.card,
-                normalize=request.normalize,
-                activation=request.activation,
-                dimensions=request.dimensions,
-            )
+            rows = normalized.get(id(request))
+            if rows is not None:
+                vectors = truncate_dimensions(rows, request.dimensions, renormalize=True)
+            else:
+                vectors = finish_rows(
+                    request.output,
+                    self.card,
+                    normalize=request.normalize,
+                    activation=request.activation,
+                    dimensions=request.dimensions,
+                )
             started = request.started_at or request.admitted_at
             out = PooledOutput(
                 request.id,
@@ -233,6 +240,18 @@ class EngineCore:
             self.admission.release(request.count, request.total_cost)
             if request.started_at is not None:
                 self.running -= 1
+
+
+def normalize_together(requests: list[PendingRequest]) -> dict[int, F32]:
+    """The requests' rows L2-normalized in one pass over all of them (what finish_rows does to each,
+    at one numpy call for the step rather than several per request), by id(request)."""
+    if not requests:
+        return {}
+    outputs = [request.output for request in requests]
+    assert all(output is not None for output in outputs)
+    stacked = l2_normalize(np.concatenate(outputs))  # type: ignore[arg-type]
+    ends = np.cumsum([len(output) for output in outputs])  # type: ignore[arg-type]
+    return {id(request): rows for request, rows in zip(requests, np.split(stacked, ends[:-1]), strict=True)}
 
 
 def requests_of(batch: list[WorkItem]) -> list[PendingRequest]:

@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 import numpy.typing as npt
 
-from engine_core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES
+from engine_core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, engine_label
 
 F32 = npt.NDArray[np.float32]
 # What an entry costs besides its row: the key, the OrderedDict's node, the array header.
@@ -50,10 +50,10 @@ class EmbeddingCache:
     def get(self, key: bytes) -> F32 | None:
         row = self._rows.get(key)
         if row is None:
-            CACHE_MISSES.inc()
+            CACHE_MISSES.labels(engine_label()).inc()
             return None
         self._rows.move_to_end(key)
-        CACHE_HITS.inc()
+        CACHE_HITS.labels(engine_label()).inc()
         return row
 
     def put(self, key: bytes, row: F32) -> None:
@@ -66,5 +66,5 @@ class EmbeddingCache:
         while self.bytes > self.max_bytes:
             _, evicted = self._rows.popitem(last=False)
             self.bytes -= evicted.nbytes + ENTRY_OVERHEAD_BYTES
-            CACHE_EVICTIONS.inc()
-        CACHE_BYTES.set(self.bytes)
+            CACHE_EVICTIONS.labels(engine_label()).inc()
+        CACHE_BYTES.labels(engine_label()).set(self.bytes)

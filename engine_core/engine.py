@@ -19,7 +19,7 @@ from engine_core.embedding_cache import EmbeddingCache
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
-from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING
+from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING, engine_label
 from engine_core.request_state import PendingRequest
 from poolserve.protocol import EngineWire
 
@@ -104,9 +104,10 @@ class EngineProcess:
         if now - self._last_beat >= BEAT_INTERVAL_S:
             self._last_beat = now
             self._beat()
-        REQUESTS_WAITING.set(self.core.waiting)
-        REQUESTS_RUNNING.set(self.core.running)
-        INPUTS_QUEUED.set(self.admission.inputs)
+        engine = engine_label()
+        REQUESTS_WAITING.labels(engine).set(self.core.waiting)
+        REQUESTS_RUNNING.labels(engine).set(self.core.running)
+        INPUTS_QUEUED.labels(engine).set(self.admission.inputs)
 
     def _drain(self, block: bool) -> None:
         try:

@@ -209,6 +209,11 @@ def load_model(config: Config) -> LoadedModel:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     dtype = select_dtype(config.dtype, device)
+    if device.type == "cuda":
+        # torch's cuDNN attention (its first choice on Hopper in half precision) builds a graph for
+        # every new (batch, length) shape: 50 ms each on an H100, against 10 ms without it, and a
+        # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
+        torch.backends.cuda.enable_cudnn_sdp(False)
     trust = config.trust_remote_code
     try:
         model_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
@@ -305,13 +310,31 @@ def load_model(config: Config) -> LoadedModel:
         type_vocab_size=int(getattr(text_config, "type_vocab_size", 0) or 0),
     )
     return LoadedModel(
-        card=card, runner=runner, batch_overhead_tokens=measure_batch_overhead(runner, warm_up, max_model_len)
+        card=card,
+        runner=runner,
+        batch_overhead_tokens=measure_batch_overhead(
+            runner,
+            warm_up,
+            max_model_len,
+            # on the CPU 16 rows are plenty and cheap at start-up; on a GPU the largest batch the caps allow
+            large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
+            cap=max_batch_tokens,
+        ),
     )
 
 
-def measure_batch_overhead(runner: ModelRunner, sample: npt.NDArray[np.int32], max_model_len: int) -> float:
+def measure_batch_overhead(
+    runner: ModelRunner, sample: npt.NDArray[np.int32], max_model_len: int, large_rows: int = 16, cap: float = 8192
+) -> float:
     """Fit `time = overhead + per_token x tokens` on two batch shapes and answer overhead / per_token:
-    how many tokens of padding a forward pass of its own is worth. The scheduler uses it to cut batches."""
+    how many tokens of padding a forward pass of its own is worth. The scheduler uses it to cut batches.
+
+    The large shape is `large_rows` rows of 64 tokens: on a GPU it must be big enough for its compute
+    to show over the launches (a pass of 1,024 tokens costs an H100 what a pass of 64 does). Where the
+    fit sees no per-token cost, or one too small to weigh, the pass's own cost is what counts: the
+    answer is `cap` (the token budget of a batch), so the scheduler cuts batches as large as the caps
+    allow. Answering 0 there would say passes are free and cut every length into its own batch: on an
+    H100 that ran batches of 6 inputs while 250 requests waited (docs/benchmarks.md, "GPU")."""
     length = min(64, max_model_len)
     row = np.resize(sample, length).astype(np.int32)
 
@@ -323,12 +346,12 @@ def measure_batch_overhead(runner: ModelRunner, sample: npt.NDArray[np.int32], m
             times.append(time.perf_counter() - started)
         return min(times)
 
-    small, large = (1, length), (16, 16 * length)
+    small, large = (1, length), (large_rows, large_rows * length)
     t_small, t_large = fastest(small[0]), fastest(large[0])
     per_token = (t_large - t_small) / (large[1] - small[1])
     if per_token <= 0:
-        return 0.0
-    return max(0.0, (t_small - per_token * small[1]) / per_token)
+        return float(cap)
+    return min(float(cap), max(0.0, (t_small - per_token * small[1]) / per_token))
 
 
 def first_line(exc: BaseException) -> str:

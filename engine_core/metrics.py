@@ -17,55 +17,65 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 13107
 QUEUE_SECONDS = Histogram(
     "poolserve_queue_duration_seconds",
     "Time a request waited in the engine between admission and its first forward pass.",
+    ["engine"],
     buckets=TIME_BUCKETS,
 )
 FORWARD_SECONDS = Histogram(
     "poolserve_forward_duration_seconds",
     "Duration of one forward pass of the model, by input modality.",
-    ["modality"],
+    ["engine", "modality"],
     buckets=TIME_BUCKETS,
 )
 BATCH_INPUTS = Histogram(
     "poolserve_batch_inputs",
     "Inputs (texts or images) in one forward pass.",
+    ["engine"],
     buckets=COUNT_BUCKETS,
 )
 BATCH_TOKENS = Histogram(
     "poolserve_batch_tokens",
     "Tokens one forward pass computed, padding included (an image counts its vision tokens).",
+    ["engine"],
     buckets=TOKEN_BUCKETS,
 )
 # Written by the engine alone; a dead engine's values go (mark_process_dead), the live one's stay.
 REQUESTS_WAITING = Gauge(
     "poolserve_engine_requests_waiting",
     "Requests admitted by the engine that no forward pass has started yet.",
+    ["engine"],
     multiprocess_mode="livemostrecent",
 )
 REQUESTS_RUNNING = Gauge(
     "poolserve_engine_requests_running",
     "Requests with at least one input computed or computing and not yet answered.",
+    ["engine"],
     multiprocess_mode="livemostrecent",
 )
 INPUTS_QUEUED = Gauge(
     "poolserve_engine_queued_inputs",
     "Inputs waiting or running in the engine: what the admission limit counts.",
+    ["engine"],
     multiprocess_mode="livemostrecent",
 )
 CACHE_HITS = Counter(
     "poolserve_cache_hits",
     "Inputs answered from the engine's cache (--cache-bytes) without a forward pass.",
+    ["engine"],
 )
 CACHE_MISSES = Counter(
     "poolserve_cache_misses",
     "Inputs looked up in the engine's cache and not found (computed, then cached).",
+    ["engine"],
 )
 CACHE_EVICTIONS = Counter(
     "poolserve_cache_evictions",
     "Rows dropped from the engine's cache, least recently used first, to stay within --cache-bytes.",
+    ["engine"],
 )
 CACHE_BYTES = Gauge(
     "poolserve_cache_bytes",
     "Bytes the engine's cache holds (rows and their bookkeeping), at most --cache-bytes.",
+    ["engine"],
     multiprocess_mode="livemostrecent",
 )
 # Labelled with the served name, not card.path: /metrics is open to anyone who can reach the port
@@ -73,13 +83,43 @@ CACHE_BYTES = Gauge(
 MODEL_INFO = Gauge(
     "poolserve_model_info",
     "The model the engine serves (always 1; the facts are labels).",
-    ["model_name", "architecture", "kind", "pooling", "device", "dtype", "max_model_len", "output_size"],
+    ["engine", "model_name", "architecture", "kind", "pooling", "device", "dtype", "max_model_len", "output_size"],
     multiprocess_mode="livemostrecent",
 )
 
 
+# Which engine of --engine-count this process is: every series here carries it as its `engine` label,
+# so /metrics shows each engine's figures (sum them for the server's). Set once at start-up.
+_engine = "0"
+
+
+def set_engine_index(index: int) -> None:
+    global _engine
+    _engine = str(index)
+    # Each series exists from start-up, at 0 (as Prometheus advises), and takes its room in the metric
+    # files now, before a full disk could refuse it (poolserve/metric_files.py).
+    for metric in (
+        QUEUE_SECONDS,
+        BATCH_INPUTS,
+        BATCH_TOKENS,
+        REQUESTS_WAITING,
+        REQUESTS_RUNNING,
+        INPUTS_QUEUED,
+        CACHE_HITS,
+        CACHE_MISSES,
+        CACHE_EVICTIONS,
+        CACHE_BYTES,
+    ):
+        metric.labels(_engine)
+
+
+def engine_label() -> str:
+    return _engine
+
+
 def publish_model_info(card: ModelCard, *, model_name: str) -> None:
     MODEL_INFO.labels(
+        engine=engine_label(),
         model_name=model_name,
         architecture=card.architecture,
         kind=card.kind,

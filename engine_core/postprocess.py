@@ -11,8 +11,11 @@ F32 = npt.NDArray[np.float32]
 
 
 def l2_normalize(rows: F32) -> F32:
-    """As torch.nn.functional.normalize: divide by the norm, clamped away from zero."""
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    """As torch.nn.functional.normalize: divide by the norm, clamped away from zero.
+
+    The norms come from one einsum rather than np.linalg.norm, whose checks and temporaries cost
+    several times more on the one-row requests that make up most of an embedding server's work."""
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows))[:, None]
     np.maximum(norms, 1e-12, out=norms)
     normalized: F32 = (rows / norms).astype(np.float32, copy=False)
     return normalized

@@ -38,6 +38,10 @@ class PendingRequest:
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
+    # Each text input's length as a plain int, for the scheduler's per-input loop.
+    costs: list[int] = field(init=False)
+    # What the request weighs in the token budget and the admission limit.
+    total_cost: int = field(init=False)
     texts: int = field(init=False)
     count: int = field(init=False)
     remaining: int = field(init=False)
@@ -60,15 +64,12 @@ class PendingRequest:
         self.texts = len(self.lengths)
         self.count = self.texts + (0 if self.pixels is None else len(self.pixels))
         self.remaining = self.count
+        self.costs = self.lengths.tolist()
+        self.total_cost = int(self.offsets[-1]) + (self.count - self.texts) * self.image_cost
 
     @property
     def key(self) -> tuple[bytes, int]:
         return (self.identity, self.id)
-
-    @property
-    def total_cost(self) -> int:
-        """What the request weighs in the token budget and the admission limit."""
-        return int(self.lengths.sum()) + (self.count - self.texts) * self.image_cost
 
     @property
     def has_unscheduled(self) -> bool:
@@ -85,7 +86,7 @@ class PendingRequest:
         return index >= self.texts
 
     def cost(self, index: int) -> int:
-        return self.image_cost if index >= self.texts else int(self.lengths[index])
+        return self.image_cost if index >= self.texts else self.costs[index]
 
     def input_ids(self, index: int) -> npt.NDArray[np.int32]:
         return self.tokens[self.offsets[index] : self.offsets[index + 1]]

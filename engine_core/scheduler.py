@@ -35,9 +35,10 @@ def aged_priority(request: PendingRequest, now: float) -> int:
     return request.priority - int((now - request.admitted_at) / AGING_S)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WorkItem:
-    """One input of a request, as the scheduler places it in a batch."""
+    """One input of a request, as the scheduler places it in a batch. Not frozen, though never
+    changed: a window makes thousands, and a frozen dataclass's __init__ costs several times more."""
 
     request: PendingRequest
     index: int
@@ -141,20 +142,19 @@ class Scheduler:
             turn = ranked[start:end]
             while turn and len(window) < self.window_items and tokens < self.window_tokens:
                 for request in turn:
+                    # Up to one batch's worth of this request's inputs, within what the window has left:
+                    # an input is taken while fewer than `most` were and their tokens are under `budget`.
+                    most = min(self.max_batch_size, self.window_items - len(window))
+                    budget = min(self.max_batch_tokens, self.window_tokens - tokens)
                     taken = taken_tokens = 0
-                    while (
-                        request.has_unscheduled
-                        and taken < self.max_batch_size
-                        and taken_tokens < self.max_batch_tokens
-                        and len(window) < self.window_items
-                        and tokens < self.window_tokens
-                    ):
+                    while taken < most and taken_tokens < budget and request.has_unscheduled:
                         index = request.take_next()
-                        length = request.cost(index)
-                        window.append(WorkItem(request, index, length, request.is_image(index), level))
+                        is_image = index >= request.texts
+                        length = request.image_cost if is_image else request.costs[index]
+                        window.append(WorkItem(request, index, length, is_image, level))
                         taken += 1
                         taken_tokens += length
-                        tokens += length
+                    tokens += taken_tokens
                 turn = [r for r in turn if r.has_unscheduled]
             start = end
         still = []
@@ -181,7 +181,11 @@ class Scheduler:
         overhead plus (its size x its longest input) tokens, within the size and token caps.
 
         An exact dynamic program over where to cut: best[j] is the cheapest way to run the first j
-        inputs, and the last batch of that way starts at cut[j]."""
+        inputs, and the last batch of that way starts at cut[j]. Where a pass is worth a whole
+        batch's token budget or more (a GPU bound by its launches), the fewest passes win: the
+        batches are filled to the caps instead, at a small fraction of the program's cost."""
+        if self.batch_overhead_tokens >= self.max_batch_tokens:
+            return self._fill(items)
         lengths = np.fromiter((item.length for item in items), dtype=np.float64, count=len(items))
         count = len(items)
         best = np.zeros(count + 1)
@@ -201,4 +205,17 @@ class Scheduler:
             batches.append(items[cut[end] : end])
             end = int(cut[end])
         batches.reverse()
+        return batches
+
+    def _fill(self, items: list[WorkItem]) -> list[list[WorkItem]]:
+        """Length-sorted inputs cut into the fewest batches within the caps, each filled in turn."""
+        batches = []
+        start = 0
+        for end, item in enumerate(items):
+            size = end - start + 1
+            if end > start and (size > self.max_batch_size or size * item.length > self.max_batch_tokens):
+                batches.append(items[start:end])
+                start = end
+        if start < len(items):
+            batches.append(items[start:])
         return batches

@@ -35,12 +35,21 @@ class ChildSpec(msgspec.Struct, kw_only=True, frozen=True):
     board_slot: int = 0
 
     @property
-    def engine_endpoint(self) -> str:
-        return engine_endpoint(self.runtime_dir)
+    def engine_endpoints(self) -> list[str]:
+        """Every engine's endpoint, in engine order: an API server connects to all of them."""
+        count = self.config.engine_count
+        return [engine_endpoint(self.runtime_dir, index, count) for index in range(count)]
 
     @property
     def name(self) -> str:
-        return "engine" if self.role == "engine" else f"api-{self.index}"
+        return child_name(self.role, self.index, self.config.engine_count)
+
+
+def child_name(role: Role, index: int, engine_count: int) -> str:
+    """How logs name a child: `api-N`; `engine`, or `engine-N` when there are several."""
+    if role == "api":
+        return f"api-{index}"
+    return "engine" if engine_count == 1 else f"engine-{index}"
 
 
 class BootReport(msgspec.Struct, kw_only=True, frozen=True):
@@ -50,8 +59,9 @@ class BootReport(msgspec.Struct, kw_only=True, frozen=True):
     message: str = ""
 
 
-def engine_endpoint(runtime_dir: str) -> str:
-    return f"ipc://{os.path.join(runtime_dir, 'engine.sock')}"
+def engine_endpoint(runtime_dir: str, index: int, engine_count: int) -> str:
+    """`engine.sock` in the runtime folder, or `engine-N.sock` when there are several engines."""
+    return f"ipc://{os.path.join(runtime_dir, child_name('engine', index, engine_count) + '.sock')}"
 
 
 def encode_child_spec(spec: ChildSpec) -> str:

@@ -22,7 +22,7 @@ from types import FrameType, ModuleType
 
 import msgspec
 
-from poolserve.boot import EXIT_BOOT_ERROR
+from poolserve.boot import EXIT_BOOT_ERROR, child_name
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard
 from supervisor.children import ChildProcess, spawn_child
@@ -60,7 +60,9 @@ class Supervisor:
     def __init__(self, config: Config):
         self.config = config
         self.api_server_count = config.api_server_count
-        self.engine: ChildProcess | None = None
+        # The engine of each index (--engine-count); one that died is absent until its restart.
+        self.engines: dict[int, ChildProcess] = {}
+        self.engine_slots = {child_name("engine", i, config.engine_count): i for i in range(config.engine_count)}
         # The serving (or booting) API server of each index.
         self.api_servers: dict[int, ChildProcess] = {}
         # SIGHUP: the new process of an index, booting while the old one still serves.
@@ -124,7 +126,7 @@ class Supervisor:
                 f"cannot create the runtime folder{where}: {exc.strerror or exc} (TMPDIR names where it goes)"
             ) from exc
         # Not a reason to refuse: with no room at all the server serves, and only metrics miss series.
-        shortfall = room_shortfall(self.runtime_dir, self.api_server_count + 2)
+        shortfall = room_shortfall(self.runtime_dir, self.api_server_count + config.engine_count + 1)
         if shortfall:
             logger.warning(
                 "%s: /metrics will miss series (counted in poolserve_metric_series_dropped_total)", shortfall
@@ -135,15 +137,18 @@ class Supervisor:
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
         self.board = LoadBoard.create()
-        self.engine = self._spawn("engine")
-        self._await_ready([self.engine], config.engine_start_timeout)
+        # All at once: each loads its own copy of the model, and start-up waits for the slowest.
+        for index in range(config.engine_count):
+            self.engines[index] = self._spawn("engine", index)
+        self._await_ready(list(self.engines.values()), config.engine_start_timeout)
         for index in range(self.api_server_count):
             self.api_servers[index] = self._spawn("api", index)
         self._await_ready(list(self.api_servers.values()), config.engine_start_timeout + API_SERVER_BOOT_EXTRA_S)
         self._announced.update(child.pid for child in self.children)
         if config.binds_beyond_loopback and not config.api_key:
             logger.warning("listening on %s without an API key: anyone who can reach the port can use it", config.host)
-        summary = self.engine.boot_report.message if self.engine.boot_report else ""
+        first = self.engines[0].boot_report
+        summary = first.message if first else ""
         print(ready_line(config, bound_port(self.listener), time.perf_counter() - started, summary), flush=True)
 
     def _prepare_metrics(self) -> None:
@@ -197,8 +202,12 @@ class Supervisor:
 
     @property
     def children(self) -> list[ChildProcess]:
-        engine = [self.engine] if self.engine is not None else []
-        return engine + list(self.api_servers.values()) + list(self.replacements.values()) + self.retiring
+        return (
+            list(self.engines.values())
+            + list(self.api_servers.values())
+            + list(self.replacements.values())
+            + self.retiring
+        )
 
     def _seconds_to_next_event(self) -> float:
         now = time.monotonic()
@@ -265,7 +274,13 @@ class Supervisor:
                     f"{self.crashes[child.name].window:.0f}s (last: pid {child.pid} {child.describe_exit(code)})"
                 )
             delay = self.crashes[child.name].backoff(crashes)
-            consequence = "; the API servers keep what was in flight and resubmit it" if child.role == "engine" else ""
+            consequence = ""
+            if child.role == "engine":
+                consequence = (
+                    "; the API servers move what was in flight to the other engines"
+                    if self.config.engine_count > 1
+                    else "; the API servers keep what was in flight and resubmit it"
+                )
             logger.error(
                 "%s (pid %d) %s; restarting it%s%s",
                 child.name,
@@ -287,8 +302,9 @@ class Supervisor:
             # Its connections died with it: the siblings' fair shares change at once.
             self.board.release_slot(child.board_slot)
             child.board_slot = 0
-        if child is self.engine:
-            self.engine = None
+        if child.role == "engine":
+            if self.engines.get(child.index) is child:
+                del self.engines[child.index]
         elif self.api_servers.get(child.index) is child:
             del self.api_servers[child.index]
         elif self.replacements.get(child.index) is child:
@@ -327,8 +343,9 @@ class Supervisor:
             if when > now:
                 continue
             del self.respawn_at[slot]
-            if slot == "engine":
-                self.engine = self._spawn("engine")
+            if slot in self.engine_slots:
+                index = self.engine_slots[slot]
+                self.engines[index] = self._spawn("engine", index)
         for index in range(self.api_server_count):
             if index not in self.api_servers and f"api-{index}" not in self.respawn_at:
                 self.api_servers[index] = self._spawn("api", index)
@@ -359,8 +376,10 @@ class Supervisor:
         if role == "engine":
             # The engine has no use for the API key: one process fewer holds it. --protect-metrics goes with
             # it, since the copy is validated again and a protected /metrics without a key is refused.
-            keyless = msgspec.structs.replace(self.config, api_key="", protect_metrics=False)
-            child = spawn_child("engine", keyless, self.runtime_dir)
+            keyless = msgspec.structs.replace(
+                self.config, api_key="", protect_metrics=False, torch_threads=self.config.engine_torch_threads
+            )
+            child = spawn_child("engine", keyless, self.runtime_dir, index=index)
         else:
             child = spawn_child(
                 "api", self.config, self.runtime_dir, index=index, listener=self.listener, board=self.board
@@ -374,9 +393,9 @@ class Supervisor:
         """API servers first (they drain in-flight requests, which need the engine), then the engine."""
         api_servers = list(self.api_servers.values()) + list(self.replacements.values()) + self.retiring
         self._stop_group(api_servers, self.config.shutdown_timeout + 5)
-        if self.engine is not None:
-            self._stop_group([self.engine], ENGINE_STOP_TIMEOUT_S)
-        for child in [*api_servers, *([self.engine] if self.engine else [])]:
+        engines = list(self.engines.values())
+        self._stop_group(engines, ENGINE_STOP_TIMEOUT_S)
+        for child in [*api_servers, *engines]:
             if child.pipe_fd >= 0:
                 with contextlib.suppress(KeyError, ValueError):
                     self._selector.unregister(child.pipe_fd)
@@ -422,7 +441,8 @@ def ready_line(config: Config, port: int, seconds: float, engine_report: str) ->
     """The one line that says the server is up, where, and who may reach it."""
     reach = " (listening beyond loopback: reachable from other machines)" if config.binds_beyond_loopback else ""
     key = ", API key required" if config.api_key else ""
+    engines = f", {config.engine_count} engines" if config.engine_count > 1 else ""
     return (
         f"poolserve ready in {seconds:.1f}s on http://{config.host}:{port}{reach}: "
-        f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s){key}"
+        f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s){engines}{key}"
     )

@@ -18,18 +18,29 @@ import time
 
 import msgspec
 
-from poolserve.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, encode_child_spec
+from poolserve.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, child_name, encode_child_spec
 from poolserve.config import API_KEY_ENV, Config
 from poolserve.load_board import LoadBoard
 
+CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
 
 class ChildProcess:
-    def __init__(self, role: Role, index: int, popen: subprocess.Popen[bytes], pipe_fd: int, board_slot: int = 0):
+    def __init__(
+        self,
+        role: Role,
+        index: int,
+        popen: subprocess.Popen[bytes],
+        pipe_fd: int,
+        board_slot: int = 0,
+        *,
+        engine_count: int = 1,
+    ):
         self.role = role
         # An API server's slot on the load board (apiserver/load_board.py); 0: none.
         self.board_slot = board_slot
         self.index = index
-        self.name = "engine" if role == "engine" else f"api-{index}"
+        self.name = child_name(role, index, engine_count)
         self.popen = popen
         self.pipe_fd = pipe_fd
         self.started_at = time.monotonic()
@@ -137,6 +148,8 @@ def spawn_child(
     if role == "api":
         # One tokenizer thread per API server: parallelism comes from running N of them.
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    elif config.engine_count > 1:
+        env[CUDA_DEVICES_ENV] = engine_gpu(index, env.get(CUDA_DEVICES_ENV))
     module = "engine_core" if role == "engine" else "apiserver"
     pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
     try:
@@ -150,4 +163,12 @@ def spawn_child(
         os.close(write_fd)
     if board is not None:
         board.set_pid(board_slot, popen.pid)
-    return ChildProcess(role, index, popen, read_fd, board_slot)
+    return ChildProcess(role, index, popen, read_fd, board_slot, engine_count=config.engine_count)
+
+
+def engine_gpu(index: int, visible: str | None) -> str:
+    """The GPU engine `index` of several gets: the index-th of those CUDA_VISIBLE_DEVICES names (all
+    of them when unset), wrapping round when there are more engines than names. On a machine with
+    no GPU the variable is read by nothing."""
+    names = [name.strip() for name in visible.split(",") if name.strip()] if visible else []
+    return names[index % len(names)] if names else str(index)

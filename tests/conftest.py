@@ -25,8 +25,12 @@ def bundled_model() -> Path:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[LaunchedServer]:
-    """The bundled model behind 2 API servers, shared by the end-to-end tests that only send requests."""
-    launched = LaunchedServer("--api-server-count", "2")
+    """The bundled model behind 2 API servers, shared by the end-to-end tests that only send requests.
+
+    On the CPU in float32 wherever the suite runs: its answers are held to Sentence-Transformers'
+    at cosine >= 0.9999, which float16 on a GPU (`--device auto` there) does not promise; the CUDA
+    path has its own tests (tests/engine_core/test_cuda.py, and test_embeddings' CUDA server)."""
+    launched = LaunchedServer("--api-server-count", "2", "--device", "cpu")
     try:
         yield launched.wait_ready()
     finally:

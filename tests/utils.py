@@ -39,12 +39,21 @@ def api_server_pids(server: LaunchedServer) -> dict[str, int]:
     return {index: int(pid) for index, pid in re.findall(r"\[api-(\d+) (\d+)\]", server.stderr()) if int(pid) in live}
 
 
-def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float) -> float:
-    """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`."""
+def engine_pids(server: LaunchedServer) -> dict[str, int]:
+    """Index -> pid of the live engines of a server with --engine-count > 1, from their `[engine-N pid]` log prefix."""
+    live = set(server.child_pid("engine_core"))
+    return {
+        index: int(pid) for index, pid in re.findall(r"\[engine-(\d+) (\d+)\]", server.stderr()) if int(pid) in live
+    }
+
+
+def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float, since: int = 0) -> float:
+    """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`, in its log from
+    character `since` on (a server shared by several tests has ready lines of earlier restarts)."""
     pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")
     started = time.monotonic()
     found = wait_until(
-        lambda: any(int(pid) != pid_not for pid in pattern.findall(server.stderr())), timeout, interval=0.02
+        lambda: any(int(pid) != pid_not for pid in pattern.findall(server.stderr()[since:])), timeout, interval=0.02
     )
     assert found, f"{name} not back within {timeout}s\n{server.log()}"
     return time.monotonic() - started

@@ -12,8 +12,6 @@ from apiserver.responses import json_response
 from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
 from apiserver.state import AppState
 
-# With --worker-timeout 0 (no killing), a forward pass this long still reads as hung.
-DEFAULT_STALL_LIMIT_S = 10.0
 LIVE = b'{"status":"ok"}'
 
 
@@ -43,9 +41,7 @@ async def ready(request: Request) -> Response:
     if pong is None:
         message = "The model engine is not answering (loading, restarting or down)."
         return error_response(503, message, code="engine_unavailable", style=style_of(request.scope))
-    timeout = state.config.worker_timeout
-    stall_limit = timeout / 3 if timeout else DEFAULT_STALL_LIMIT_S
-    if pong.stalled_for > stall_limit:
+    if pong.stalled_for > state.config.engine_stall_limit:
         return error_response(
             503,
             f"The model engine has been inside one forward pass for {pong.stalled_for:.0f}s: it looks hung.",

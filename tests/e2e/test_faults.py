@@ -68,9 +68,46 @@ def launched_faulty(folder: Path, *args: str) -> Iterator[LaunchedServer]:
         yield server
 
 
+def is_settled(server: LaunchedServer, api_servers: int) -> bool:
+    """As a fresh server is: `api_servers` API servers and one engine, nothing draining, /health 200."""
+    if len(server.child_pid("apiserver")) != api_servers or len(server.child_pid("engine_core")) != 1:
+        return False
+    try:
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            return client.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def settled(server: LaunchedServer, api_servers: int) -> Iterator[LaunchedServer]:
+    """A server shared by the tests of this module (a launch is ~10 s of the suite), handed to a test once it is
+    as a fresh one would be, and checked to be so again after: each test that kills, restarts or rescales its
+    processes waits for them to be back, or fails here rather than in whichever test uses it next."""
+    assert wait_until(lambda: is_settled(server, api_servers), 60), f"not settled before the test\n{server.log()}"
+    yield server
+    assert wait_until(lambda: is_settled(server, api_servers), 60), f"not settled after the test\n{server.log()}"
+
+
+class SharedServer(LaunchedServer):
+    first_health: httpx.Response  # /health asked the moment its ready line was out
+
+
+@pytest.fixture(scope="module")
+def shared_two_api_servers() -> Iterator[SharedServer]:
+    server = SharedServer("--api-server-count", "2")
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            server.first_health = client.get("/health")
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def two_api_servers() -> Iterator[LaunchedServer]:
-    with launched("--api-server-count", "2") as server:
+def two_api_servers(shared_two_api_servers: SharedServer) -> Iterator[LaunchedServer]:
+    with settled(shared_two_api_servers, api_servers=2) as server:
         yield server
 
 
@@ -82,8 +119,9 @@ def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
     victim = api_server_pids(server)[victim_index]
     with SteadyLoad(server.url, clients=8) as load:
         load.wait_for(40)
+        mark = len(server.stderr())
         os.kill(victim, signal.SIGKILL)
-        back_after = ready_line_time(server, f"api-{victim_index}", victim, timeout=10)
+        back_after = ready_line_time(server, f"api-{victim_index}", victim, timeout=10, since=mark)
         served_before = sum(load.statuses.values())
         load.wait_for(served_before + 40)
     assert back_after < 2.0, f"api-{victim_index} back after {back_after:.2f}s\n{server.log()}"
@@ -100,82 +138,114 @@ def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: Laun
     body = {"input": [f"sentence number {i} about search and retrieval" for i in range(16)]}
     with SteadyLoad(server.url, clients=6, body=body) as load:
         load.wait_for(12)
+        mark = len(server.stderr())
         os.kill(engine, signal.SIGKILL)
-        ready_line_time(server, "engine", engine, timeout=60)
+        ready_line_time(server, "engine", engine, timeout=60, since=mark)
         served_after_restart = sum(load.statuses.values())
         load.wait_for(served_after_restart + 12)
     assert load.failures == [], load.failures
     assert set(load.statuses) == {200}, load.statuses
-    assert "resubmitting" in server.stderr()
+    assert "resubmitting" in server.stderr()[mark:]
 
 
-def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_model: Path) -> None:
-    with launched_faulty(faulty_model, "--api-server-count", "1") as server:
+@pytest.fixture(scope="module")
+def shared_faulty_server(faulty_model: Path) -> Iterator[LaunchedServer]:
+    with launched_faulty(faulty_model, "--api-server-count", "2", "--worker-timeout", "3") as server:
+        yield server
+
+
+@pytest.fixture
+def faulty_server(shared_faulty_server: LaunchedServer) -> Iterator[LaunchedServer]:
+    """The faulty model behind 2 API servers, whose processes are killed and replaced after 3 s without a
+    heartbeat. Its tests crash or hang the engine twice each: 4 crashes within a minute, under the
+    supervisor's limit of 5 (supervisor/crash_history.py); the later restarts wait 1 and 2 s."""
+    with settled(shared_faulty_server, api_servers=2) as server:
+        yield server
+
+
+def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: LaunchedServer) -> None:
+    server = faulty_server
+    mark = len(server.stderr())
+    with server.client() as client:
+        bystanders: list[int] = []
+
+        def innocent() -> None:
+            with server.client() as other:
+                bystanders.append(other.post("/v1/embeddings", json={"input": ["harmless"] * 8}).status_code)
+
+        threads = [threading.Thread(target=innocent) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        poisoned = client.post("/v1/embeddings", json={"input": [[101, CRASH_TOKEN, 102]]})
+        for thread in threads:
+            thread.join(60)
+        assert poisoned.status_code == 500, poisoned.text
+        assert poisoned.json()["error"]["code"] == "poison_pill"
+        assert "likely cause" in poisoned.json()["error"]["message"]
+        assert bystanders == [200] * 4
+        assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
+    assert server.stderr()[mark:].count("engine (pid") >= 2
+
+
+def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: LaunchedServer) -> None:
+    server = faulty_server
+    mark = len(server.stderr())
+    (engine,) = server.child_pid("engine_core")
+    result: dict[str, httpx.Response] = {}
+
+    def hang() -> None:
         with server.client() as client:
-            bystanders: list[int] = []
+            result["hung"] = client.post("/v1/embeddings", json={"input": [[101, HANG_TOKEN, 102]]})
 
-            def innocent() -> None:
-                with server.client() as other:
-                    bystanders.append(other.post("/v1/embeddings", json={"input": ["harmless"] * 8}).status_code)
-
-            threads = [threading.Thread(target=innocent) for _ in range(4)]
-            for thread in threads:
-                thread.start()
-            poisoned = client.post("/v1/embeddings", json={"input": [[101, CRASH_TOKEN, 102]]})
-            for thread in threads:
-                thread.join(60)
-            assert poisoned.status_code == 500, poisoned.text
-            assert poisoned.json()["error"]["code"] == "poison_pill"
-            assert "likely cause" in poisoned.json()["error"]["message"]
-            assert bystanders == [200] * 4
-            assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
-        assert server.stderr().count("engine (pid") >= 2
-
-
-def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_model: Path) -> None:
-    with launched_faulty(faulty_model, "--api-server-count", "1", "--worker-timeout", "3") as server:
-        (engine,) = server.child_pid("engine_core")
-        result: dict[str, httpx.Response] = {}
-
-        def hang() -> None:
-            with server.client() as client:
-                result["hung"] = client.post("/v1/embeddings", json={"input": [[101, HANG_TOKEN, 102]]})
-
-        sender = threading.Thread(target=hang)
-        sender.start()
-        with server.client() as client:
-            assert wait_until(lambda: client.get("/health").status_code == 503, 5), "a hung engine read healthy"
-            body = client.get("/health/ready").json()
-            assert body["error"]["code"] in ("engine_hung", "engine_unavailable")
-            # /health is TEI's too: TEI's error shape.
-            assert client.get("/health").json()["error_type"] == "Unhealthy"
-            assert client.get("/health/live").status_code == 200
-            ready_line_time(server, "engine", engine, timeout=30)
-            sender.join(90)
-            # The same input hung the restarted engine too: failed as the cause, not retried forever.
-            assert result["hung"].status_code == 500
-            assert wait_until(lambda: client.get("/health").status_code == 200, 30)
-            assert client.post("/v1/embeddings", json={"input": "fine"}).status_code == 200
-        assert "sent no heartbeat" in server.stderr()
+    sender = threading.Thread(target=hang)
+    sender.start()
+    with server.client() as client:
+        assert wait_until(lambda: client.get("/health").status_code == 503, 5), "a hung engine read healthy"
+        body = client.get("/health/ready").json()
+        assert body["error"]["code"] in ("engine_hung", "engine_unavailable")
+        # /health is TEI's too: TEI's error shape.
+        assert client.get("/health").json()["error_type"] == "Unhealthy"
+        assert client.get("/health/live").status_code == 200
+        ready_line_time(server, "engine", engine, timeout=30, since=mark)
+        sender.join(90)
+        # The same input hung the restarted engine too: failed as the cause, not retried forever.
+        assert result["hung"].status_code == 500
+        assert wait_until(lambda: client.get("/health").status_code == 200, 30)
+        assert client.post("/v1/embeddings", json={"input": "fine"}).status_code == 200
+    assert "sent no heartbeat" in server.stderr()[mark:]
 
 
-def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503() -> None:
-    with launched("--api-server-count", "1", "--engine-wait-timeout", "0.5") as server:
-        (engine,) = server.child_pid("engine_core")
-        os.kill(engine, signal.SIGKILL)
-        with server.client() as client:
-            # Sent before the API server saw the engine go, a request is in flight and is resubmitted
-            # (a 200); sent after, it is new and waits for the engine at most --engine-wait-timeout.
-            assert wait_until(lambda: "lost the engine" in server.stderr(), 5)
-            assert client.get("/health").status_code == 503
-            started = time.monotonic()
-            response = client.post("/v1/embeddings", json={"input": "during the restart"})
-            assert response.status_code == 503
-            assert response.headers["retry-after"] == "1"
-            assert time.monotonic() - started < 3
-            ready_line_time(server, "engine", engine, timeout=60)
-            assert wait_until(lambda: client.get("/health").status_code == 200, 10)
-            assert client.post("/v1/embeddings", json={"input": "after the restart"}).status_code == 200
+@pytest.fixture(scope="module")
+def shared_short_timeouts() -> Iterator[LaunchedServer]:
+    with launched("--api-server-count", "1", "--engine-wait-timeout", "0.5", "--request-timeout", "1") as server:
+        yield server
+
+
+@pytest.fixture
+def short_timeouts(shared_short_timeouts: LaunchedServer) -> Iterator[LaunchedServer]:
+    """One API server with --engine-wait-timeout 0.5 and --request-timeout 1 (each test is about one of them)."""
+    with settled(shared_short_timeouts, api_servers=1) as server:
+        yield server
+
+
+def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(short_timeouts: LaunchedServer) -> None:
+    server = short_timeouts
+    (engine,) = server.child_pid("engine_core")
+    mark = len(server.stderr())
+    os.kill(engine, signal.SIGKILL)
+    with server.client() as client:
+        # Sent before the API server saw the engine go, a request is in flight and is resubmitted
+        # (a 200); sent after, it is new and waits for the engine at most --engine-wait-timeout.
+        assert wait_until(lambda: "lost the engine" in server.stderr()[mark:], 5)
+        assert client.get("/health").status_code == 503
+        started = time.monotonic()
+        response = client.post("/v1/embeddings", json={"input": "during the restart"})
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert time.monotonic() - started < 3
+        ready_line_time(server, "engine", engine, timeout=60, since=mark)
+        assert wait_until(lambda: client.get("/health").status_code == 200, 10)
+        assert client.post("/v1/embeddings", json={"input": "after the restart"}).status_code == 200
 
 
 def test_sigterm_under_load_completes_every_accepted_request_and_exits_0() -> None:
@@ -208,34 +278,43 @@ def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_s
 
 def test_sigttin_and_sigttou_change_the_number_of_api_servers(two_api_servers: LaunchedServer) -> None:
     server = two_api_servers
+    mark = len(server.stderr())
     server.proc.send_signal(signal.SIGTTIN)
     assert wait_until(lambda: len(server.child_pid("apiserver")) == 3, 30), server.log()
-    assert wait_until(lambda: "api-2 (pid" in server.stderr() and "is ready" in server.stderr(), 30)
-    for _ in range(3):  # the third is refused: one API server is the minimum
+    ready_line_time(server, "api-2", 0, timeout=30, since=mark)
+    # One signal at a time (the same signal sent again before it is handled counts once); the third is
+    # refused: one API server is the minimum.
+    for handled in ("scaling down to 2", "scaling down to 1", "1 API server is the minimum"):
         server.proc.send_signal(signal.SIGTTOU)
-        time.sleep(0.3)
+        assert wait_until(lambda line=handled: line in server.stderr()[mark:], 10), server.log()
     assert wait_until(lambda: len(server.child_pid("apiserver")) == 1, 30), server.log()
-    assert "1 API server is the minimum" in server.stderr()
     with server.client() as client:
         assert client.post("/v1/embeddings", json={"input": "still serving"}).status_code == 200
+    # Back to the 2 API servers the other tests of the shared server expect.
+    mark = len(server.stderr())
+    server.proc.send_signal(signal.SIGTTIN)
+    ready_line_time(server, "api-1", 0, timeout=30, since=mark)
 
 
-def test_an_api_server_that_stops_answering_is_replaced_and_its_sibling_serves_on() -> None:
-    with launched("--api-server-count", "2", "--worker-timeout", "2") as server:
-        victim = api_server_pids(server)["0"]
-        with server.client() as client:
-            # Seen from outside, a stopped process is a blocked event loop: no heartbeat, no accept.
-            os.kill(victim, signal.SIGSTOP)
-            try:
-                assert client.post("/v1/embeddings", json={"input": "the sibling"}).status_code == 200
-                ready_line_time(server, "api-0", victim, timeout=15)
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(victim, signal.SIGCONT)
-            assert wait_until(lambda: not is_alive(victim), 5)
-            assert "sent no heartbeat" in server.stderr()
-            assert client.post("/v1/embeddings", json={"input": "replaced"}).status_code == 200
-        assert len(server.child_pid("apiserver")) == 2
+def test_an_api_server_that_stops_answering_is_replaced_and_its_sibling_serves_on(
+    faulty_server: LaunchedServer,
+) -> None:
+    server = faulty_server  # its --worker-timeout; the model does not matter here
+    mark = len(server.stderr())
+    victim = api_server_pids(server)["0"]
+    with server.client() as client:
+        # Seen from outside, a stopped process is a blocked event loop: no heartbeat, no accept.
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            assert client.post("/v1/embeddings", json={"input": "the sibling"}).status_code == 200
+            ready_line_time(server, "api-0", victim, timeout=15, since=mark)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        assert wait_until(lambda: not is_alive(victim), 5)
+        assert "sent no heartbeat" in server.stderr()[mark:]
+        assert client.post("/v1/embeddings", json={"input": "replaced"}).status_code == 200
+    assert len(server.child_pid("apiserver")) == 2
 
 
 def test_overload_gets_429_quickly_and_health_stays_fast() -> None:
@@ -301,22 +380,22 @@ def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers:
         assert time.monotonic() - started < 2
 
 
-def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped() -> None:
-    with launched("--api-server-count", "1", "--request-timeout", "1") as server:
-        big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
-        with server.client() as client:
-            started = time.monotonic()
-            response = client.post("/v1/embeddings", json=big)
-            assert response.status_code == 504, response.text
-            assert "--request-timeout" in response.json()["error"]["message"]
-            assert time.monotonic() - started < 4
-            assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 5)
+def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped(short_timeouts: LaunchedServer) -> None:
+    server = short_timeouts
+    big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
+    with server.client() as client:
+        started = time.monotonic()
+        response = client.post("/v1/embeddings", json=big)
+        assert response.status_code == 504, response.text
+        assert "--request-timeout" in response.json()["error"]["message"]
+        assert time.monotonic() - started < 4
+        assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 5)
 
 
-def test_health_is_200_from_the_moment_the_ready_line_is_printed() -> None:
-    with launched("--api-server-count", "2") as server, httpx.Client(base_url=server.url, timeout=10) as client:
-        response = client.get("/health")
-        assert response.status_code == 200, response.text
+def test_health_is_200_from_the_moment_the_ready_line_is_printed(shared_two_api_servers: SharedServer) -> None:
+    # Asked by the fixture at once after the ready line, whichever test launched it.
+    response = shared_two_api_servers.first_health
+    assert response.status_code == 200, response.text
 
 
 # A full TMPDIR --------------------------------------------------------------------------------------------

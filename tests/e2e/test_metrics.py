@@ -110,9 +110,9 @@ def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedS
     def idle() -> bool:
         after_idle.update(scrape(metered.url))
         return (
-            value(after_idle, "poolserve_engine_requests_waiting") == 0
-            and value(after_idle, "poolserve_engine_requests_running") == 0
-            and value(after_idle, "poolserve_engine_queued_inputs") == 0
+            value(after_idle, "poolserve_engine_requests_waiting", engine="0") == 0
+            and value(after_idle, "poolserve_engine_requests_running", engine="0") == 0
+            and value(after_idle, "poolserve_engine_queued_inputs", engine="0") == 0
         )
 
     assert wait_until(idle, 10), after_idle
@@ -121,9 +121,9 @@ def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedS
         "poolserve_batch_inputs_count",
         "poolserve_batch_tokens_count",
     ):
-        assert value(during, name) > value(before, name), name
-    assert value(during, "poolserve_forward_duration_seconds_count", modality="text") > value(
-        before, "poolserve_forward_duration_seconds_count", modality="text"
+        assert value(during, name, engine="0") > value(before, name, engine="0"), name
+    assert value(during, "poolserve_forward_duration_seconds_count", engine="0", modality="text") > value(
+        before, "poolserve_forward_duration_seconds_count", engine="0", modality="text"
     )
     assert value(during, "poolserve_request_duration_seconds_count", endpoint="/v1/embeddings") > value(
         before, "poolserve_request_duration_seconds_count", endpoint="/v1/embeddings"
@@ -177,7 +177,7 @@ def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_log
     assert value(samples, "poolserve_restarts_total", process="engine") == 1
     assert value(samples, "poolserve_restarts_total", process="api_server") == 0
     waiting = [key for key in samples if key[0] == "poolserve_engine_requests_waiting"]
-    assert waiting == [("poolserve_engine_requests_waiting", ())]
+    assert waiting == [("poolserve_engine_requests_waiting", (("engine", "0"),))]
     assert len([key for key in samples if key[0] == "poolserve_model_info"]) == 1
 
 

@@ -71,18 +71,6 @@ def test_ready_within_10_seconds_and_sigterm_leaves_nothing_behind() -> None:
         launched.stop()
 
 
-def test_sigint_stops_cleanly_too() -> None:
-    launched = LaunchedServer("--api-server-count", "1")
-    try:
-        launched.wait_ready()
-        children = launched.children()
-        launched.proc.send_signal(signal.SIGINT)
-        assert launched.wait_exit(30) == 0, launched.log()
-        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
-    finally:
-        launched.stop()
-
-
 def test_a_model_that_cannot_load_fails_start_up_with_one_clear_line(tmp_path: Path) -> None:
     launched = LaunchedServer("--model", str(tmp_path / "no-such-model"), "--api-server-count", "1")
     try:
@@ -149,44 +137,48 @@ def dead_pid() -> int:
     return done.pid
 
 
-def test_children_exit_when_the_supervisor_is_killed_and_a_start_removes_the_folders_dead_ones_left(
+def test_children_exit_when_the_supervisor_is_killed_a_start_removes_the_folders_dead_ones_left_and_sigint_stops(
     tmp_path: Path,
 ) -> None:
     # Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics files) behind for good.
     # One killed supervisor serves both checks: its children go by themselves, its folder stays until a start.
+    # A live server started beside it (at the same time: a start is most of this test's time) shows that a
+    # start never touches a running server's folder, and then that SIGINT stops a server as cleanly as SIGTERM.
     env = {"TMPDIR": str(tmp_path)}
     killed = LaunchedServer("--api-server-count", "1", env=env)
+    live = LaunchedServer("--api-server-count", "1", env=env)
     try:
         killed.wait_ready()
+        live.wait_ready()
         children = child_pids(killed.pid)
         (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
+        (mine,) = {p for pid in live.children() for p in runtime_dirs_of(pid)}
         os.kill(killed.pid, signal.SIGKILL)
         killed.proc.wait(5)
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
-    finally:
-        killed.stop()  # its children go with its process group
-    assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
-    stale = tmp_path / f"poolserve-{dead_pid()}-abc123"
-    stale.mkdir(mode=0o700)
-    (stale / "metrics").mkdir()
-    alive = tmp_path / f"poolserve-{os.getpid()}-abc123"  # this test's PID: a running process
-    alive.mkdir(mode=0o700)
-    unnamed = tmp_path / "poolserve-abc123"  # no PID in the name: not known to be stale
-    unnamed.mkdir(mode=0o700)
-    first = LaunchedServer("--api-server-count", "1", env=env)
-    try:
-        first.wait_ready()
-        assert not Path(left).exists() and not stale.exists()
-        assert alive.is_dir() and unnamed.is_dir()
-        assert f"removed {left}, left by a supervisor (pid {killed.pid})" in first.stderr()
-        (mine,) = {p for pid in first.children() for p in runtime_dirs_of(pid)}
-        second = LaunchedServer("--api-server-count", "1", env=env)
+        assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
+        stale = tmp_path / f"poolserve-{dead_pid()}-abc123"
+        stale.mkdir(mode=0o700)
+        (stale / "metrics").mkdir()
+        alive = tmp_path / f"poolserve-{os.getpid()}-abc123"  # this test's PID: a running process
+        alive.mkdir(mode=0o700)
+        unnamed = tmp_path / "poolserve-abc123"  # no PID in the name: not known to be stale
+        unnamed.mkdir(mode=0o700)
+        first = LaunchedServer("--api-server-count", "1", env=env)
         try:
-            second.wait_ready()
+            first.wait_ready()
+            assert not Path(left).exists() and not stale.exists()
+            assert alive.is_dir() and unnamed.is_dir()
+            assert f"removed {left}, left by a supervisor (pid {killed.pid})" in first.stderr()
             assert Path(mine).is_dir()  # a live server's folder is never touched
-            with first.client() as client:
+            with live.client() as client:
                 assert client.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
         finally:
-            second.stop()
+            first.stop()
+        live_children = live.children()
+        live.proc.send_signal(signal.SIGINT)
+        assert live.wait_exit(30) == 0, live.log()
+        assert wait_until(lambda: not any(is_alive(pid) for pid in live_children), 5)
     finally:
-        first.stop()
+        killed.stop()  # its children go with its process group
+        live.stop()

@@ -1,22 +1,202 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
-from engine_client import EngineClient
-from poolserve.protocol import PoolJob
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from engine_client import EngineClient, PoisonPill
+from poolserve.protocol import EngineWire, Hello, ModelCard, Ping, Pong, PooledOutput, PoolJob, PoolRequest, Ready
+
+CARD = ModelCard(
+    path="/models/m",
+    architecture="BertModel",
+    kind="embedding",
+    tasks=["embed"],
+    max_model_len=256,
+    output_size=2,
+    vocab_size=30522,
+    pooling="mean",
+    normalize=True,
+    pad_token_id=0,
+    tokenizer_json="{}",
+    device="cpu",
+    dtype="float32",
+)
+
+
+class FakeEngine:
+    """An engine's ROUTER that answers the handshake and pings itself and holds requests until told
+    to answer them (each row is this engine's index); closing it is the engine's death."""
+
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str, index: int, suspects: list[int] | None = None):
+        self.index = index
+        self.suspects = suspects or []
+        # What its pongs say: seconds inside the current forward pass (a hung engine's grow).
+        self.stalled_for = 0.0
+        self.held: list[tuple[bytes, PoolRequest]] = []
+        self._wire = EngineWire()
+        self._router = context.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.bind(endpoint)
+        self._task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            identity, *frames = await self._router.recv_multipart()
+            msg = self._wire.decode(frames)
+            if isinstance(msg, Hello):
+                await self._router.send_multipart([identity, *self._wire.encode(Ready(CARD, self.suspects))])
+            elif isinstance(msg, Ping):
+                pong = Pong(msg.nonce, self.stalled_for)
+                await self._router.send_multipart([identity, *self._wire.encode(pong)])
+            elif isinstance(msg, PoolRequest):
+                self.held.append((identity, msg))
+
+    async def answer_all(self) -> None:
+        for identity, request in self.held:
+            rows = np.full((len(request.lengths), 2), self.index, dtype=np.float32)
+            frames = self._wire.encode_outputs([(PooledOutput(request.id, len(request.lengths), 2), rows)])
+            await self._router.send_multipart([identity, *frames], copy=False)
+        self.held = []
+
+    async def die(self) -> None:
+        self._task.cancel()
+        self._router.close()
+        await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def job(inputs: int = 1) -> PoolJob:
+    return PoolJob.from_rows([[101, 7, 102]] * inputs)
+
+
+def two_engines(context: zmq.asyncio.Context, folder: Path) -> tuple[list[str], list[FakeEngine]]:
+    endpoints = [f"ipc://{folder}/engine-{i}.sock" for i in range(2)]
+    return endpoints, [FakeEngine(context, endpoint, i) for i, endpoint in enumerate(endpoints)]
+
+
+async def connected_client(endpoints: list[str], **options: float) -> EngineClient:
+    """An API server's client of every engine, once each has answered its handshake."""
+    client = EngineClient(endpoints, 0, **options)
+    await client.connect(2)
+    await until(lambda: all(link.is_ready for link in client.links))
+    return client
+
+
+def test_requests_spread_over_the_engines_and_a_dead_engine_s_work_moves_to_the_other_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoints, engines = two_engines(context, tmp_path)
+        client = await connected_client(endpoints)
+        work = [asyncio.ensure_future(client.pool(job())) for _ in range(4)]
+        await until(lambda: len(engines[0].held) + len(engines[1].held) == 4)
+        assert [len(engine.held) for engine in engines] == [2, 2]
+        assert client.inputs_in_flight() == [2, 2]
+        # A request of 3 inputs counts as 3: the next two singles go to the other engine.
+        big = asyncio.ensure_future(client.pool(job(3)))
+        await until(lambda: len(engines[0].held) + len(engines[1].held) == 5)
+        assert client.inputs_in_flight() in ([5, 2], [2, 5])
+        await engines[0].die()
+        # Engine 0's requests reach engine 1 without waiting for a restart, marked as resubmitted.
+        await until(lambda: len(engines[1].held) >= 4)
+        moved = [request for _, request in engines[1].held if request.attempt == 1]
+        assert moved and all(request.is_suspect for request in moved)
+        assert client.inputs_in_flight()[0] == 0
+        await engines[1].answer_all()
+        results = await asyncio.gather(*work, big)
+        assert all(float(result.vectors[0][0]) == 1.0 for result in results)
+        assert client.in_flight == 0 and client.inputs_in_flight() == [0, 0]
+        await client.close()
+        await engines[1].die()
+        context.term()
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_stuck_in_one_forward_pass_gets_no_new_request_while_another_is_not(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoints, engines = two_engines(context, tmp_path)
+        engines[0].stalled_for = 60.0
+        client = await connected_client(endpoints, stall_limit=10.0)
+        await until(lambda: all(link.latest_pong() not in (None, Pong(-1)) for link in client.links))
+        work = [asyncio.ensure_future(client.pool(job())) for _ in range(4)]
+        await until(lambda: len(engines[1].held) == 4)
+        assert engines[0].held == []
+        await engines[1].answer_all()
+        await asyncio.gather(*work)
+        # When every engine is stuck, the requests go to them all the same: one may come back.
+        engines[1].stalled_for = 60.0
+        await asyncio.sleep(0.3)
+        work = [asyncio.ensure_future(client.pool(job())) for _ in range(2)]
+        await until(lambda: len(engines[0].held) == len(engines[1].held) == 1)
+        for engine in engines:
+            await engine.answer_all()
+        await asyncio.gather(*work)
+        await client.close()
+        for engine in engines:
+            await engine.die()
+        context.term()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_in_two_dying_forward_passes_of_two_engines_is_failed_and_its_neighbours_are_not(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoints, engines = two_engines(context, tmp_path)
+        client = await connected_client(endpoints)
+        work = [asyncio.ensure_future(client.pool(job())) for _ in range(2)]
+        await until(lambda: len(engines[0].held) + len(engines[1].held) == 2)
+        [(_, pill)] = engines[0].held
+        # Engine 0 dies with the pill in its forward pass; it moves to engine 1, which dies of it too.
+        await engines[0].die()
+        await until(lambda: any(request.id == pill.id for _, request in engines[1].held))
+        await engines[1].die()
+        # Both come back naming it: the second naming fails it; the other request is sent again.
+        engines = [FakeEngine(context, endpoints[0], 0, suspects=[pill.id])]
+        await until(lambda: client.links[0].is_ready)
+        engines.append(FakeEngine(context, endpoints[1], 1, suspects=[pill.id]))
+        await until(work[pill.id].done)
+        assert isinstance(work[pill.id].exception(), PoisonPill)
+        await until(lambda: sum(len(engine.held) for engine in engines) >= 1)
+        for engine in engines:
+            await engine.answer_all()
+        innocent = await work[1 - pill.id]
+        assert innocent.vectors.shape == (1, 2)
+        await client.close()
+        for engine in engines:
+            await engine.die()
+        context.term()
+
+    asyncio.run(scenario())
 
 
 def test_a_send_refused_before_the_disconnect_is_seen_keeps_the_request_for_the_next_engine(tmp_path: Path) -> None:
     """The engine just died: ZeroMQ refuses the send while the monitor has not said so yet."""
 
     async def scenario() -> tuple[int, bool]:
-        client = EngineClient(f"ipc://{tmp_path}/nobody.sock", 0)
-        client._ready.set()  # as it was the moment before the engine died
+        client = EngineClient([f"ipc://{tmp_path}/nobody.sock"], 0)
+        link = client.links[0]
+        link.ready.set()  # as it was the moment before the engine died
+        client._any_ready.set()
         work = asyncio.ensure_future(client.pool(PoolJob.from_rows([[1]])))
         await asyncio.sleep(0.05)
         in_flight_while_refused = client.in_flight
-        client._ready.clear()  # the disconnect arrives
+        link.ready.clear()  # the disconnect arrives
+        await client.on_lost(link)
         await asyncio.sleep(0.05)
         is_waiting = not work.done()
         work.cancel()

@@ -75,7 +75,7 @@ def test_auto_on_a_bf16_processor_serves_the_bundled_model_in_bf16_and_logs_its_
     bound on the probe set, against its own float32 rows."""
     # This machine's CPU may lack native bf16 (emulated, it is slow, so the batch-cost fit is skipped).
     monkeypatch.setattr(loader, "has_native_bf16", lambda: True)
-    monkeypatch.setattr(loader, "measure_batch_overhead", lambda runner, sample, max_model_len: 0.0)
+    monkeypatch.setattr(loader, "measure_batch_overhead", lambda runner, sample, max_model_len, **caps: 0.0)
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(device="cpu", dtype="auto"))
     assert loaded.card.dtype == "bfloat16"
@@ -101,7 +101,7 @@ def test_a_model_that_strays_in_bf16_is_served_from_float32_weights_reloaded(
 ) -> None:
     monkeypatch.setattr(loader, "has_native_bf16", lambda: True)
     monkeypatch.setattr(loader, "measure_agreement", lambda reference, candidate: FAR)
-    monkeypatch.setattr(loader, "measure_batch_overhead", lambda runner, sample, max_model_len: 0.0)
+    monkeypatch.setattr(loader, "measure_batch_overhead", lambda runner, sample, max_model_len, **caps: 0.0)
     loaded = load_model(Config(device="cpu", dtype="auto"))
     assert loaded.card.dtype == "float32"
     row = [np.arange(101, 120, dtype=np.int32)]

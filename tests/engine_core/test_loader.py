@@ -28,3 +28,13 @@ def test_the_measured_overhead_is_the_forward_pass_cost_in_tokens() -> None:
     runner = TimedRunner(overhead=0.004, per_token=0.00002)  # a pass costs as much as 200 tokens
     overhead = measure_batch_overhead(runner, np.arange(10, dtype=np.int32), max_model_len=256)
     assert overhead == pytest.approx(200, rel=0.25)
+
+
+def test_a_pass_whose_cost_does_not_grow_with_its_tokens_is_worth_a_whole_batch() -> None:
+    """A GPU running a small model is bound by its launches: a batch of 16 costs what one input does.
+    The scheduler must then cut the biggest batches it can, not one per length (what 0 would say)."""
+    runner = TimedRunner(overhead=0.004, per_token=0.0)
+    assert measure_batch_overhead(runner, np.arange(10, dtype=np.int32), max_model_len=256, cap=32768) == 32768
+    # and a measured overhead above a batch's whole token budget weighs the same as that budget
+    heavy = TimedRunner(overhead=0.02, per_token=1e-8)  # a pass costs as much as 2,000,000 tokens
+    assert measure_batch_overhead(heavy, np.arange(10, dtype=np.int32), max_model_len=256, cap=8192) == 8192

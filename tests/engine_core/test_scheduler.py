@@ -163,12 +163,28 @@ def brute_force_cost(lengths: list[int], overhead: float, max_size: int, max_tok
 def test_batches_are_the_cheapest_cut_of_the_window(seed: int) -> None:
     rng = np.random.default_rng(seed)
     lengths = sorted(int(n) for n in rng.integers(1, 60, size=int(rng.integers(1, 11))))
-    overhead = float(rng.choice([0.0, 10.0, 40.0, 200.0]))
+    overhead = float(rng.choice([0.0, 10.0, 40.0, 120.0]))
     scheduler = Scheduler(max_batch_tokens=150, max_batch_size=4, batch_overhead_tokens=overhead)
     scheduler.add(make_request(0, lengths))
     batches = scheduler.next_batches()
     cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
     assert cost == pytest.approx(brute_force_cost(lengths, overhead, 4, 150))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_pass_worth_a_whole_batch_gets_the_fewest_batches_within_the_caps(seed: int) -> None:
+    """Where a pass costs at least a batch's token budget (a GPU bound by its launches), the window
+    is filled to the caps: as few passes as any cut allows, none over a cap."""
+    rng = np.random.default_rng(seed)
+    lengths = sorted(int(n) for n in rng.integers(1, 60, size=int(rng.integers(1, 11))))
+    scheduler = Scheduler(max_batch_tokens=150, max_batch_size=4, batch_overhead_tokens=150)
+    scheduler.add(make_request(0, lengths))
+    batches = scheduler.next_batches()
+    assert sorted(item.length for b in batches for item in b) == lengths
+    assert all(len(b) <= 4 and (len(b) == 1 or len(b) * max(i.length for i in b) <= 150) for b in batches)
+    # with a huge overhead the cheapest cut is the one with the fewest batches
+    fewest = brute_force_cost(lengths, 1e9, 4, 150) // 1e9
+    assert len(batches) == fewest
 
 
 def test_a_costly_forward_pass_keeps_one_batch_and_a_cheap_one_splits_by_length() -> None:

@@ -64,6 +64,8 @@ def test_the_model_path_is_the_default_served_name() -> None:
     ("argv", "flag"),
     [
         (["--api-server-count", "0"], "--api-server-count"),
+        (["--engine-count", "0"], "--engine-count"),
+        (["--engine-count", "17"], "--engine-count"),
         (["--port", "70000"], "--port"),
         (["--preprocess-workers", "-1"], "--preprocess-workers"),
         (["--max-batch-size", "-4"], "--max-batch-size"),

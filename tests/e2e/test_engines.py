@@ -1,0 +1,82 @@
+"""--engine-count 2 on the CPU: Sentence-Transformers' answers, work on both engines, a killed one costs nothing.
+
+A poison pill across two engines is tested on fake engines (tests/engine_client/test_client.py): with
+real ones it costs three engine restarts, more than this suite has room for (it was 74 s here, in
+commit 66676f4)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sentence_transformers import SentenceTransformer
+
+from bench.server_process import wait_until
+from bench.steady_load import SteadyLoad
+from tests.sentences import SENTENCES
+from tests.utils import LaunchedServer, engine_pids, ready_line_time
+
+MIN_COSINE = 0.9999
+
+
+@pytest.fixture(scope="module")
+def two_engines() -> Iterator[LaunchedServer]:
+    server = LaunchedServer("--api-server-count", "2", "--engine-count", "2").wait_ready()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def forward_passes(server: LaunchedServer, engine: str) -> float:
+    """How many forward passes the engine of this index has run, from /metrics' `engine` label."""
+    with server.client() as client:
+        text = client.get("/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "poolserve_batch_inputs_count" and sample.labels.get("engine") == engine
+    )
+
+
+def test_two_engines_both_serve_and_answer_as_sentence_transformers(
+    two_engines: LaunchedServer, bundled_model: Path
+) -> None:
+    want = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES[:24], convert_to_numpy=True)
+
+    def one(sentence: str) -> npt.NDArray[np.float32]:
+        with two_engines.client() as client:
+            response = client.post("/v1/embeddings", json={"input": [sentence]})
+        assert response.status_code == 200, response.text
+        return np.asarray(response.json()["data"][0]["embedding"], dtype=np.float32)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = np.stack(list(pool.map(one, SENTENCES[:24])))
+    cosine = (got * want).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= MIN_COSINE, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
+    assert forward_passes(two_engines, "0") > 0 and forward_passes(two_engines, "1") > 0
+
+
+def test_a_killed_engine_s_requests_move_to_the_other_and_it_comes_back(two_engines: LaunchedServer) -> None:
+    server = two_engines
+    victim = engine_pids(server)["1"]
+    body = {"input": [f"sentence number {i} about search and retrieval" for i in range(8)]}
+    with SteadyLoad(server.url, clients=4, body=body) as load:
+        load.wait_for(8)
+        os.kill(victim, signal.SIGKILL)
+        ready_line_time(server, "engine-1", victim, timeout=60)
+        before = forward_passes(server, "1")
+        load.wait_for(sum(load.statuses.values()) + 8)
+        # The restarted engine takes work again.
+        assert wait_until(lambda: forward_passes(server, "1") > before, 10)
+    assert load.failures == [], load.failures
+    assert set(load.statuses) == {200}, load.statuses
+    assert "lost engine 1; moving its" in server.stderr()
