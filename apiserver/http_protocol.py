@@ -29,6 +29,14 @@ first request on it would otherwise read a 408 as the answer to it). A body whos
 --body-timeout gets 408 (`body_timeout`) and the connection closes; the route reading it sees the
 client gone, so it never works on half a body. Each is counted in poolserve_connections_timed_out,
 with uvicorn's own keep-alive closes (reason=idle).
+
+Draining: told to stop (SIGTERM, or SIGHUP's and SIGTTOU's drain), uvicorn closes every idle keep-alive
+connection at once. A client that read its last response a moment ago may be sending its next request on
+that connection already: it gets the connection closed instead of an answer, a request lost that nothing
+could retry (a POST). So here a draining connection answers what it reads with `Connection: close` (a
+response in progress ends the connection as uvicorn's would), and an idle one is closed only once it has
+been idle for DRAIN_IDLE_S since its last response: a client sending back to back gets its answer and
+opens its next connection elsewhere, and a connection idle for longer (a proxy's pool) closes at once.
 """
 
 from __future__ import annotations
@@ -52,6 +60,11 @@ from apiserver.read_timeouts import ReadClock
 # Request line and headers together. Browsers, proxies and servers settle around 8 to 64 KiB (nginx reads
 # 4 x 8 KiB, Node 16 KiB); a bearer key and a few cookies fit many times over.
 MAX_HEAD_BYTES = 64 * 1024
+
+# A draining server closes a keep-alive connection once it has been idle this long since its last response
+# (above). A client that sends back to back does so within milliseconds; each idle connection adds at most
+# this much to a drain.
+DRAIN_IDLE_S = 0.5
 
 
 TOO_LARGE = error_bytes(
@@ -124,6 +137,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     has_received = False
     read_timer: asyncio.TimerHandle | None = None
     read_timer_at = math.inf
+    is_draining = False
+    is_between_requests = True  # no request of this connection read in part, in flight or unanswered
 
     def __init__(
         self,
@@ -138,6 +153,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.policy = policy
         self.requests_read = 0
         self.opened_at = self.loop.time()
+        self.idle_since = self.opened_at
         self.is_counted = True  # the acceptor counted this connection when it accepted it
         self.clock = ReadClock(policy.header_timeout_s, policy.body_timeout_s, self.opened_at)
 
@@ -157,6 +173,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.is_between_requests = False
         self.is_reading_head = True
         self.head_bytes = 0
         self.clock.head_started(self.loop.time())
@@ -172,10 +189,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.clock.body_started(self.loop.time())
         self.arm_read_timer()
         self.requests_read += 1
+        cycle = self.cycle
+        if cycle is None or not cycle.keep_alive:
+            return
+        # Read when the response starts: it then says `Connection: close` and the transport closes after it.
+        if self.is_draining:
+            cycle.keep_alive = False
+            return
         reason = self.retirement_reason()
-        if reason and self.cycle is not None and self.cycle.keep_alive:
-            # Read when the response starts: it then says `Connection: close` and the transport closes after it.
-            self.cycle.keep_alive = False
+        if reason:
+            cycle.keep_alive = False
             CONNECTIONS_RECYCLED.labels(server=self.policy.load.label, reason=reason).inc()
 
     def retirement_reason(self) -> str:
@@ -259,6 +282,32 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True
         cycle.message_event.set()
         self.answer_and_close(self.policy.body_timed_out(style_of(cycle.scope)))
+
+    # Draining ----------------------------------------------------------------------------------
+
+    def on_response_complete(self) -> None:
+        self.is_between_requests = not self.pipeline  # a pipelined request starts now
+        self.idle_since = self.loop.time()
+        super().on_response_complete()
+
+    def shutdown(self) -> None:
+        """uvicorn calls this on every connection when the server starts to stop (module docstring)."""
+        self.is_draining = True
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # it closes once this response is out
+        elif self.is_between_requests:
+            self.close_when_idle()
+        # Otherwise a head is arriving: on_headers_complete makes its request the connection's last.
+
+    def close_when_idle(self) -> None:
+        if self.transport.is_closing() or not self.is_between_requests:
+            return
+        wait = self.idle_since + DRAIN_IDLE_S - self.loop.time()
+        if wait <= 0:
+            self.transport.close()
+        else:
+            self.loop.call_later(wait, self.close_when_idle)
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():

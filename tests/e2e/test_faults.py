@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -262,18 +264,63 @@ def test_sigterm_under_load_completes_every_accepted_request_and_exits_0() -> No
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
 
 
+class PacedConnection(threading.Thread):
+    """One keep-alive connection sending a request every `gap_s` seconds until the server answers
+    `Connection: close`. http.client sends on its connection without first looking whether the server closed
+    it (httpx looks, and quietly reconnects): a server that closes an idle connection just as the client
+    sends shows here as the error that client gets whenever the close falls in a gap (most of each cycle)."""
+
+    def __init__(self, url: str, gap_s: float = 0.2):
+        super().__init__(daemon=True)
+        parts = urlsplit(url)
+        self.connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+        self.gap_s = gap_s
+        self.statuses: list[int] = []
+        self.error = ""
+        self.was_closed_by_server = False
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        body = json.dumps({"input": "one request now and then"})
+        try:
+            while not self.stopping.is_set():
+                self.connection.request("POST", "/v1/embeddings", body, {"content-type": "application/json"})
+                response = self.connection.getresponse()
+                response.read()
+                self.statuses.append(response.status)
+                if response.will_close:
+                    self.was_closed_by_server = True
+                    return
+                time.sleep(self.gap_s)
+        except (OSError, http.client.HTTPException) as exc:
+            self.error = repr(exc)
+        finally:
+            self.connection.close()
+
+
 def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_servers: LaunchedServer) -> None:
     server = two_api_servers
     old = set(server.child_pid("apiserver"))
+    paced = [PacedConnection(server.url) for _ in range(4)]
     with SteadyLoad(server.url, clients=8) as load:
         load.wait_for(40)
+        for connection in paced:
+            connection.start()
+        assert wait_until(lambda: all(len(connection.statuses) >= 2 for connection in paced), 10)
         server.proc.send_signal(signal.SIGHUP)
         assert wait_until(lambda: not old & set(server.child_pid("apiserver")), 60), server.log()
         assert wait_until(lambda: len(server.child_pid("apiserver")) == 2, 30)
         served = sum(load.statuses.values())
         load.wait_for(served + 40)
+    for connection in paced:
+        connection.stopping.set()
+        connection.join(30)
     assert load.failures == [], load.failures
     assert set(load.statuses) == {200}
+    # Each paced connection's server drained: it answered the next request with `Connection: close` instead
+    # of closing the connection while it was idle between two requests.
+    assert [(connection.error, connection.was_closed_by_server) for connection in paced] == [("", True)] * 4
+    assert {status for connection in paced for status in connection.statuses} == {200}
 
 
 def test_sigttin_and_sigttou_change_the_number_of_api_servers(two_api_servers: LaunchedServer) -> None:
