@@ -12,7 +12,7 @@ import pytest
 
 from bench.models import TINY, build_clip, save_with_tokenizer
 from poolserve.config import API_KEY_ENV
-from tests.utils import LaunchedServer
+from tests.utils import FLOAT32_CPU, LaunchedServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,9 +28,10 @@ def server() -> Iterator[LaunchedServer]:
     """The bundled model behind 2 API servers, shared by the end-to-end tests that only send requests.
 
     On the CPU in float32 wherever the suite runs: its answers are held to Sentence-Transformers'
-    at cosine >= 0.9999, which float16 on a GPU (`--device auto` there) does not promise; the CUDA
-    path has its own tests (tests/engine_core/test_cuda.py, and test_embeddings' CUDA server)."""
-    launched = LaunchedServer("--api-server-count", "2", "--device", "cpu")
+    at cosine >= 0.9999 and 1e-5, which float16 on a GPU (`--device auto` there) and bfloat16 on a CPU
+    that has it (`--dtype auto`) do not promise; those have their own tests (tests/engine_core/test_cuda.py,
+    test_embeddings' CUDA server, tests/engine_core/test_cpu_precision.py)."""
+    launched = LaunchedServer("--api-server-count", "2", *FLOAT32_CPU)
     try:
         yield launched.wait_ready()
     finally:
@@ -99,7 +100,8 @@ def decoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(*args: str) -> Iterator[LaunchedServer]:
-    launched = LaunchedServer(*args)
+    """A session's server of one test model, in float32 on the CPU (FLOAT32_CPU)."""
+    launched = LaunchedServer(*args, *FLOAT32_CPU)
     try:
         yield launched.wait_ready()
     finally:

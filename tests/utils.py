@@ -12,6 +12,12 @@ import httpx
 
 from bench.server_process import PoolserveProcess, wait_until
 
+# For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at
+# cosine 0.9999 or 1e-5: `--dtype auto` serves bfloat16 on a CPU with native bf16 (engine_core/cpu_precision.py),
+# so on such a host the suite would test a different precision than on one without. The auto choice has its
+# own tests (tests/engine_core/test_cpu_precision.py).
+FLOAT32_CPU = ("--device", "cpu", "--dtype", "float32")
+
 
 class LaunchedServer(PoolserveProcess):
     """The bench's `launch` process (its own session, a free port, its output kept for failure

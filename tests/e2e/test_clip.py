@@ -20,7 +20,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
 from tests.conftest import CLIP_MAX_IMAGE_BYTES
-from tests.utils import LaunchedServer, api_server_pids
+from tests.utils import FLOAT32_CPU, LaunchedServer, api_server_pids
 
 
 def make_image(width: int, height: int, seed: int, mode: str = "RGB") -> Image.Image:
@@ -282,7 +282,7 @@ def test_decoder_embedder_uses_last_token_pooling(decoder_model: Path) -> None:
     with torch.inference_mode():
         rows = [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0, -1] for text in texts]
     expected = torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
-    server = LaunchedServer("--model", str(decoder_model), "--api-server-count", "1").wait_ready()
+    server = LaunchedServer("--model", str(decoder_model), "--api-server-count", "1", *FLOAT32_CPU).wait_ready()
     try:
         with server.client() as client:
             np.testing.assert_allclose(embed(client, {"input": texts}), expected, atol=1e-5)

@@ -21,14 +21,14 @@ from sentence_transformers import SentenceTransformer
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
-from tests.utils import LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
 
 MIN_COSINE = 0.9999
 
 
 @pytest.fixture(scope="module")
 def two_engines() -> Iterator[LaunchedServer]:
-    server = LaunchedServer("--api-server-count", "2", "--engine-count", "2").wait_ready()
+    server = LaunchedServer("--api-server-count", "2", "--engine-count", "2", *FLOAT32_CPU).wait_ready()
     try:
         yield server
     finally:
