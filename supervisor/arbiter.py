@@ -18,13 +18,14 @@ import socket
 import sys
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from types import FrameType, ModuleType
 
 import msgspec
 
 from poolserve.boot import EXIT_BOOT_ERROR, child_name
 from poolserve.config import Config
-from poolserve.load_board import LoadBoard
+from poolserve.load_board import LoadBoard, SlotState, Word
 from supervisor.children import ChildProcess, spawn_child
 from supervisor.crash_history import CrashHistory
 from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
@@ -39,6 +40,9 @@ EXIT_START_FAILED = 3
 # An API server's boot waits for the engine, which may itself be restarting.
 API_SERVER_BOOT_EXTRA_S = 60.0
 ENGINE_STOP_TIMEOUT_S = 10.0
+# Stopping: how long to wait for the API servers to stop accepting before the listening socket is shut
+# under them (_stop_listening); one whose event loop is blocked never says it has.
+STOP_ACCEPTING_WAIT_S = 2.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
@@ -392,7 +396,7 @@ class Supervisor:
     def stop(self) -> None:
         """API servers first (they drain in-flight requests, which need the engine), then the engine."""
         api_servers = list(self.api_servers.values()) + list(self.replacements.values()) + self.retiring
-        self._stop_group(api_servers, self.config.shutdown_timeout + 5)
+        self._stop_group(api_servers, self.config.shutdown_timeout + 5, once_signalled=self._stop_listening)
         engines = list(self.engines.values())
         self._stop_group(engines, ENGINE_STOP_TIMEOUT_S)
         for child in [*api_servers, *engines]:
@@ -408,9 +412,40 @@ class Supervisor:
         if self.runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
-    def _stop_group(self, children: list[ChildProcess], timeout: float) -> None:
+    def _stop_listening(self, api_servers: list[ChildProcess]) -> None:
+        """Once the API servers have stopped accepting, shut the listening socket itself. Their copies and
+        this process's would keep it listening through the drain: the kernel would take new connections that
+        nobody accepts, and a client or a proxy would wait on each until the supervisor exits and it is
+        reset. Shut, it refuses them at once (on Linux, shutdown() on a listening socket stops it for every
+        process that holds it), and a balancer in front sends them to another instance."""
+        if self.listener is None or self.board is None:
+            return
+        board = self.board
+
+        def accepting() -> bool:
+            return any(
+                child.poll() is None
+                and child.board_slot
+                and board.read(child.board_slot, Word.STATE) == SlotState.ACCEPTING
+                for child in api_servers
+            )
+
+        deadline = time.monotonic() + STOP_ACCEPTING_WAIT_S
+        while accepting() and time.monotonic() < deadline:
+            self._wait(0.01)
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+
+    def _stop_group(
+        self,
+        children: list[ChildProcess],
+        timeout: float,
+        once_signalled: Callable[[list[ChildProcess]], None] | None = None,
+    ) -> None:
         for child in children:
             child.stop()
+        if once_signalled is not None:
+            once_signalled(children)
         deadline = time.monotonic() + timeout
         while any(child.poll() is None for child in children) and time.monotonic() < deadline:
             if signal.SIGINT in self._take_signals():

@@ -14,11 +14,13 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 
 from bench.clients import RawClient, prepare_request
 from bench.server_process import wait_until
+from bench.steady_load import SteadyLoad
 from tests.utils import LaunchedServer
 
 NGINX_CONF = """
@@ -36,7 +38,7 @@ http {{
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
     upstream poolserve {{
-        server 127.0.0.1:{upstream_port};
+{servers}
         keepalive 8;
     }}
     server {{
@@ -45,6 +47,9 @@ http {{
             proxy_pass http://poolserve;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            # docs/operations.md: every poolserve route computes its answer from the request alone, so a
+            # request that met a connection closing or refused may go to another instance, POSTs included.
+            proxy_next_upstream error timeout non_idempotent;
         }}
     }}
 }}
@@ -83,10 +88,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def nginx_in_front(binary: str, upstream_port: int, folder: Path) -> Iterator[str]:
+def nginx_in_front(binary: str, upstream_ports: list[int], folder: Path) -> Iterator[str]:
+    """nginx on a free port, proxying to `upstream_ports`; an upstream that failed is tried again after 1 s."""
     port = free_port()
     conf = folder / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=folder, upstream_port=upstream_port, port=port))
+    servers = "\n".join(
+        f"        server 127.0.0.1:{upstream} max_fails=1 fail_timeout=1s;" for upstream in upstream_ports
+    )
+    conf.write_text(NGINX_CONF.format(dir=folder, servers=servers, port=port))
     proc = subprocess.Popen(
         [binary, "-c", str(conf), "-p", str(folder)], stderr=subprocess.PIPE, start_new_session=True
     )
@@ -141,7 +150,7 @@ def test_requests_through_nginx_keepalive_spread_over_both_servers_before_and_af
     server = LaunchedServer("--api-server-count", "2")
     try:
         server.wait_ready(timeout=120)
-        with nginx_in_front(nginx_binary, server.port, tmp_path) as proxy:
+        with nginx_in_front(nginx_binary, [server.port], tmp_path) as proxy:
             servers, statuses = through_proxy(proxy)
             assert statuses == {200: 320}, statuses
             assert min(servers["0"], servers["1"]) >= 320 * 0.3, servers
@@ -156,3 +165,38 @@ def test_requests_through_nginx_keepalive_spread_over_both_servers_before_and_af
             assert min(servers["0"], servers["1"]) >= 320 * 0.3, servers
     finally:
         server.stop()
+
+
+def requests_answered(server: LaunchedServer) -> float:
+    """The embedding requests one poolserve instance answered, from its own /metrics."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    pattern = r'^poolserve_requests_total\{endpoint="/v1/embeddings",status="200"\} (\S+)$'
+    return sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
+
+
+def test_two_instances_behind_nginx_one_stopped_and_started_again_no_request_fails(
+    nginx_binary: str, tmp_path: Path
+) -> None:
+    """The replica case (docs/scaling.md): SIGTERM drains an instance while nginx sends its new requests to
+    the other, and once it is started again nginx sends it work again; the client never sees a failure."""
+    first = LaunchedServer("--api-server-count", "1")
+    second = LaunchedServer("--api-server-count", "1")
+    try:
+        first.wait_ready(timeout=120)
+        second.wait_ready(timeout=120)
+        port = first.port
+        with nginx_in_front(nginx_binary, [first.port, second.port], tmp_path) as proxy:
+            with SteadyLoad(proxy, clients=8) as load:
+                load.wait_for(60)
+                assert requests_answered(first) > 0 and requests_answered(second) > 0
+                first.proc.send_signal(signal.SIGTERM)
+                assert first.wait_exit(60) == 0, first.log()
+                load.wait_for(sum(load.statuses.values()) + 60)
+                first = LaunchedServer("--api-server-count", "1", "--port", str(port))
+                first.wait_ready(timeout=120)
+                assert wait_until(lambda: requests_answered(first) >= 20, 30), "nginx sent the restarted one nothing"
+            assert load.failures == [], load.failures
+            assert set(load.statuses) == {200}, load.statuses
+    finally:
+        first.stop()
+        second.stop()

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -250,13 +251,37 @@ def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(short
         assert client.post("/v1/embeddings", json={"input": "after the restart"}).status_code == 200
 
 
-def test_sigterm_under_load_completes_every_accepted_request_and_exits_0() -> None:
+def is_refused(port: int) -> bool:
+    """Whether a new connection is refused (or reset) at once, rather than answered or left waiting in a
+    queue that nobody accepts from."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: poolserve\r\nConnection: close\r\n\r\n")
+            return sock.recv(1) == b""
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0() -> None:
     with launched("--api-server-count", "2") as server:
         children = server.children()
         body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(16)]}
+        # A request whose body stops half way holds the drain open (until --body-timeout, or until it is closed).
+        held = socket.create_connection(("127.0.0.1", server.port))
+        held.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: poolserve\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"input": '
+        )
         with SteadyLoad(server.url, clients=6, body=body) as load:
             load.wait_for(12)
             server.proc.send_signal(signal.SIGTERM)
+            # While it drains, a new connection is refused at once (a balancer sends it elsewhere), not queued
+            # by the kernel for servers that no longer accept.
+            assert wait_until(lambda: is_refused(server.port), 5), server.log()
+            assert server.proc.poll() is None, "it should still be draining the held request"
+            held.close()
             assert server.wait_exit(60) == 0, server.log()
         # Whatever got an answer got a 200; what failed never reached a server (refused or closed idle).
         assert set(load.statuses) == {200}, load.statuses
