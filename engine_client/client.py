@@ -139,13 +139,28 @@ class EngineClient:
             except TimeoutError:
                 raise EngineUnavailable(f"no engine came back within {self.wait_timeout:g}s") from None
         request_id = next(self._ids)
-        entry = InFlight(job.header(request_id), job, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        entry = InFlight(job.header(request_id), job, loop.create_future())
         self._in_flight[request_id] = entry
+        # Engines whose share of the admission limit was full for this request (engine_core/admission.py).
+        refused: set[int] = set()
         try:
-            self._route(entry)
-            if entry.engine is not None:
-                await self._submit(entry)
-            return await entry.future
+            while True:
+                self._route(entry, refused)
+                if entry.engine is not None:
+                    await self._submit(entry)
+                try:
+                    return await entry.future
+                except EngineOverloaded:
+                    # Not admitted there: another live engine with room takes it; 429 once every one refused.
+                    if entry.engine is None:
+                        raise
+                    refused.add(entry.engine)
+                    entry.engine = None  # _forget has taken its inputs off that engine's count
+                    if not any(link.is_ready and link.index not in refused for link in self.links):
+                        raise
+                    entry.future = loop.create_future()
+                    self._in_flight[request_id] = entry
         except asyncio.CancelledError:
             # The caller went away (client disconnect, timeout): the engine need not compute it.
             if self._forget(request_id) is not None and entry.engine is not None:
@@ -176,19 +191,29 @@ class EngineClient:
 
     # Placing requests ---------------------------------------------------------------------------
 
-    def _route(self, entry: InFlight) -> None:
+    def _route(self, entry: InFlight, refused: set[int] | frozenset[int] = frozenset()) -> None:
         """Put the request on the least-loaded live engine, or leave it waiting (None) when none is live.
         An engine stuck in one forward pass past the stall limit (hung, as /health would say) gets
-        nothing new while another engine is not stuck: the supervisor kills it at --worker-timeout."""
+        nothing new while another engine is not stuck: the supervisor kills it at --worker-timeout.
+        Engines in `refused` had no room for it (it is new: not admitted anywhere yet)."""
         if entry.engine is not None:
             self._inputs[entry.engine] -= entry.inputs
-        live = [link.is_ready for link in self.links]
+        live = [link.is_ready and link.index not in refused for link in self.links]
         flowing = [is_live and not self._is_stuck(link) for is_live, link in zip(live, self.links, strict=True)]
         usable = flowing if any(flowing) else live
-        loads = [inputs if ok else None for inputs, ok in zip(self._inputs, usable, strict=True)]
+        loads = [self._load(index) if ok else None for index, ok in enumerate(usable)]
         entry.engine = self._chooser.pick(loads)
         if entry.engine is not None:
             self._inputs[entry.engine] += entry.inputs
+
+    def _load(self, engine: int) -> int:
+        """An engine's inputs waiting or running as this API server sees them: what the engine's latest pong
+        counted (every API server's, at most PING_INTERVAL_S old), or this server's own in flight there when
+        that is more (it sent some since). Counting only its own, several API servers could all pick the
+        engine that is busy with the others' work."""
+        own = self._inputs[engine]
+        pong = self.links[engine].latest_pong()
+        return own if pong is None else max(own, pong.queued_inputs)
 
     def _is_stuck(self, link: EngineLink) -> bool:
         pong = link.latest_pong()

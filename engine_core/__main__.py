@@ -78,7 +78,9 @@ def main() -> int:
         engine = EngineProcess(
             loaded,
             engine_endpoint(spec.runtime_dir, spec.index, config.engine_count),
-            admission=AdmissionLimit(config.max_queued_inputs, config.max_queued_tokens),
+            admission=AdmissionLimit.for_engine(
+                config.max_queued_inputs, config.max_queued_tokens, spec.index, config.engine_count
+            ),
             # Its own file: a restarted engine names what it was running, not what a sibling was.
             recorder=FlightRecorder(os.path.join(spec.runtime_dir, f"{spec.name}-flight")),
             beat=lambda: send_heartbeat(spec),

@@ -220,8 +220,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         int,
         Flag(
             "HTTP",
-            "Admission limit for the whole server: inputs waiting or running in the engine, from every API "
-            "server. A request past it gets 429 with Retry-After at once.",
+            "Admission limit for the whole server: inputs waiting or running in the engines, from every API "
+            "server (with --engine-count M each engine holds 1/M and a refused request tries the others). A "
+            "request past it gets 429 with Retry-After at once.",
         ),
     ] = 4096
     max_queued_tokens: Annotated[

@@ -8,8 +8,20 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from engine_client import EngineClient, PoisonPill
-from poolserve.protocol import EngineWire, Hello, ModelCard, Ping, Pong, PooledOutput, PoolJob, PoolRequest, Ready
+from engine_client import EngineClient, EngineOverloaded, PoisonPill
+from poolserve.protocol import (
+    ERROR_OVERLOADED,
+    EngineWire,
+    Hello,
+    ModelCard,
+    Ping,
+    Pong,
+    PooledOutput,
+    PoolJob,
+    PoolRequest,
+    Ready,
+    RequestFailed,
+)
 
 CARD = ModelCard(
     path="/models/m",
@@ -35,9 +47,14 @@ class FakeEngine:
     def __init__(self, context: zmq.asyncio.Context, endpoint: str, index: int, suspects: list[int] | None = None):
         self.index = index
         self.suspects = suspects or []
-        # What its pongs say: seconds inside the current forward pass (a hung engine's grow).
+        # What its pongs say: seconds inside the current forward pass (a hung engine's grow), and the
+        # inputs it holds from every API server.
         self.stalled_for = 0.0
+        self.queued_inputs = 0
+        # Whether its share of the admission limit is full: it refuses every request as overloaded.
+        self.is_full = False
         self.held: list[tuple[bytes, PoolRequest]] = []
+        self.refused = 0
         self._wire = EngineWire()
         self._router = context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
@@ -51,8 +68,12 @@ class FakeEngine:
             if isinstance(msg, Hello):
                 await self._router.send_multipart([identity, *self._wire.encode(Ready(CARD, self.suspects))])
             elif isinstance(msg, Ping):
-                pong = Pong(msg.nonce, self.stalled_for)
+                pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
                 await self._router.send_multipart([identity, *self._wire.encode(pong)])
+            elif isinstance(msg, PoolRequest) and self.is_full:
+                refusal = RequestFailed(msg.id, ERROR_OVERLOADED, f"engine {self.index} is full")
+                await self._router.send_multipart([identity, *self._wire.encode_outputs([], [refusal])])
+                self.refused += 1
             elif isinstance(msg, PoolRequest):
                 self.held.append((identity, msg))
 
@@ -91,6 +112,13 @@ async def connected_client(endpoints: list[str], **options: float) -> EngineClie
     await client.connect(2)
     await until(lambda: all(link.is_ready for link in client.links))
     return client
+
+
+async def shut_down(client: EngineClient, engines: list[FakeEngine], context: zmq.asyncio.Context) -> None:
+    await client.close()
+    for engine in engines:
+        await engine.die()
+    context.term()
 
 
 def test_requests_spread_over_the_engines_and_a_dead_engine_s_work_moves_to_the_other_at_once(tmp_path: Path) -> None:
@@ -143,10 +171,7 @@ def test_an_engine_stuck_in_one_forward_pass_gets_no_new_request_while_another_i
         for engine in engines:
             await engine.answer_all()
         await asyncio.gather(*work)
-        await client.close()
-        for engine in engines:
-            await engine.die()
-        context.term()
+        await shut_down(client, engines, context)
 
     asyncio.run(scenario())
 
@@ -176,10 +201,7 @@ def test_a_request_in_two_dying_forward_passes_of_two_engines_is_failed_and_its_
             await engine.answer_all()
         innocent = await work[1 - pill.id]
         assert innocent.vectors.shape == (1, 2)
-        await client.close()
-        for engine in engines:
-            await engine.die()
-        context.term()
+        await shut_down(client, engines, context)
 
     asyncio.run(scenario())
 
@@ -206,3 +228,56 @@ def test_a_send_refused_before_the_disconnect_is_seen_keeps_the_request_for_the_
     in_flight, is_waiting = asyncio.run(scenario())
     assert in_flight == 1
     assert is_waiting  # for the restarted engine's Ready, not failed with 503
+
+
+def test_a_request_an_engine_has_no_room_for_goes_to_another_and_is_refused_only_when_every_engine_is_full(
+    tmp_path: Path,
+) -> None:
+    """One admission limit for the whole server: each engine admits its share, so a full engine's refusal
+    is not yet the server's (engine_core/admission.py)."""
+
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoints, engines = two_engines(context, tmp_path)
+        client = await connected_client(endpoints)
+        engines[0].is_full = True
+        work = [asyncio.ensure_future(client.pool(job())) for _ in range(4)]
+        await until(lambda: len(engines[1].held) == 4)
+        assert engines[0].refused == 2  # round robin sent it half; each went on to engine 1, not admitted there
+        assert all(request.attempt == 0 for _, request in engines[1].held)
+        assert client.inputs_in_flight() == [0, 4]
+        await engines[1].answer_all()
+        assert all(float(result.vectors[0][0]) == 1.0 for result in await asyncio.gather(*work))
+        engines[1].is_full = True
+        try:
+            await client.pool(job())
+        except EngineOverloaded:
+            pass
+        else:
+            raise AssertionError("a request every engine refused was not refused")
+        assert engines[0].refused + engines[1].refused == 4  # each engine was asked once
+        assert client.in_flight == 0 and client.inputs_in_flight() == [0, 0]
+        await shut_down(client, engines, context)
+
+    asyncio.run(scenario())
+
+
+def test_requests_go_to_the_engine_whose_pongs_count_fewer_waiting_inputs(tmp_path: Path) -> None:
+    """Another API server's work shows only in the engines' pongs: engine 0 holds 50 inputs from others,
+    so this API server's next requests go to engine 1 although it has nothing in flight on either."""
+
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoints, engines = two_engines(context, tmp_path)
+        engines[0].queued_inputs = 50
+        client = await connected_client(endpoints)
+        await until(lambda: all(link.latest_pong() not in (None, Pong(-1)) for link in client.links))
+        work = [asyncio.ensure_future(client.pool(job())) for _ in range(6)]
+        await until(lambda: len(engines[0].held) + len(engines[1].held) == 6)
+        assert [len(engine.held) for engine in engines] == [0, 6]
+        for engine in engines:
+            await engine.answer_all()
+        await asyncio.gather(*work)
+        await shut_down(client, engines, context)
+
+    asyncio.run(scenario())
