@@ -367,8 +367,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         Flag(
             "engine",
             "Engine-core processes (1 to 16, default 1), each with its own copy of the model; every API server "
-            "sends each request to the one with the least of its work in flight, and moves a dead engine's requests "
-            "to the others at once. On CUDA engine i gets the i-th visible GPU (CUDA_VISIBLE_DEVICES); on the CPU "
+            "sends each request to the one holding the fewest inputs, and moves a dead engine's requests to the "
+            "others at once. On CUDA engine i gets the i-th visible GPU (CUDA_VISIBLE_DEVICES, else the driver's), "
+            "wrapping round when there are fewer GPUs; on the CPU "
             "each gets an equal share of the usable cores as torch threads unless --torch-threads is set. Use one "
             "engine per GPU. On the CPU, engines of 1 thread each beat one engine of all the threads (2 cores: "
             "+15-37% throughput with 2 engines x 1 thread; docs/scaling.md) at the cost of a model copy each.",

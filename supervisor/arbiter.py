@@ -26,7 +26,7 @@ import msgspec
 from poolserve.boot import EXIT_BOOT_ERROR, child_name
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard, SlotState, Word
-from supervisor.children import ChildProcess, spawn_child
+from supervisor.children import CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
 from supervisor.crash_history import CrashHistory
 from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
 from supervisor.sockets import bind_socket, bound_port
@@ -141,6 +141,14 @@ class Supervisor:
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
         self.board = LoadBoard.create()
+        gpus = gpu_names(os.environ.get(CUDA_DEVICES_ENV))
+        if config.engine_count > len(gpus) > 0 and config.device != "cpu":
+            logger.warning(
+                "%d engines on %d GPU(s): engine i gets GPU i mod %d, so some share one (a copy of the model each)",
+                config.engine_count,
+                len(gpus),
+                len(gpus),
+            )
         # All at once: each loads its own copy of the model, and start-up waits for the slowest.
         for index in range(config.engine_count):
             self.engines[index] = self._spawn("engine", index)

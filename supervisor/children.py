@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import msgspec
 
@@ -23,6 +24,8 @@ from poolserve.config import API_KEY_ENV, Config
 from poolserve.load_board import LoadBoard
 
 CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# One entry per GPU the NVIDIA driver sees.
+NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
 
 
 class ChildProcess:
@@ -166,9 +169,22 @@ def spawn_child(
     return ChildProcess(role, index, popen, read_fd, board_slot, engine_count=config.engine_count)
 
 
-def engine_gpu(index: int, visible: str | None) -> str:
-    """The GPU engine `index` of several gets: the index-th of those CUDA_VISIBLE_DEVICES names (all
-    of them when unset), wrapping round when there are more engines than names. On a machine with
-    no GPU the variable is read by nothing."""
+def gpu_names(visible: str | None, driver_dir: Path = NVIDIA_GPUS_DIR) -> list[str]:
+    """The GPUs engines share out: the names in CUDA_VISIBLE_DEVICES or, when it is unset or empty, one
+    index per GPU the NVIDIA driver lists in `driver_dir` (no torch in the supervisor); none without a driver."""
     names = [name.strip() for name in visible.split(",") if name.strip()] if visible else []
+    if names:
+        return names
+    try:
+        return [str(index) for index in range(sum(1 for _ in driver_dir.iterdir()))]
+    except OSError:
+        return []
+
+
+def engine_gpu(index: int, visible: str | None, driver_dir: Path = NVIDIA_GPUS_DIR) -> str:
+    """The GPU engine `index` of several gets: the index-th of gpu_names(), wrapping round when there are
+    more engines than GPUs. Without the wrap, engine 1 on a one-GPU machine would see no GPU at all, and
+    under `--device auto` serve from the CPU beside engine 0 on the GPU. On a machine with no GPU the
+    variable is read by nothing."""
+    names = gpu_names(visible, driver_dir)
     return names[index % len(names)] if names else str(index)

@@ -166,9 +166,9 @@ def faulty_server(shared_faulty_server: LaunchedServer) -> Iterator[LaunchedServ
         yield server
 
 
-def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: LaunchedServer) -> None:
-    server = faulty_server
-    mark = len(server.stderr())
+def pill_is_failed_and_its_neighbours_served(server: LaunchedServer) -> None:
+    """The crashing input sent beside 4 innocent requests: it gets 500 poison_pill, they get 200, and the
+    server serves the next request."""
     with server.client() as client:
         bystanders: list[int] = []
 
@@ -187,7 +187,30 @@ def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faul
         assert "likely cause" in poisoned.json()["error"]["message"]
         assert bystanders == [200] * 4
         assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
+
+
+def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: LaunchedServer) -> None:
+    server = faulty_server
+    mark = len(server.stderr())
+    pill_is_failed_and_its_neighbours_served(server)
     assert server.stderr()[mark:].count("engine (pid") >= 2
+
+
+def test_with_two_engines_a_poison_pill_moved_to_the_other_engine_is_still_failed_and_its_neighbours_served(
+    faulty_model: Path,
+) -> None:
+    """The pill kills the engine it lands on and, moved to the other engine at once in a batch of its own,
+    that one too; once two restarts have named it, it is failed, and the requests sent beside it get their
+    rows (each ran apart from it after the first crash)."""
+    with launched_faulty(
+        faulty_model, "--api-server-count", "1", "--engine-count", "2", "--torch-threads", "1"
+    ) as server:
+        pill_is_failed_and_its_neighbours_served(server)
+        log = server.stderr()
+        # It went from the first engine it killed to the other, not back to a restart of the first.
+        assert re.search(r"lost engine \d; moving its \d+ request\(s\) in flight to the other", log), log
+        for name in ("engine-0", "engine-1"):
+            assert re.search(rf"{name} \(pid \d+\) was killed by SIGSEGV", log), log
 
 
 def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: LaunchedServer) -> None:

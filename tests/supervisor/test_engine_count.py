@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import poolserve.config
 from poolserve.boot import ChildSpec, child_name
-from supervisor.children import engine_gpu
+from supervisor.children import engine_gpu, gpu_names
 from supervisor.cli import parse_config
 
 
@@ -47,5 +49,14 @@ def test_each_engine_has_its_own_endpoint_and_name() -> None:
         (1, "", "1"),
     ],
 )
-def test_engine_i_gets_the_i_th_visible_gpu(index: int, visible: str | None, gpu: str) -> None:
-    assert engine_gpu(index, visible) == gpu
+def test_engine_i_gets_the_i_th_visible_gpu(index: int, visible: str | None, gpu: str, tmp_path: Path) -> None:
+    assert engine_gpu(index, visible, driver_dir=tmp_path / "no-driver") == gpu
+
+
+def test_without_cuda_visible_devices_engines_wrap_round_the_gpus_the_driver_lists(tmp_path: Path) -> None:
+    for bus in ("0000:18:00.0", "0000:2a:00.0"):  # /proc/driver/nvidia/gpus/ holds one folder per GPU
+        (tmp_path / bus).mkdir()
+    assert gpu_names(None, tmp_path) == ["0", "1"]
+    assert [engine_gpu(index, None, tmp_path) for index in range(3)] == ["0", "1", "0"]
+    assert [engine_gpu(index, "", tmp_path) for index in range(3)] == ["0", "1", "0"]
+    assert engine_gpu(2, "7", tmp_path) == "7"  # the variable, when set, is what counts
