@@ -20,6 +20,7 @@ from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS, engine_label
+from engine_core.pass_cost import PassCostFit
 from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import Scheduler, WorkItem
@@ -55,6 +56,7 @@ class EngineCore:
             loaded.card.max_batch_size,
             batch_overhead_tokens=loaded.batch_overhead_tokens,
         )
+        self.pass_cost = PassCostFit(cap=loaded.card.max_batch_tokens)
         self.admission = admission
         self.cache = cache if cache is not None else EmbeddingCache(0)
         self._requests: dict[RequestKey, PendingRequest] = {}
@@ -166,7 +168,12 @@ class EngineCore:
             logger.exception("forward pass failed for requests %s", [r.id for r in failed])
             return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
         modality = "image" if batch[0].is_image else "text"
-        FORWARD_SECONDS.labels(engine, modality).observe(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        FORWARD_SECONDS.labels(engine, modality).observe(seconds)
+        if modality == "text":
+            fixed = self.pass_cost.observe(padded, seconds)
+            if fixed is not None:
+                self.scheduler.batch_overhead_tokens = fixed
         BATCH_INPUTS.labels(engine).observe(len(batch))
         BATCH_TOKENS.labels(engine).observe(padded)
         if self.cache.max_bytes:

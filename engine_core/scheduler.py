@@ -60,7 +60,8 @@ class Scheduler:
             raise ValueError("max_batch_tokens and max_batch_size must be >= 1")
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
-        # What one more forward pass costs, in tokens' worth of compute (measured at start-up):
+        # What one more forward pass costs, in tokens' worth of compute (measured at start-up, refitted from
+        # the passes served: engine_core/pass_cost.py):
         # padding that would cost more than this is better spent on a batch of its own.
         self.batch_overhead_tokens = batch_overhead_tokens
         self.window_tokens = max_batch_tokens * window_batches
