@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import msgspec
@@ -145,8 +146,8 @@ class EngineClient:
         # Engines whose share of the admission limit was full for this request (engine_core/admission.py).
         refused: set[int] = set()
         try:
+            self._route(entry)
             while True:
-                self._route(entry, refused)
                 if entry.engine is not None:
                     await self._submit(entry)
                 try:
@@ -157,7 +158,8 @@ class EngineClient:
                         raise
                     refused.add(entry.engine)
                     entry.engine = None  # _forget has taken its inputs off that engine's count
-                    if not any(link.is_ready and link.index not in refused for link in self.links):
+                    self._route(entry, refused)
+                    if entry.engine is None:
                         raise
                     entry.future = loop.create_future()
                     self._in_flight[request_id] = entry
@@ -191,7 +193,7 @@ class EngineClient:
 
     # Placing requests ---------------------------------------------------------------------------
 
-    def _route(self, entry: InFlight, refused: set[int] | frozenset[int] = frozenset()) -> None:
+    def _route(self, entry: InFlight, refused: AbstractSet[int] = frozenset()) -> None:
         """Put the request on the least-loaded live engine, or leave it waiting (None) when none is live.
         An engine stuck in one forward pass past the stall limit (hung, as /health would say) gets
         nothing new while another engine is not stuck: the supervisor kills it at --worker-timeout.

@@ -18,7 +18,6 @@ import socket
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
 from types import FrameType, ModuleType
 
 import msgspec
@@ -404,7 +403,10 @@ class Supervisor:
     def stop(self) -> None:
         """API servers first (they drain in-flight requests, which need the engine), then the engine."""
         api_servers = list(self.api_servers.values()) + list(self.replacements.values()) + self.retiring
-        self._stop_group(api_servers, self.config.shutdown_timeout + 5, once_signalled=self._stop_listening)
+        for child in api_servers:
+            child.stop()
+        self._stop_listening(api_servers)
+        self._await_exit(api_servers, self.config.shutdown_timeout + 5)
         engines = list(self.engines.values())
         self._stop_group(engines, ENGINE_STOP_TIMEOUT_S)
         for child in [*api_servers, *engines]:
@@ -444,16 +446,13 @@ class Supervisor:
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
 
-    def _stop_group(
-        self,
-        children: list[ChildProcess],
-        timeout: float,
-        once_signalled: Callable[[list[ChildProcess]], None] | None = None,
-    ) -> None:
+    def _stop_group(self, children: list[ChildProcess], timeout: float) -> None:
         for child in children:
             child.stop()
-        if once_signalled is not None:
-            once_signalled(children)
+        self._await_exit(children, timeout)
+
+    def _await_exit(self, children: list[ChildProcess], timeout: float) -> None:
+        """Wait for children told to stop; kill what is left at the timeout or on a second SIGINT."""
         deadline = time.monotonic() + timeout
         while any(child.poll() is None for child in children) and time.monotonic() < deadline:
             if signal.SIGINT in self._take_signals():

@@ -14,14 +14,13 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import msgspec
 import pytest
 
 from bench.clients import RawClient, prepare_request
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
-from tests.utils import LaunchedServer
+from tests.utils import LaunchedServer, scrape, value
 
 NGINX_CONF = """
 daemon off;
@@ -169,9 +168,7 @@ def test_requests_through_nginx_keepalive_spread_over_both_servers_before_and_af
 
 def requests_answered(server: LaunchedServer) -> float:
     """The embedding requests one poolserve instance answered, from its own /metrics."""
-    text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    pattern = r'^poolserve_requests_total\{endpoint="/v1/embeddings",status="200"\} (\S+)$'
-    return sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
+    return value(scrape(server.url), "poolserve_requests_total", endpoint="/v1/embeddings", status="200")
 
 
 def test_two_instances_behind_nginx_one_stopped_and_started_again_no_request_fails(

@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import SentenceTransformer
 
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time, scrape, value
 
 MIN_COSINE = 0.9999
 
@@ -37,14 +36,7 @@ def two_engines() -> Iterator[LaunchedServer]:
 
 def forward_passes(server: LaunchedServer, engine: str) -> float:
     """How many forward passes the engine of this index has run, from /metrics' `engine` label."""
-    with server.client() as client:
-        text = client.get("/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "poolserve_batch_inputs_count" and sample.labels.get("engine") == engine
-    )
+    return value(scrape(server.url), "poolserve_batch_inputs_count", engine=engine)
 
 
 def test_two_engines_both_serve_and_answer_as_sentence_transformers(

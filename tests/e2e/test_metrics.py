@@ -16,31 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from poolserve.config import BUNDLED_MODEL_NAME
-from tests.utils import LaunchedServer
+from tests.utils import LaunchedServer, Samples, scrape, value
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """One scrape on a new connection (so any API server may answer), as sample -> value."""
-    with httpx.Client(base_url=url, timeout=10) as client:
-        response = client.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +230,7 @@ def test_a_real_prometheus_server_scrapes_the_request_counter(metered: LaunchedS
         time.sleep(0.1)
 
 
-def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum over every series of `name` whose labels include `labels`."""
     wanted = set(labels.items())
     return sum(count for (sample, tags), count in samples.items() if sample == name and wanted <= set(tags))

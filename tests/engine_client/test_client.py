@@ -13,7 +13,6 @@ from poolserve.protocol import (
     ERROR_OVERLOADED,
     EngineWire,
     Hello,
-    ModelCard,
     Ping,
     Pong,
     PooledOutput,
@@ -22,22 +21,7 @@ from poolserve.protocol import (
     Ready,
     RequestFailed,
 )
-
-CARD = ModelCard(
-    path="/models/m",
-    architecture="BertModel",
-    kind="embedding",
-    tasks=["embed"],
-    max_model_len=256,
-    output_size=2,
-    vocab_size=30522,
-    pooling="mean",
-    normalize=True,
-    pad_token_id=0,
-    tokenizer_json="{}",
-    device="cpu",
-    dtype="float32",
-)
+from tests.poolserve.test_protocol import CARD
 
 
 class FakeEngine:
@@ -79,8 +63,9 @@ class FakeEngine:
 
     async def answer_all(self) -> None:
         for identity, request in self.held:
-            rows = np.full((len(request.lengths), 2), self.index, dtype=np.float32)
-            frames = self._wire.encode_outputs([(PooledOutput(request.id, len(request.lengths), 2), rows)])
+            rows = np.full((len(request.lengths), CARD.output_size), self.index, dtype=np.float32)
+            out = PooledOutput(request.id, len(request.lengths), CARD.output_size)
+            frames = self._wire.encode_outputs([(out, rows)])
             await self._router.send_multipart([identity, *frames], copy=False)
         self.held = []
 
@@ -200,7 +185,7 @@ def test_a_request_in_two_dying_forward_passes_of_two_engines_is_failed_and_its_
         for engine in engines:
             await engine.answer_all()
         innocent = await work[1 - pill.id]
-        assert innocent.vectors.shape == (1, 2)
+        assert innocent.vectors.shape == (1, CARD.output_size)
         await shut_down(client, engines, context)
 
     asyncio.run(scenario())
