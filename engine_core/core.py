@@ -55,6 +55,7 @@ class EngineCore:
             loaded.card.max_batch_tokens,
             loaded.card.max_batch_size,
             batch_overhead_tokens=loaded.batch_overhead_tokens,
+            packed=loaded.packs_tokens,
         )
         self.pass_cost = PassCostFit(cap=loaded.card.max_batch_tokens)
         self.admission = admission
@@ -170,7 +171,7 @@ class EngineCore:
         modality = "image" if batch[0].is_image else "text"
         seconds = time.monotonic() - started
         FORWARD_SECONDS.labels(engine, modality).observe(seconds)
-        if modality == "text":
+        if modality == "text" and not self.scheduler.packed:  # a packed runner's batches are filled anyway
             fixed = self.pass_cost.observe(padded, seconds)
             if fixed is not None:
                 self.scheduler.batch_overhead_tokens = fixed

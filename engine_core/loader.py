@@ -22,10 +22,11 @@ from transformers import (
 
 from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype, has_native_bf16, measure_agreement
 from engine_core.image_config import ImageConfigError, read_image_processing
+from engine_core.packed_encoder import packable
 from engine_core.pooling import POOLING_MODES, PoolingMode
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
 from engine_core.st_metadata import MetadataError, read_pooling_metadata
-from poolserve.config import Config
+from poolserve.config import Config, TokenPacking
 from poolserve.protocol import (
     CLASSIFIER,
     CLIP,
@@ -61,6 +62,8 @@ class LoadedModel:
     runner: ModelRunner
     # What one more forward pass costs, in tokens' worth of compute, measured on this device.
     batch_overhead_tokens: float = 0.0
+    # The runner computes only the real tokens (engine_core/packed_encoder.py): padding costs no pass.
+    packs_tokens: bool = False
 
 
 def bundled_model_folder() -> Path:
@@ -242,13 +245,15 @@ def load_model(config: Config) -> LoadedModel:
     backend.no_padding()
     backend.no_truncation()
 
+    packed = uses_token_packing(config.token_packing, device, model)
+
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
         if kind == CLASSIFIER:
-            return ClassifierRunner(model, pad_token_id=pad_token_id, device=device)
+            return ClassifierRunner(model, pad_token_id=pad_token_id, device=device, packed=packed)
         if kind == CLIP:
             assert image is not None
             return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
-        return EmbeddingRunner(model, pooling=mode, pad_token_id=pad_token_id, device=device)
+        return EmbeddingRunner(model, pooling=mode, pad_token_id=pad_token_id, device=device, packed=packed)
 
     runner = build_runner(model, dtype)
     if config.dtype == "auto" and device.type == "cpu":
@@ -320,7 +325,22 @@ def load_model(config: Config) -> LoadedModel:
             large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
             cap=max_batch_tokens,
         ),
+        packs_tokens=packed,
     )
+
+
+def uses_token_packing(choice: TokenPacking, device: torch.device, model: torch.nn.Module) -> bool:
+    """Whether the model runs on its real tokens only (--token-packing; engine_core/packed_encoder.py)."""
+    if choice == "off":
+        return False
+    if not packable(model):
+        if choice == "on":
+            logger.warning("--token-packing on: %s is not a BERT model this server packs; it runs padded",
+                           type(model).__name__)  # fmt: skip
+        return False
+    packed = choice == "on" or device.type == "cpu"
+    logger.info("token packing %s for %s on %s", "on" if packed else "off", type(model).__name__, device.type)
+    return packed
 
 
 def measure_batch_overhead(

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from engine_core.packed_encoder import packed_last_hidden_state, packed_logits
 from engine_core.pixels import normalize_pixels
 from engine_core.pooling import POOLERS, PoolingMode
 from poolserve.protocol import ImageProcessing
@@ -74,13 +75,23 @@ def to_numpy(rows: torch.Tensor) -> npt.NDArray[np.float32]:
 
 
 class EmbeddingRunner:
-    """An encoder or decoder (AutoModel) whose token states are pooled into one vector."""
+    """An encoder or decoder (AutoModel) whose token states are pooled into one vector. `packed`: a BERT
+    encoder run on its real tokens only (engine_core/packed_encoder.py)."""
 
-    def __init__(self, model: torch.nn.Module, *, pooling: PoolingMode, pad_token_id: int, device: torch.device):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pooling: PoolingMode,
+        pad_token_id: int,
+        device: torch.device,
+        packed: bool = False,
+    ):
         self.model = model
         self.pooler = POOLERS[pooling]
         self.pad_token_id = pad_token_id
         self.device = device
+        self.packed = packed
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
@@ -99,24 +110,34 @@ class EmbeddingRunner:
     def _hidden(self, rows: Rows, type_rows: Rows | None) -> tuple[torch.Tensor, TextBatch]:
         """The last hidden states in float32 (pooling is done in float32), and the batch they came from."""
         batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
-        return self.model(**batch.model_inputs()).last_hidden_state.float(), batch
+        if self.packed:
+            hidden = packed_last_hidden_state(self.model, batch.input_ids, batch.mask, batch.token_type_ids)
+        else:
+            hidden = self.model(**batch.model_inputs()).last_hidden_state
+        return hidden.float(), batch
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         raise TypeError("this model takes no images")
 
 
 class ClassifierRunner:
-    """A sequence-classification head (classifiers, cross-encoders): one logit per label."""
+    """A sequence-classification head (classifiers, cross-encoders): one logit per label. `packed`: a
+    BERT classifier run on its real tokens only (engine_core/packed_encoder.py)."""
 
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, device: torch.device, packed: bool = False):
         self.model = model
         self.pad_token_id = pad_token_id
         self.device = device
+        self.packed = packed
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
             batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
-            return to_numpy(self.model(**batch.model_inputs()).logits)
+            if self.packed:
+                logits = packed_logits(self.model, batch.input_ids, batch.mask, batch.token_type_ids)
+            else:
+                logits = self.model(**batch.model_inputs()).logits
+            return to_numpy(logits)
 
     def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first

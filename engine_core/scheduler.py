@@ -13,7 +13,8 @@ waits about one batch.
 How a window is cut. A window holds a few batches' worth of inputs. Each priority level in it, most
 urgent first, is sorted by length so that inputs of similar length share a batch and little compute
 goes to padding, and cut into batches that respect both the padded-token budget and the batch-size
-cap.
+cap. Where the runner packs tokens (engine_core/packed_encoder.py) padding costs next to nothing, so
+the fewest passes win and batches are filled to the caps.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Scheduler:
         max_batch_size: int,
         window_batches: int = WINDOW_BATCHES,
         batch_overhead_tokens: float = 0.0,
+        packed: bool = False,
     ):
         if max_batch_tokens < 1 or max_batch_size < 1:
             raise ValueError("max_batch_tokens and max_batch_size must be >= 1")
@@ -64,6 +66,8 @@ class Scheduler:
         # the passes served: engine_core/pass_cost.py):
         # padding that would cost more than this is better spent on a batch of its own.
         self.batch_overhead_tokens = batch_overhead_tokens
+        # The runner computes real tokens only: padding costs no pass, so batches are filled (_fill).
+        self.packed = packed
         self.window_tokens = max_batch_tokens * window_batches
         self.window_items = max_batch_size * window_batches
         self._waiting: list[PendingRequest] = []
@@ -184,8 +188,9 @@ class Scheduler:
         An exact dynamic program over where to cut: best[j] is the cheapest way to run the first j
         inputs, and the last batch of that way starts at cut[j]. Where a pass is worth a whole
         batch's token budget or more (a GPU bound by its launches), the fewest passes win: the
-        batches are filled to the caps instead, at a small fraction of the program's cost."""
-        if self.batch_overhead_tokens >= self.max_batch_tokens:
+        batches are filled to the caps instead, at a small fraction of the program's cost. So are they
+        where the runner packs tokens: its padding costs (nearly) nothing, so every cut only adds a pass."""
+        if self.packed or self.batch_overhead_tokens >= self.max_batch_tokens:
             return self._fill(items)
         lengths = np.fromiter((item.length for item in items), dtype=np.float64, count=len(items))
         count = len(items)

@@ -16,6 +16,7 @@ BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
+TokenPacking = Literal["auto", "on", "off"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
@@ -382,6 +383,17 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 "
             "(AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 "
             "overlap >= 0.9), else float32.",
+        ),
+    ] = "auto"
+    token_packing: Annotated[
+        TokenPacking,
+        Flag(
+            "engine",
+            "Run a BERT model (an embedder, or a cross-encoder/classifier over BERT) on its inputs' real tokens: "
+            "its linear layers skip the padding, and batches are filled to their caps instead of cut by length. "
+            "auto: on the CPU (0.62-0.96 x the padded pass's time, equal outputs; docs/benchmarks.md); on: on "
+            "CUDA too (not measured there); off: the model's own padded forward. Other architectures always run "
+            "padded.",
         ),
     ] = "auto"
     max_batch_tokens: Annotated[

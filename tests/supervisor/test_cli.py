@@ -29,6 +29,7 @@ def test_every_flag_maps_to_its_field() -> None:
             "--model", "/m", "--served-model-name", "a", "b", "--host", "0.0.0.0", "--port", "9000",
             "--api-server-count", "3", "--max-batch-tokens", "4096", "--max-batch-size", "16",
             "--max-model-len", "128", "--preprocess-workers", "0", "--device", "cpu", "--dtype", "bfloat16",
+            "--token-packing", "off",
             "--pooling", "cls", "--torch-threads", "2", "--trust-remote-code", "--engine-start-timeout", "12",
             "--shutdown-timeout", "3", "--log-level", "debug",
         ]
@@ -45,6 +46,7 @@ def test_every_flag_maps_to_its_field() -> None:
         preprocess_workers=0,
         device="cpu",
         dtype="bfloat16",
+        token_packing="off",
         pooling="cls",
         torch_threads=2,
         trust_remote_code=True,
@@ -281,6 +283,7 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "accept_balance": ("connections", "requests", "both", "none"),
         "device": ("auto", "cpu", "cuda"),
         "dtype": ("auto", "float32", "float16", "bfloat16"),
+        "token_packing": ("auto", "on", "off"),
         "log_level": ("debug", "info", "warning", "error"),
         "log_format": ("text", "json"),
     }

@@ -1,0 +1,146 @@
+"""Token packing (engine_core/packed_encoder.py): a BERT model run on its real tokens answers what its
+own padded forward answers, and the loader turns it on only where it is meant to."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoModel,
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    RobertaConfig,
+    RobertaModel,
+)
+
+from bench.models import TINY, save_with_tokenizer
+from engine_core.loader import load_model
+from engine_core.packed_encoder import packable, packed_last_hidden_state, packed_logits
+from engine_core.runner import ClassifierRunner, EmbeddingRunner, TextBatch
+from engine_core.scheduler import Scheduler, WorkItem
+from poolserve.config import Config
+from tests.engine_core.test_scheduler import make_request
+
+CPU = torch.device("cpu")
+
+
+def rows_of(lengths: list[int], seed: int) -> list[np.ndarray]:
+    """Token id rows of these lengths, starting with [CLS] and ending with [SEP] as the tokenizer's do."""
+    rng = np.random.default_rng(seed)
+    return [np.concatenate([[101], rng.integers(1000, 29000, n - 2), [102]]).astype(np.int32) for n in lengths]
+
+
+# Lengths as a window of corpus sentences holds them: a single token row, short and long ones unsorted.
+LENGTHS = [12, 3, 47, 20, 33, 9, 61, 28]
+
+
+@pytest.fixture(scope="module")
+def minilm(bundled_model: Path) -> torch.nn.Module:
+    return AutoModel.from_pretrained(bundled_model).eval()
+
+
+def test_the_bundled_model_packed_gives_the_padded_forward_s_token_states_and_pooled_rows(
+    minilm: torch.nn.Module,
+) -> None:
+    assert packable(minilm)
+    rows = rows_of(LENGTHS, seed=0)
+    padded = EmbeddingRunner(minilm, pooling="mean", pad_token_id=0, device=CPU)
+    packed = EmbeddingRunner(minilm, pooling="mean", pad_token_id=0, device=CPU, packed=True)
+    np.testing.assert_allclose(packed.run_texts(rows, None), padded.run_texts(rows, None), atol=1e-5, rtol=0)
+    asked = [i % 2 == 0 for i in range(len(rows))]
+    for mine, theirs in zip(
+        packed.run_texts_per_token(rows, None, asked), padded.run_texts_per_token(rows, None, asked), strict=True
+    ):
+        assert mine.shape == theirs.shape
+        np.testing.assert_allclose(mine, theirs, atol=1e-5, rtol=0)
+    with torch.inference_mode():
+        batch = TextBatch(rows, None, 0, CPU)
+        states = packed_last_hidden_state(minilm, batch.input_ids, batch.mask, None)
+    assert not states[~batch.mask].any(), "the padding's states are zeros"
+
+
+def test_packed_in_bfloat16_stays_with_the_float32_model(minilm: torch.nn.Module) -> None:
+    rows = rows_of(LENGTHS, seed=1)
+    reference = EmbeddingRunner(minilm, pooling="mean", pad_token_id=0, device=CPU).run_texts(rows, None)
+    half = AutoModel.from_pretrained(minilm.name_or_path, dtype=torch.bfloat16).eval()
+    packed = EmbeddingRunner(half, pooling="mean", pad_token_id=0, device=CPU, packed=True).run_texts(rows, None)
+    cosine = (packed * reference).sum(1) / np.linalg.norm(packed, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.999  # bf16 itself against float32: >= 0.9999 on the corpus (docs/benchmarks.md)
+
+
+def tiny_bert(**changes: object) -> BertModel:
+    torch.manual_seed(5)
+    return BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY, **changes)).eval()
+
+
+def test_token_types_are_packed_with_their_tokens() -> None:
+    model = tiny_bert(type_vocab_size=2)
+    rows = rows_of([9, 30, 17], seed=2)
+    types = [np.asarray([0] * (len(row) // 2) + [1] * (len(row) - len(row) // 2), dtype=np.int32) for row in rows]
+    padded = EmbeddingRunner(model, pooling="cls", pad_token_id=0, device=CPU).run_texts(rows, types)
+    packed = EmbeddingRunner(model, pooling="cls", pad_token_id=0, device=CPU, packed=True).run_texts(rows, types)
+    np.testing.assert_allclose(packed, padded, atol=1e-5, rtol=0)
+    assert not np.allclose(
+        packed, EmbeddingRunner(model, pooling="cls", pad_token_id=0, device=CPU).run_texts(rows, None)
+    )
+
+
+def test_a_bert_cross_encoder_packed_gives_its_logits() -> None:
+    torch.manual_seed(6)
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=30522, num_labels=3, max_position_embeddings=128, **TINY)
+    ).eval()
+    assert packable(model)
+    rows = rows_of([40, 6, 22, 13], seed=3)
+    types = [np.asarray([0] * 4 + [1] * (len(row) - 4), dtype=np.int32) for row in rows]
+    padded = ClassifierRunner(model, pad_token_id=0, device=CPU).run_texts(rows, types)
+    packed = ClassifierRunner(model, pad_token_id=0, device=CPU, packed=True).run_texts(rows, types)
+    np.testing.assert_allclose(packed, padded, atol=1e-5, rtol=0)
+    with torch.inference_mode():
+        batch = TextBatch(rows, types, 0, CPU)
+        assert packed_logits(model, batch.input_ids, batch.mask, batch.token_type_ids).shape == (4, 3)
+
+
+def test_only_the_bert_encoders_it_reproduces_are_packable() -> None:
+    assert packable(tiny_bert())
+    assert not packable(tiny_bert(is_decoder=True))
+    roberta = RobertaModel(RobertaConfig(vocab_size=30522, max_position_embeddings=130, **TINY)).eval()
+    assert not packable(roberta), "RoBERTa counts positions from its padding id: not BERT's embeddings"
+    headless = BertForSequenceClassification(BertConfig(vocab_size=30522, num_labels=2, **TINY)).eval()
+    headless.bert.pooler = None
+    assert not packable(headless)
+
+
+def test_the_loader_packs_bert_on_the_cpu_unless_told_not_to(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    auto = load_model(Config(device="cpu", dtype="float32"))
+    assert auto.packs_tokens and auto.runner.packed  # type: ignore[attr-defined]
+    off = load_model(Config(device="cpu", dtype="float32", token_packing="off"))
+    assert not off.packs_tokens and not off.runner.packed  # type: ignore[attr-defined]
+    folder = tmp_path / "roberta"
+    torch.manual_seed(7)
+    save_with_tokenizer(
+        RobertaModel(RobertaConfig(vocab_size=30522, max_position_embeddings=130, **TINY)).eval(), folder
+    )
+    with caplog.at_level(logging.WARNING, logger="poolserve.engine"):
+        roberta = load_model(Config(model=str(folder), device="cpu", dtype="float32", token_packing="on"))
+    assert not roberta.packs_tokens
+    assert "is not a BERT model this server packs" in caplog.text
+
+
+def test_a_packed_runner_s_window_is_filled_to_the_caps_not_cut_by_length() -> None:
+    """Padding a packed runner does not compute costs no pass: one batch where the padded cost model cuts two."""
+    lengths = [4, 4, 4, 60]
+
+    def batches(packed: bool) -> list[list[WorkItem]]:
+        scheduler = Scheduler(max_batch_tokens=1000, max_batch_size=8, batch_overhead_tokens=10, packed=packed)
+        for i, length in enumerate(lengths):
+            scheduler.add(make_request(i, [length]))
+        return scheduler.next_batches()
+
+    assert [len(batch) for batch in batches(packed=False)] == [3, 1]
+    assert [len(batch) for batch in batches(packed=True)] == [4]
