@@ -9,8 +9,9 @@ requests of `--per-request`, and splits each round's time
 into the model runner's calls (padding and host-to-device copies included, as the runner does
 them) and everything else the engine's step does. The second share is the most that assembling
 the next batch during the forward pass could hide. Also counted: the share of the tokens computed
-that are padding, after the scheduler's length-sorted cutting (what padding-free attention could
-save). docs/benchmarks.md, "CPU engine", holds the figures.
+that are padding, after the scheduler's length-sorted cutting (what token packing could save; with
+`--token-packing off`, since with it on, the CPU's default, only attention computes the padding).
+docs/benchmarks.md, "CPU engine", holds the figures.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--per-request", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--token-packing",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="The engine's --token-packing. Packed, the padding counted is attention's only (the CPU default).",
+    )
     parser.add_argument(
         "--gpu-caps",
         action="store_true",
@@ -65,7 +72,7 @@ def main() -> None:
     from poolserve.protocol import PoolJob
 
     caps = {"max_batch_size": 256, "max_batch_tokens": 32768} if args.gpu_caps else {}
-    loaded = load_model(Config(device=args.device, api_server_count=1, **caps))  # type: ignore[arg-type]
+    loaded = load_model(Config(device=args.device, api_server_count=1, token_packing=args.token_packing, **caps))  # type: ignore[arg-type]
     if args.gpu_caps or args.overhead_tokens is not None:
         overhead = args.overhead_tokens if args.overhead_tokens is not None else 32768.0
         loaded = dataclasses.replace(loaded, batch_overhead_tokens=overhead)
