@@ -7,9 +7,10 @@ must keep each input to its own tokens, runs on the padded grid [inputs, heads, 
 with the padding masked out, as the eager model does. The result is the eager model's last hidden
 state, padded again (zeros at the padding) so that pooling and per-token outputs are unchanged.
 
-Measured (bench/packed_trial.py; docs/benchmarks.md, "CPU engine"): unsorted batches of the
-bundled MiniLM run in 0.70-0.86 of the padded time with cosine 1.000000 to it, and with padding no
-longer a cost, the scheduler fills each batch to its caps instead of cutting windows by length.
+Measured (bench/packed_trial.py; docs/benchmarks.md, "CPU engine"): batches of 8 to 32 corpus
+sentences as they arrive run in 0.67-0.76 of the bundled MiniLM's padded time, lowest cosine to it
+0.9999999. With padding no longer a cost, the scheduler fills each batch to its caps instead of
+cutting windows by length (engine_core/scheduler.py).
 
 Only `BertModel` itself (model_type "bert", absolute positions, an encoder) and
 `BertForSequenceClassification` over one (cross-encoders) are run this way; other architectures keep
