@@ -60,26 +60,28 @@ def packed_last_hidden_state(
     keys_mask = mask[:, None, None, :]
 
     def on_grid(states: torch.Tensor) -> torch.Tensor:
-        """Packed [tokens, hidden] states on the padded grid attention runs on: [inputs, heads, longest, head size]."""
+        """Packed [tokens, hidden] states back on the padded grid [inputs, longest, hidden], zeros at the padding."""
         grid = states.new_zeros(count * width, hidden)
         grid[where] = states
-        return grid.view(count, width, heads, hidden // heads).transpose(1, 2)
+        return grid.view(count, width, hidden)
+
+    def by_head(states: torch.Tensor) -> torch.Tensor:
+        """Packed states on the grid attention runs on: [inputs, heads, longest, head size]."""
+        return on_grid(states).view(count, width, heads, hidden // heads).transpose(1, 2)
 
     for layer in model.encoder.layer:
         attention = layer.attention.self
         context = F.scaled_dot_product_attention(
-            on_grid(attention.query(x)),
-            on_grid(attention.key(x)),
-            on_grid(attention.value(x)),
+            by_head(attention.query(x)),
+            by_head(attention.key(x)),
+            by_head(attention.value(x)),
             attn_mask=keys_mask,
             scale=attention.scaling,
         )
         context = context.transpose(1, 2).reshape(count * width, hidden)[where]
         x = layer.attention.output.LayerNorm(layer.attention.output.dense(context) + x)
         x = layer.output.LayerNorm(layer.output.dense(layer.intermediate(x)) + x)
-    out = x.new_zeros(count * width, hidden)
-    out[where] = x
-    return out.view(count, width, hidden)  # type: ignore[no-any-return]
+    return on_grid(x)
 
 
 def packed_logits(
