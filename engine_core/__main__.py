@@ -107,9 +107,13 @@ def main() -> int:
         import torch
 
         summary += f", {torch.get_num_threads()} torch threads"
+    cutting = (
+        "filled to the caps (token packing)"
+        if loaded.packs_tokens
+        else f"cut where padding costs more than a forward pass, as much as {loaded.batch_overhead_tokens:.0f} tokens"
+    )
     logger.info(
-        "model %s loaded in %.1fs: %s%s, max %d tokens, batches of <= %d inputs / %d tokens; "
-        "a forward pass costs as much as %.0f tokens",
+        "model %s loaded in %.1fs: %s%s, max %d tokens, batches of <= %d inputs / %d tokens, %s",
         card.path,
         time.perf_counter() - started,
         summary,
@@ -117,7 +121,7 @@ def main() -> int:
         card.max_model_len,
         card.max_batch_size,
         card.max_batch_tokens,
-        loaded.batch_overhead_tokens,
+        cutting,
     )
     from engine_core.metrics import publish_model_info
 
