@@ -30,6 +30,13 @@ first request on it would otherwise read a 408 as the answer to it). A body whos
 client gone, so it never works on half a body. Each is counted in poolserve_connections_timed_out,
 with uvicorn's own keep-alive closes (reason=idle).
 
+Upgrades: poolserve serves no WebSocket, so uvicorn is configured with `ws="none"` (apiserver/server.py).
+With a WebSocket library installed (uvicorn[standard] brings one) uvicorn would hand an `Upgrade: websocket`
+connection to its WebSocket protocol, whose close this class never sees: the connection's slot in the
+server's count (apiserver/fair_accept.py) leaked, and 1,024 upgrade requests filled two servers for good.
+An upgrade request is answered as plain HTTP instead (RFC 9110 7.8: a server may ignore Upgrade) and its
+connection closes after the answer, since the parser reads nothing on a connection it saw upgraded.
+
 Draining: told to stop (SIGTERM, or SIGHUP's and SIGTTOU's drain), uvicorn closes every idle keep-alive
 connection at once. A client that read its last response a moment ago may be sending its next request on
 that connection already: it gets the connection closed instead of an answer, a request lost that nothing
@@ -192,6 +199,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or not cycle.keep_alive:
             return
+        if self.parser.should_upgrade():
+            # Served as plain HTTP (module docstring, "Upgrades"); the parser reads nothing after it.
+            cycle.keep_alive = False
+            return
         # Read when the response starts: it then says `Connection: close` and the transport closes after it.
         if self.is_draining:
             cycle.keep_alive = False
@@ -321,6 +332,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self.is_reading_head and self.head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
             self.send_431_response()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn logs two WARNING lines per upgrade request (one telling to install a WebSocket library): a
+        client could fill the log with them. The request is answered as plain HTTP (module docstring)."""
 
     def send_400_response(self, msg: str) -> None:
         if not self.head_problem:  # every other malformed request keeps uvicorn's plain-text answer

@@ -138,6 +138,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         uvicorn.Config(
             build_app(state, plugins),
             lifespan="off",
+            ws="none",  # poolserve serves no WebSocket; apiserver/http_protocol.py, "Upgrades"
             access_log=False,
             log_config=None,
             server_header=False,

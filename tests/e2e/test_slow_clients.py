@@ -128,6 +128,26 @@ def test_the_timed_out_connections_are_counted_by_reason(server: LaunchedServer)
     assert by_reason["header"] >= 2 and by_reason["body"] >= 1, timed_out
 
 
+def test_websocket_upgrades_are_answered_as_http_and_give_their_connection_slot_back(server: LaunchedServer) -> None:
+    """uvicorn handed an upgraded connection to its WebSocket protocol, out of the count's sight: every
+    upgrade leaked a slot until the servers answered everyone 503. Three times both servers' slots here."""
+    upgrade = (
+        b"GET /health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    for _ in range(3 * 2 * LIMIT):
+        with raw_connection(server) as sock:
+            sock.sendall(upgrade)
+            answer, _ = read_until_closed(sock)  # the server closes after its answer
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        assert b"\r\nconnection: close\r\n" in answer.lower()
+    time.sleep(0.2)
+    with urllib.request.urlopen(server.url + "/health/live", timeout=10) as response:
+        assert response.status == 200
+    assert sum(metric_values(server, "poolserve_open_connections").values()) <= 1  # the scrape's own
+    assert "Unsupported upgrade request" not in server.stderr()
+
+
 def test_past_the_limit_on_every_server_new_connections_get_503_and_are_counted(server: LaunchedServer) -> None:
     """Both servers fill to --max-connections-per-server with idle keep-alive connections; the extra
     ones get 503 with Retry-After after fair accept's handoff wait, and the refusals are counted and logged."""
