@@ -98,6 +98,18 @@ def check_token_states(job: EngineJob, card: ModelCard) -> None:
         )  # fmt: skip
 
 
+def check_priority(priority: int, config: Config) -> None:
+    """The operator bounds how urgent a request may be (engine_core/scheduler.py, PriorityPolicy)."""
+    if priority < config.min_priority:
+        raise ApiError(
+            400,
+            f"priority {priority} is more urgent than this server allows: the lowest accepted is "
+            f"{config.min_priority} (--min-priority).",
+            param="priority",
+            code="priority_too_urgent",
+        )
+
+
 def check_job(job: EngineJob, config: Config, card: ModelCard) -> None:
     """The limits every engine job meets before it is sent, whichever endpoint (or plugin) built it."""
     check_image_count(len(job.images), config.max_images_per_request)

@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorStyle
 from apiserver.inputs.job import EngineJob
-from apiserver.limits import check_image_count, check_job
+from apiserver.limits import check_image_count, check_job, check_priority
 from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
 from apiserver.state import AppState
@@ -71,10 +71,12 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     user = getattr(decoded, "user", None)
     if user is not None:  # OpenAI's end-user id: the access log shows it beside the request id
         request.state.user = user
+    # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not).
+    priority: int = getattr(decoded, "priority", 0)
+    check_priority(priority, state.config)
     job = await job_of(request, plan, state)
     if job is not None:
-        # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not).
-        job.priority = getattr(decoded, "priority", 0)
+        job.priority = priority
     rows = NO_ROWS if job is None else await run_job(request, job)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
     content = await off_loop(request, ENCODING, rows.nbytes or len(body), operation.render, plan, rows, state)

@@ -69,6 +69,7 @@ def main() -> int:
         from engine_core.engine import EngineProcess
         from engine_core.flight_recorder import FlightRecorder
         from engine_core.loader import LoadError, load_model
+        from engine_core.scheduler import PriorityPolicy
     except Exception as exc:
         report_boot(spec, BootReport(status="failed", message=f"cannot import the engine: {exc}"))
         raise
@@ -85,6 +86,7 @@ def main() -> int:
             recorder=FlightRecorder(os.path.join(spec.runtime_dir, f"{spec.name}-flight")),
             beat=lambda: send_heartbeat(spec),
             cache=EmbeddingCache(config.cache_bytes),
+            priority=PriorityPolicy(config.min_priority, config.priority_max_wait),
         )
     except LoadError as exc:
         report_boot(spec, BootReport(status="failed", message=str(exc)))

@@ -23,7 +23,7 @@ from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUE
 from engine_core.pass_cost import PassCostFit
 from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
-from engine_core.scheduler import Scheduler, WorkItem
+from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
 from poolserve.protocol import CLASSIFIER, ERROR_MODEL, PooledOutput, RequestFailed
 
@@ -48,7 +48,13 @@ class StepOutputs:
 class EngineCore:
     """The scheduler, the model runner and postprocessing, over the requests admitted so far."""
 
-    def __init__(self, loaded: LoadedModel, admission: AdmissionLimit, cache: EmbeddingCache | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        admission: AdmissionLimit,
+        cache: EmbeddingCache | None = None,
+        priority: PriorityPolicy = DEFAULT_PRIORITY,
+    ):
         self.card = loaded.card
         self.runner = loaded.runner
         self.scheduler = Scheduler(
@@ -56,6 +62,7 @@ class EngineCore:
             loaded.card.max_batch_size,
             batch_overhead_tokens=loaded.batch_overhead_tokens,
             packed=loaded.packs_tokens,
+            priority=priority,
         )
         self.pass_cost = PassCostFit(cap=loaded.card.max_batch_tokens)
         self.admission = admission
@@ -63,8 +70,8 @@ class EngineCore:
         self._requests: dict[RequestKey, PendingRequest] = {}
         # Requests the cache answered whole when they came in, to be answered before the next step.
         self._answered_from_cache: list[PendingRequest] = []
-        # Batches cut from the scheduler's current window, not run yet, and the most urgent priority
-        # among them (None for a suspect's window, which is never displaced).
+        # Batches cut from the scheduler's current window, not run yet, and the most urgent rank (aged
+        # priority) among them (None for a suspect's window, which is never displaced).
         self._batches: deque[list[WorkItem]] = deque()
         self._window_priority: int | None = None
         self.running = 0
@@ -143,9 +150,9 @@ class EngineCore:
                 # Empty when every request left in the queue was aborted.
                 batches = self.scheduler.next_batches()
                 self._batches.extend(batches)
-                requests = [item.request for batch in batches for item in batch]
-                is_suspect = any(request.is_suspect for request in requests)
-                self._window_priority = None if is_suspect or not requests else min(r.priority for r in requests)
+                is_suspect = any(item.request.is_suspect for batch in batches for item in batch)
+                ranks = [item.rank for batch in batches for item in batch]
+                self._window_priority = None if is_suspect or not ranks else min(ranks)
                 continue
             live = [item for item in self._batches.popleft() if not item.request.is_cancelled]
             if live:

@@ -21,6 +21,7 @@ from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
 from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING, engine_label
 from engine_core.request_state import PendingRequest
+from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy
 from poolserve.protocol import EngineWire
 
 logger = logging.getLogger("poolserve.engine")
@@ -41,8 +42,9 @@ class EngineProcess:
         recorder: FlightRecorder,
         beat: Callable[[], None],
         cache: EmbeddingCache | None = None,
+        priority: PriorityPolicy = DEFAULT_PRIORITY,
     ):
-        self.core = EngineCore(loaded, admission, cache)
+        self.core = EngineCore(loaded, admission, cache, priority)
         self.admission = admission
         self.recorder = recorder
         self._beat = beat

@@ -3,7 +3,11 @@
 Who goes first. The most urgent requests: lowest `priority` (vLLM's field; default 0), where a
 request's priority improves by one level for each AGING_S seconds it has waited, so less urgent work
 is delayed, never starved (a request at priority p waits at most about (p - q) x AGING_S behind a
-stream of work at priority q before it shares the engine with it). Among requests of the same aged
+stream of work at priority q before it shares the engine with it). Ageing alone bounds nothing when a
+client may ask for any level (a flood at -2**31 held a priority-0 request for 300 s, then 504), so the
+operator's PriorityPolicy bounds both: the API servers refuse a priority more urgent than
+`--min-priority`, and a request that has waited `--priority-max-wait` seconds ranks ahead of every
+request that has not (overdue requests among themselves oldest first). Among requests of the same aged
 priority, a window is filled round robin, up to one batch's worth of inputs from each request in
 turn, oldest first: a small request waits about one window behind any number of big ones, not
 behind all of their inputs. A request more urgent than every request in the window being run makes
@@ -31,9 +35,23 @@ WINDOW_BATCHES = 4
 AGING_S = 5.0
 
 
-def aged_priority(request: PendingRequest, now: float) -> int:
-    """The request's priority, one level more urgent for each AGING_S seconds it has waited."""
-    return request.priority - int((now - request.admitted_at) / AGING_S)
+@dataclass(frozen=True, slots=True)
+class PriorityPolicy:
+    """The operator's bounds on `priority` (--min-priority, --priority-max-wait; docs/api.md, "Priority")."""
+
+    most_urgent: int = -100
+    max_wait_s: float = 10.0
+
+    def rank(self, request: PendingRequest, now: float) -> int:
+        """The request's priority, one level more urgent for each AGING_S seconds it has waited, never past
+        the most urgent level a request may ask for; one level beyond it once the request is overdue."""
+        waited = now - request.admitted_at
+        if waited >= self.max_wait_s:
+            return self.most_urgent - 1
+        return max(self.most_urgent, request.priority - int(waited / AGING_S))
+
+
+DEFAULT_PRIORITY = PriorityPolicy()
 
 
 @dataclass(slots=True)
@@ -54,9 +72,11 @@ class Scheduler:
         self,
         max_batch_tokens: int,
         max_batch_size: int,
+        *,
         window_batches: int = WINDOW_BATCHES,
         batch_overhead_tokens: float = 0.0,
         packed: bool = False,
+        priority: PriorityPolicy = DEFAULT_PRIORITY,
     ):
         if max_batch_tokens < 1 or max_batch_size < 1:
             raise ValueError("max_batch_tokens and max_batch_size must be >= 1")
@@ -68,6 +88,7 @@ class Scheduler:
         self.batch_overhead_tokens = batch_overhead_tokens
         # The runner computes real tokens only: padding costs no pass, so batches are filled (_fill).
         self.packed = packed
+        self.priority = priority
         self.window_tokens = max_batch_tokens * window_batches
         self.window_items = max_batch_size * window_batches
         self._waiting: list[PendingRequest] = []
@@ -95,7 +116,8 @@ class Scheduler:
         return len(self._waiting) + len(self._suspects)
 
     def has_arrival_more_urgent_than(self, priority: int) -> bool:
-        """Whether a request more urgent than `priority` came in since the last window was planned."""
+        """Whether a request more urgent than `priority` (a window's most urgent rank) came in since the last
+        window was planned."""
         return self._arrived is not None and self._arrived < priority
 
     def next_batches(self) -> list[list[WorkItem]]:
@@ -132,19 +154,20 @@ class Scheduler:
     def _take_window(self) -> list[WorkItem]:
         """Inputs of the most urgent requests, round robin by request within a priority, up to a window."""
         now = time.monotonic()
+        rank = self.priority.rank
         ranked = sorted(
-            (r for r in self._waiting if not r.is_cancelled and r.has_unscheduled),
-            key=lambda r: (aged_priority(r, now), r.admitted_at),
+            ((rank(r, now), r) for r in self._waiting if not r.is_cancelled and r.has_unscheduled),
+            key=lambda ranked_request: (ranked_request[0], ranked_request[1].admitted_at),
         )
         window: list[WorkItem] = []
         tokens = 0
         start = 0
         while start < len(ranked) and len(window) < self.window_items and tokens < self.window_tokens:
-            level = aged_priority(ranked[start], now)
+            level = ranked[start][0]
             end = start
-            while end < len(ranked) and aged_priority(ranked[end], now) == level:
+            while end < len(ranked) and ranked[end][0] == level:
                 end += 1
-            turn = ranked[start:end]
+            turn = [request for _, request in ranked[start:end]]
             while turn and len(window) < self.window_items and tokens < self.window_tokens:
                 for request in turn:
                     # Up to one batch's worth of this request's inputs, within what the window has left:

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from poolserve.protocol import PRIORITY_MIN
+
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -229,6 +231,22 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     max_queued_tokens: Annotated[
         int, Flag("HTTP", "The same limit counted in tokens (an image counts its vision tokens).")
     ] = 262_144
+    min_priority: Annotated[
+        int,
+        Flag(
+            "engine",
+            "The most urgent `priority` a request may ask for (lower is served sooner, default 0); a lower one "
+            "gets 400. 0 lets no client jump the queue (docs/api.md, 'Priority').",
+        ),
+    ] = -100
+    priority_max_wait: Annotated[
+        float,
+        Flag(
+            "engine",
+            "Seconds a request may wait behind more urgent work: past it, it goes ahead of every request that "
+            "has waited less, whatever their priority, so no priority can starve others.",
+        ),
+    ] = 10.0
     cache_bytes: Annotated[
         int,
         Flag(
@@ -453,6 +471,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
         check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
         check_range("--cache-bytes", self.cache_bytes, 0, 1 << 40)
+        check_range("--min-priority", self.min_priority, PRIORITY_MIN + 1, 0)
+        if not 0 < self.priority_max_wait <= 86_400:
+            raise ConfigError(f"--priority-max-wait has value {self.priority_max_wait!r}; it must be > 0 and <= 86400.")
         for flag, seconds in (
             ("--request-timeout", self.request_timeout),
             ("--engine-wait-timeout", self.engine_wait_timeout),

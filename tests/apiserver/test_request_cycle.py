@@ -193,6 +193,17 @@ def test_a_requests_priority_reaches_the_engine_and_is_bounded(serve: Any, path:
     is_tei = path == "/embed"
     refused = served.post(path, {**body, "priority": 2**31}, status=422 if is_tei else 400)
     assert "priority" in (refused["error"] if is_tei else refused["error"]["message"])
+    # More urgent than the operator allows (--min-priority, -100 by default): refused, never sent.
+    sent = len(served.engine.requests)
+    served.post(path, {**body, "priority": -100})
+    in_tei_style = path in ("/embed", "/rerank")  # TEI answers its validation errors 413
+    too_urgent = served.post(path, {**body, "priority": -101}, status=413 if in_tei_style else 400)
+    message = "priority -101 is more urgent than this server allows: the lowest accepted is -100 (--min-priority)."
+    assert (too_urgent["error"] if in_tei_style else too_urgent["error"]["message"]) == message
+    strict = serve(config={"min_priority": 0})
+    strict.post(path, {**body, "priority": 1})
+    strict.post(path, {**body, "priority": -1}, status=413 if in_tei_style else 400)
+    assert len(served.engine.requests) == sent + 1 and len(strict.engine.requests) == 1
 
 
 def test_texts_and_images_come_back_in_request_order(serve: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Iterator
 
 import msgspec
@@ -16,6 +18,7 @@ from engine_core.embedding_cache import EmbeddingCache
 from engine_core.loader import LoadedModel, load_model
 from engine_core.postprocess import l2_normalize
 from engine_core.request_state import InvalidRequest, check_request
+from engine_core.scheduler import PriorityPolicy
 from poolserve.config import Config
 from poolserve.protocol import PooledOutput, PoolJob
 
@@ -210,3 +213,30 @@ def test_a_model_without_token_states_refuses_per_token_requests(loaded: LoadedM
     job = PoolJob.from_rows([HELLO], per_token=True)
     with pytest.raises(InvalidRequest, match="per-token"):
         check_request(b"api-0", job.header(1), job, card)
+
+
+def test_a_flood_at_the_most_urgent_priority_holds_a_default_request_only_until_it_is_overdue(
+    loaded: LoadedModel,
+) -> None:
+    """A client may ask for the most urgent level the operator allows; ageing (a level per 5 s) alone let a
+    flood there hold a priority-0 request for 300 s (then 504). Overdue, it goes ahead of the flood."""
+    policy = PriorityPolicy(most_urgent=-50, max_wait_s=0.5)
+    core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), priority=policy)
+    flood = PoolJob.from_rows([HELLO] * 4, priority=-50)
+    submit(core, b"api-0", 0, PoolJob.from_rows([SENTENCES[1]]))
+    started = time.monotonic()
+    request_id, flood_answered = 1, 0
+    default_answered_at = None
+    while default_answered_at is None and time.monotonic() - started < 10:
+        while core.waiting < 4:  # the flood never lets up: four requests waiting at every step
+            submit(core, b"api-1", request_id, flood)
+            request_id += 1
+        step = core.run_batch(core.next_batch())  # type: ignore[arg-type]
+        for identity, finished in step.outputs.items():
+            if identity == b"api-0":
+                default_answered_at = time.monotonic()
+            flood_answered += len(finished)
+    waited = (default_answered_at or math.inf) - started
+    run_until_idle(core)
+    assert flood_answered >= 2  # the flood was served meanwhile
+    assert waited < policy.max_wait_s + 2, f"waited {waited:.1f} s behind the flood"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine_core.request_state import PendingRequest
-from engine_core.scheduler import AGING_S, Scheduler, WorkItem
+from engine_core.scheduler import AGING_S, PriorityPolicy, Scheduler, WorkItem
 
 
 def make_request(
@@ -87,6 +87,20 @@ def test_waiting_improves_a_priority_so_nothing_starves() -> None:
     scheduler.add(make_request(1, [3], priority=1))
     scheduler.add(make_request(2, [3], priority=0))
     assert [batch[0].request.id for batch in drain(scheduler)] == [0, 2, 1]  # ties go to the oldest
+
+
+def test_an_overdue_request_goes_ahead_of_the_most_urgent_level_and_ageing_stops_there() -> None:
+    policy = PriorityPolicy(most_urgent=-5, max_wait_s=3.0)
+    scheduler = Scheduler(max_batch_tokens=100, max_batch_size=1, window_batches=1, priority=policy)
+    overdue = make_request(0, [3], priority=0)
+    overdue.admitted_at -= 3.1
+    urgent_old = make_request(1, [3], priority=-5)
+    urgent_old.admitted_at -= 2.9  # would age past -5 with no floor, and still not be overdue
+    assert policy.rank(overdue, overdue.admitted_at + 3.1) == -6
+    assert policy.rank(urgent_old, urgent_old.admitted_at + 2.9) == -5
+    for request in (make_request(2, [3], priority=-5), urgent_old, overdue, make_request(3, [3], priority=7)):
+        scheduler.add(request)
+    assert [batch[0].request.id for batch in drain(scheduler)] == [0, 1, 2, 3]
 
 
 def test_a_more_urgent_arrival_is_reported_until_the_next_window() -> None:
