@@ -1,4 +1,5 @@
-"""Scoring text pairs: a cross-encoder reads each pair; a bi-encoder embeds both sides and takes the cosine."""
+"""Scoring text pairs: a cross-encoder reads each pair; a bi-encoder embeds both sides and compares them with
+the model's similarity function (cosine unless its Sentence-Transformers files say otherwise)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apiserver.inputs.job import EngineJob
+from apiserver.inputs.job import EngineJob, check_prompt_survives
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
+from apiserver.prompts import Role, role_prompt
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import CLASSIFIER, ModelCard
+from poolserve.protocol import CLASSIFIER, ModelCard, Similarity
 
 
 @dataclass(slots=True)
@@ -33,9 +35,11 @@ def plan_scores(
     activation: bool = True,
     budget: TokenBudget | None = None,
     second_tokens: int | None = None,
+    roles: tuple[Role | None, Role | None] = (None, None),
 ) -> ScorePlan:
     """`second_tokens` (Cohere's `max_tokens_per_doc`): each pair's second text is cut to that many
-    tokens (special tokens left out) before anything else."""
+    tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
+    as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt."""
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(
@@ -44,38 +48,95 @@ def plan_scores(
         )  # fmt: skip
         job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
         return ScorePlan(job, lambda out: out[:, 0].tolist())
-    # A bi-encoder: embed each distinct text once, normalized, and score by the dot product. With a cut
-    # for second texts, a text on both sides is two texts.
-    position: dict[tuple[bool, str], int] = {}
+    return plan_similarities(
+        pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens, roles=roles
+    )
+
+
+def plan_similarities(
+    pairs: list[tuple[str, str]],
+    params: Sequence[str],
+    card: ModelCard,
+    tokenizer: TextTokenizer,
+    *,
+    truncation: Truncation,
+    budget: TokenBudget | None,
+    second_tokens: int | None,
+    roles: tuple[Role | None, Role | None],
+) -> ScorePlan:
+    """A bi-encoder's scores: embed each distinct text once (after its side's prompt) and compare the two
+    sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
+    prompts differ or the second side is cut."""
+    prompts = (role_prompt(card, roles[0]), role_prompt(card, roles[1]))
+    if truncation.limit is not None and any(prompts):
+        check_prompt_survives(truncation.limit, truncation.direction, truncation.option)
+    # A text's key: its prompt, whether it is cut (second_tokens), and itself.
+    position: dict[tuple[str, bool, str], int] = {}
     text_params: list[str] = []
-    for (first, second), param in zip(pairs, params, strict=True):
-        for key in ((False, first), (second_tokens is not None, second)):
+    sides: list[list[int]] = [[], []]
+    for pair, param in zip(pairs, params, strict=True):
+        for side, text in enumerate(pair):
+            key = (prompts[side], side == 1 and second_tokens is not None, text)
             if key not in position:
                 position[key] = len(position)
                 text_params.append(param)
+            sides[side].append(position[key])
     text_rows: list[list[int]] = [[] for _ in position]
-    for is_cut in (False, True):
-        keys = [key for key in position if key[0] == is_cut]
-        if not keys:
-            continue
+    for group in dict.fromkeys((prompt, is_cut) for prompt, is_cut, _ in position):
+        keys = [key for key in position if key[:2] == group]
+        prompt, is_cut = group
         limit = truncation.limit
         if is_cut and second_tokens is not None:
-            cut = second_tokens + tokenizer.special_tokens
+            cut = second_tokens + tokenizer.special_tokens + (tokenizer.count_tokens(prompt) if prompt else 0)
             # A cut past the model's maximum changes nothing: the text is refused or truncated as without it.
             if limit is not None:
                 limit = min(limit, cut)
             elif cut < card.max_model_len:
                 limit = cut
         texts = tokenize_texts(
-            [text for _, text in keys], [text_params[position[key]] for key in keys], limit, tokenizer, card,
-            direction=truncation.direction, option=truncation.option, budget=budget,
+            [prompt + text for _, _, text in keys], [text_params[position[key]] for key in keys], limit, tokenizer,
+            card, direction=truncation.direction, option=truncation.option, budget=budget,
         )  # fmt: skip
         for key, row in zip(keys, texts, strict=True):
             text_rows[position[key]] = row
-    left = np.asarray([position[False, first] for first, _ in pairs])
-    right = np.asarray([position[second_tokens is not None, second] for _, second in pairs])
+    left, right = np.asarray(sides[0]), np.asarray(sides[1])
+    compare = SIMILARITIES[card.similarity]
 
-    def cosine(vectors: Rows) -> list[float]:
-        return np.einsum("ij,ij->i", vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
+    def scores(vectors: Rows) -> list[float]:
+        return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
-    return ScorePlan(EngineJob(rows=text_rows, normalize=True), cosine)
+    # Cosine is a dot product of normalized rows; the others compare the model's own vectors.
+    return ScorePlan(EngineJob(rows=text_rows, normalize=True if card.similarity == "cosine" else None), scores)
+
+
+def rowwise_dot(a: Rows, b: Rows) -> Rows:
+    dots: Rows = np.einsum("ij,ij->i", a, b)
+    return dots
+
+
+def rowwise_cosine(a: Rows, b: Rows) -> Rows:
+    """The dot product of the rows normalized (the engine sends them normalized: then it is one to float noise)."""
+    norms = np.sqrt(np.einsum("ij,ij->i", a, a) * np.einsum("ij,ij->i", b, b))
+    cosines: Rows = rowwise_dot(a, b) / np.maximum(norms, 1e-12)
+    return cosines
+
+
+def negative_euclidean(a: Rows, b: Rows) -> Rows:
+    difference = a - b
+    distances: Rows = np.sqrt(np.einsum("ij,ij->i", difference, difference))
+    return -distances
+
+
+def negative_manhattan(a: Rows, b: Rows) -> Rows:
+    distances: Rows = np.abs(a - b).sum(axis=1)
+    return -distances
+
+
+# sentence-transformers' similarity functions of two embeddings (`similarity_fn_name`), the rows of `a` against
+# those of `b`.
+SIMILARITIES: dict[Similarity, Callable[[Rows, Rows], Rows]] = {
+    "cosine": rowwise_cosine,
+    "dot": rowwise_dot,
+    "euclidean": negative_euclidean,
+    "manhattan": negative_manhattan,
+}

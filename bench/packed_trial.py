@@ -43,7 +43,7 @@ def main() -> None:
     loaded = load_model(Config(device="cpu", dtype=args.dtype, token_packing="off"))
     padded = loaded.runner
     assert isinstance(padded, EmbeddingRunner)
-    packed = EmbeddingRunner(padded.model, pooling="mean", pad_token_id=padded.pad_token_id, device=padded.device,
+    packed = EmbeddingRunner(padded.model, pooling=("mean",), pad_token_id=padded.pad_token_id, device=padded.device,
                              packed=True)  # fmt: skip
     backend = Tokenizer.from_str(loaded.card.tokenizer_json)
     rows = [np.asarray(backend.encode(text).ids, dtype=np.int32) for text in corpus_sentences(args.seed)]

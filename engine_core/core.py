@@ -228,6 +228,16 @@ class EngineCore:
                     activation=request.activation,
                     dimensions=request.dimensions,
                 )
+            if not np.isfinite(vectors).all():
+                # JSON has no NaN: it would reach the client as null, or as a plausible row beside it.
+                rows_at = sorted({int(i) for i in np.nonzero(~np.isfinite(vectors))[0]})
+                logger.error("request %s: the model computed non-finite values for its rows %s", request.id, rows_at)
+                message = (
+                    f"the model computed non-finite values (NaN or infinity) for this request (output rows {rows_at}); "
+                    f"it runs in {self.card.dtype} here (--dtype)"
+                )
+                step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, message))
+                continue
             started = request.started_at or request.admitted_at
             out = PooledOutput(
                 request.id,

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import transformers
+from tokenizers import Tokenizer, normalizers
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -23,9 +24,10 @@ from transformers import (
 from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype, has_native_bf16, measure_agreement
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.packed_encoder import packable
-from engine_core.pooling import POOLING_MODES, PoolingMode
+from engine_core.pooling import FLAG_MODES
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
-from engine_core.st_metadata import MetadataError, read_pooling_metadata
+from engine_core.st_folder import CROSS_ENCODER, MetadataError, StFolder, read_st_folder
+from engine_core.st_heads import build_heads
 from poolserve.config import Config, TokenPacking
 from poolserve.protocol import (
     CLASSIFIER,
@@ -38,7 +40,6 @@ from poolserve.protocol import (
     TASK_TOKEN_EMBED,
     TASK_TOKENIZE,
     Activation,
-    CardPooling,
     ImageProcessing,
     ModelCard,
     ModelKind,
@@ -49,6 +50,7 @@ logger = logging.getLogger("poolserve.engine")
 
 # Batch shapes that measured best on each device kind (docs/benchmarks.md); flags override them.
 DEFAULT_BATCH = {"cpu": (32, 8192), "cuda": (256, 32768)}
+SIGMOID_IMAGE_TEXT = {"siglip", "siglip2"}
 DECODER_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"}
 
 
@@ -96,43 +98,113 @@ def select_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def select_dtype(requested: str, device: torch.device) -> torch.dtype:
+def trained_dtype(model_config: PretrainedConfig) -> torch.dtype | None:
+    """The dtype the config says the weights were saved in (transformers 5's `dtype`, 4's `torch_dtype`)."""
+    value = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value.removeprefix("torch."), None)
+    return value if isinstance(value, torch.dtype) else None
+
+
+def select_dtype(requested: str, device: torch.device, model_config: PretrainedConfig) -> torch.dtype:
     if requested == "auto":
-        # On a CPU, float32 until load_model has measured bf16 (engine_core/cpu_precision.py).
-        return torch.float16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32  # until load_model has measured bf16 (engine_core/cpu_precision.py)
+        # A model trained in bfloat16 can overflow float16's range (Qwen3-Embedding-8B and Gemma 3 are
+        # reported to): it keeps bfloat16, or float32 on a GPU without it. Others run in float16.
+        if trained_dtype(model_config) == torch.bfloat16:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.float16
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
 
 
-def choose_pooling(
-    requested: str, folder: Path, model_config: PretrainedConfig
-) -> tuple[PoolingMode, bool, int | None]:
-    """Pooling mode, whether to normalize, and Sentence-Transformers' max length, from the folder."""
+def choose_prompts(config: Config, st: StFolder, kind: ModelKind) -> tuple[dict[str, str], str]:
+    """The model's prompts by name, and the text put before every text that names none: --default-prompt,
+    else the prompt --default-prompt-name names, else the folder's default_prompt_name (as sentence-transformers
+    applies it; TEI applies none unless told by flag)."""
+    if (config.default_prompt or config.default_prompt_name) and kind != EMBEDDING:
+        raise LoadError("--default-prompt and --default-prompt-name apply to embedding models; this is a "
+                        f"{kind} model.")  # fmt: skip
+    if config.default_prompt:
+        return st.prompts, config.default_prompt
+    name = config.default_prompt_name or st.default_prompt_name
+    if name and name not in st.prompts:
+        known = ", ".join(sorted(st.prompts)) or "none"
+        raise LoadError(f"--default-prompt-name {name!r} is not one of the model's prompts ({known}).")
+    return st.prompts, st.prompts[name] if name else ""
+
+
+def lowercase_first(backend: Tokenizer) -> None:
+    """Sentence-Transformers' do_lower_case: a Lowercase normalizer put first, unless one is there already."""
+    normalizer = backend.normalizer
+    # A Sequence iterates over its normalizers at run time; the stubs do not say so.
+    present: list[normalizers.Normalizer] = (
+        [normalizer[i] for i in range(len(normalizer))] if isinstance(normalizer, normalizers.Sequence)
+        else [] if normalizer is None else [normalizer]
+    )  # fmt: skip
+    if any(isinstance(n, normalizers.Lowercase) for n in present):
+        return
+    chain: list[normalizers.Normalizer] = [normalizers.Lowercase(), *present]
+    backend.normalizer = normalizers.Sequence(chain)
+
+
+def read_folder(folder: Path) -> StFolder:
     try:
-        metadata = read_pooling_metadata(folder)
-    except (MetadataError, OSError, ValueError) as exc:
-        raise LoadError(f"cannot read the Sentence-Transformers metadata in {folder}: {exc}") from exc
-    pooling = metadata.pooling
+        return read_st_folder(folder)
+    except MetadataError as exc:
+        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LoadError(f"cannot read the Sentence-Transformers files in {folder}: {first_line(exc)}") from exc
+
+
+def is_causal_lm(model_config: PretrainedConfig) -> bool:
+    return any(arch.endswith("ForCausalLM") for arch in (model_config.architectures or []))
+
+
+def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig) -> tuple[str, ...]:
+    """Sentence-Transformers' pooling modes: --pooling when given, else the folder's Pooling module, else
+    last-token for decoder models and mean for encoders."""
     if requested != "auto":
-        pooling = requested
-    if pooling is None:
-        is_decoder = model_config.model_type in DECODER_MODEL_TYPES or any(
-            arch.endswith("ForCausalLM") for arch in (model_config.architectures or [])
+        return (FLAG_MODES[requested],)
+    if st.pooling:
+        hidden = getattr(text_config_of(model_config), "hidden_size", None)
+        if st.embedding_dimension and hidden and st.embedding_dimension != hidden:
+            raise LoadError(
+                f"the Pooling module expects token vectors of {st.embedding_dimension} values but the model gives "
+                f"{hidden}."
+            )
+        return st.pooling
+    if is_causal_lm(model_config):
+        # A language model with no word on how to embed: most likely an LLM reranker (Qwen3-Reranker's
+        # layout), whose score comes from its logits. Served as an embedder it would answer plausible nonsense.
+        raise LoadError(
+            f"{(model_config.architectures or ['?'])[0]} is a causal language model with no Sentence-Transformers "
+            "files saying how to embed with it: LLM rerankers scored from their logits are not served yet, and to "
+            "serve it as an embedder, give --pooling last (or mean)."
         )
-        pooling = "last" if is_decoder else "mean"
-    mode = next((mode for mode in POOLING_MODES if mode == pooling), None)
-    if mode is None:
-        raise LoadError(f"pooling mode {pooling!r} is not supported; use one of {', '.join(POOLING_MODES)}.")
-    # Without Sentence-Transformers metadata, embeddings are normalized, as OpenAI's are.
-    normalize = True if metadata.normalize is None else metadata.normalize
-    return mode, normalize, metadata.max_seq_length
+    is_decoder = model_config.model_type in DECODER_MODEL_TYPES
+    return ("lasttoken",) if is_decoder else ("mean",)
 
 
-def model_kind(model_config: PretrainedConfig) -> ModelKind:
+def model_kind(model_config: PretrainedConfig, st: StFolder) -> ModelKind:
+    """What the folder is served as. Sentence-Transformers files decide where there are some: an embedder's
+    modules run the base model whatever head its checkpoint also holds, and a CrossEncoder is a classifier."""
     if model_config.model_type == "clip":
         return CLIP
-    if any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or [])):
-        return CLASSIFIER
-    return EMBEDDING
+    if model_config.model_type in SIGMOID_IMAGE_TEXT:
+        raise LoadError(
+            f"{model_config.model_type} (sigmoid-trained image-text towers with their own processors) is not served "
+            "yet."
+        )
+    is_classifier = any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or []))
+    if st.has_modules:
+        if st.model_type == CROSS_ENCODER and not is_classifier:
+            raise LoadError(
+                "this CrossEncoder's model is not a sequence classifier (its config names no "
+                "*ForSequenceClassification architecture), so it has no trained scoring head."
+            )
+        return CLASSIFIER if st.model_type == CROSS_ENCODER else EMBEDDING
+    return CLASSIFIER if is_classifier else EMBEDDING
 
 
 def text_config_of(model_config: PretrainedConfig) -> PretrainedConfig:
@@ -140,15 +212,19 @@ def text_config_of(model_config: PretrainedConfig) -> PretrainedConfig:
     return getattr(model_config, "text_config", None) or model_config
 
 
-def classifier_activation(model_config: PretrainedConfig) -> Activation:
-    """The activation a classifier's scores get: the Sentence-Transformers CrossEncoder's own choice
-    when the config records one, else sigmoid for one label or multi-label problems, softmax otherwise."""
+def classifier_activation(model_config: PretrainedConfig, st: StFolder) -> Activation:
+    """The activation a classifier's scores get: the Sentence-Transformers CrossEncoder's own choice when
+    its files record one (config_sentence_transformers.json since version 5, config.json before), else
+    sigmoid for one label or multi-label problems, softmax otherwise."""
     st_config = getattr(model_config, "sentence_transformers", None)
-    named = str(st_config.get("activation_fn", "")) if isinstance(st_config, dict) else ""
+    named = st.activation_fn or (str(st_config.get("activation_fn", "")) if isinstance(st_config, dict) else "")
     markers: tuple[tuple[str, Activation], ...] = (("Identity", "none"), ("Sigmoid", "sigmoid"), ("Softmax", "softmax"))
     for marker, activation in markers:
         if marker in named:
             return activation
+    if named:
+        raise LoadError(f"the CrossEncoder's activation_fn {named!r} is not one poolserve applies (Identity, "
+                        "Sigmoid, Softmax).")  # fmt: skip
     if model_config.num_labels == 1 or model_config.problem_type == "multi_label_classification":
         return "sigmoid"
     return "softmax"
@@ -172,8 +248,11 @@ def tasks_of(kind: ModelKind, num_labels: int) -> list[Task]:
 
 
 def choose_max_model_len(requested: int, tokenizer_max: int, model_config: PretrainedConfig, st_max: int | None) -> int:
+    """--max-model-len, else Sentence-Transformers' max_seq_length, else the tokenizer's, each within the
+    model's positions. sentence-transformers hands max_seq_length to the tokenizer in place of its own
+    model_max_length, so a folder's max_seq_length may be longer than the tokenizer's."""
     positions = getattr(text_config_of(model_config), "max_position_embeddings", None)
-    limits = [int(n) for n in (tokenizer_max, positions) if n and 0 < int(n) < 10_000_000]
+    limits = [int(n) for n in (st_max or tokenizer_max, positions) if n and 0 < int(n) < 10_000_000]
     if not limits:
         raise LoadError("the model states no maximum length; set --max-model-len.")
     model_limit = min(limits)
@@ -181,7 +260,7 @@ def choose_max_model_len(requested: int, tokenizer_max: int, model_config: Pretr
         if requested > model_limit:
             raise LoadError(f"--max-model-len {requested} exceeds the model's maximum of {model_limit} tokens.")
         return requested
-    return min(model_limit, st_max) if st_max else model_limit
+    return model_limit
 
 
 def load_image_processing(folder: Path, model_config: PretrainedConfig) -> tuple[ImageProcessing, int]:
@@ -194,6 +273,18 @@ def load_image_processing(folder: Path, model_config: PretrainedConfig) -> tuple
         raise LoadError(f"{folder} holds an image model but no preprocessor_config.json.")
     vision = model_config.vision_config
     return image, (vision.image_size // vision.patch_size) ** 2 + 1
+
+
+def check_own_code(model_config: PretrainedConfig, kind: ModelKind, trust: bool) -> None:
+    """A folder that names its own modeling code for the class poolserve loads (gte-Qwen2's bidirectional
+    Qwen2, NomicBert, JinaBert) runs that code or is refused: without --trust-remote-code, transformers
+    would quietly load its built-in class of the same model type, which is not the model its authors ran."""
+    auto = "AutoModelForSequenceClassification" if kind == CLASSIFIER else "AutoModel"
+    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    if own and not trust:
+        raise LoadError(
+            f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
+        )
 
 
 def load_weights(kind: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
@@ -212,32 +303,44 @@ def load_model(config: Config) -> LoadedModel:
     device = select_device(config.device)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    dtype = select_dtype(config.dtype, device)
     if device.type == "cuda":
         # torch's cuDNN attention (its first choice on Hopper in half precision) builds a graph for
         # every new (batch, length) shape: 50 ms each on an H100, against 10 ms without it, and a
         # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
         torch.backends.cuda.enable_cudnn_sdp(False)
     trust = config.trust_remote_code
+    st = read_folder(folder)
+    model_folder = st.transformer_folder or folder
     try:
-        model_config = AutoConfig.from_pretrained(folder, trust_remote_code=trust)
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+        model_config = AutoConfig.from_pretrained(model_folder, trust_remote_code=trust)
+        tokenizer = AutoTokenizer.from_pretrained(model_folder, trust_remote_code=trust)
     except Exception as exc:
-        raise LoadError(f"cannot load a model from {folder}: {first_line(exc)}") from exc
+        raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
-        raise LoadError(f"{folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
-    kind = model_kind(model_config)
+        raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
+    dtype = select_dtype(config.dtype, device, model_config)
+    kind = model_kind(model_config, st)
+    check_own_code(model_config, kind, trust)
     text_config = text_config_of(model_config)
     # A classifier's head and CLIP's projection make the vector; the rest pool token states.
-    mode: PoolingMode = "mean"
-    pooling: CardPooling = "none"
-    normalize, st_max = False, None
+    modes: tuple[str, ...] = ()
+    pooling = "none"
+    normalize = False
     if kind != CLASSIFIER:
-        mode, normalize, st_max = choose_pooling(config.pooling, folder, model_config)
-        pooling = "projection" if kind == CLIP else mode
-    max_model_len = choose_max_model_len(config.max_model_len, tokenizer.model_max_length, model_config, st_max)
-    image, image_tokens = load_image_processing(folder, model_config) if kind == CLIP else (None, 0)
-    model = load_weights(kind, folder, dtype, trust).to(device).eval()
+        modes = choose_pooling(config.pooling, st, model_config)
+        # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
+        normalize = True if st.normalize is None else st.normalize
+        pooling = "projection" if kind == CLIP else "+".join(modes)
+    prompts, default_prompt = choose_prompts(config, st, kind)
+    max_model_len = choose_max_model_len(
+        config.max_model_len, tokenizer.model_max_length, model_config, st.max_seq_length
+    )
+    image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
+    model = load_weights(kind, model_folder, dtype, trust).to(device).eval()
+    try:
+        heads = build_heads(st.heads, device)
+    except MetadataError as exc:
+        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
 
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
@@ -245,6 +348,8 @@ def load_model(config: Config) -> LoadedModel:
     backend = tokenizer.backend_tokenizer
     backend.no_padding()
     backend.no_truncation()
+    if st.do_lower_case:
+        lowercase_first(backend)
 
     packed = uses_token_packing(config.token_packing, device, model)
 
@@ -254,7 +359,9 @@ def load_model(config: Config) -> LoadedModel:
         if kind == CLIP:
             assert image is not None
             return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
-        return EmbeddingRunner(model, pooling=mode, pad_token_id=pad_token_id, device=device, packed=packed)
+        return EmbeddingRunner(
+            model, pooling=modes, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
+        )
 
     runner = build_runner(model, dtype)
     if config.dtype == "auto" and device.type == "cpu":
@@ -307,13 +414,16 @@ def load_model(config: Config) -> LoadedModel:
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
         labels=[str(model_config.id2label[i]) for i in range(num_labels)],
-        activation=classifier_activation(model_config) if kind == CLASSIFIER else "none",
+        activation=classifier_activation(model_config, st) if kind == CLASSIFIER else "none",
         uses_token_types=int(getattr(text_config, "type_vocab_size", 0) or 0) > 1,
         image=image,
         image_tokens=image_tokens,
         max_batch_tokens=max_batch_tokens,
         max_batch_size=max_batch_size,
         type_vocab_size=int(getattr(text_config, "type_vocab_size", 0) or 0),
+        prompts=prompts,
+        default_prompt=default_prompt,
+        similarity=st.similarity,  # type: ignore[arg-type]  # read_st_folder checked it
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

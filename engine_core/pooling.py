@@ -1,33 +1,77 @@
-"""Pooling the token states of each input into one vector (mean, CLS, last token)."""
+"""Pooling the token states of each input into one vector, as sentence-transformers' Pooling module does.
+
+Every mode it has (cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken), several of them
+concatenated in the order given. Inputs are right-padded (engine_core/runner.py), so a row's real
+tokens are its first `length`; sentence-transformers' own arithmetic is kept where it changes the
+float result (a mean divides the masked sum by the count clamped at 1e-9).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Sequence
 
 import torch
 
-PoolingMode = Literal["mean", "cls", "last"]
-POOLING_MODES: tuple[PoolingMode, ...] = ("mean", "cls", "last")
-
-
-def pool_mean(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Average of the states of real (unmasked) tokens, as Sentence-Transformers' mean pooling."""
-    weights = mask.unsqueeze(-1).to(hidden.dtype)
-    summed = (hidden * weights).sum(dim=1)
-    return summed / lengths.unsqueeze(-1).to(hidden.dtype).clamp(min=1)
+# The --pooling flag's names (poolserve.config.Pooling) in sentence-transformers' terms.
+FLAG_MODES: dict[str, str] = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
 
 
 def pool_cls(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return hidden[:, 0]
 
 
+def pool_max(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return hidden.masked_fill(~mask.unsqueeze(-1), float("-inf")).max(dim=1).values
+
+
+def masked_sum_and_count(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1), torch.clamp(weights.sum(dim=1), min=1e-9)
+
+
+def pool_mean(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Average of the states of real (unmasked) tokens."""
+    summed, count = masked_sum_and_count(hidden, mask)
+    return summed / count
+
+
+def pool_mean_sqrt_len(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    summed, count = masked_sum_and_count(hidden, mask)
+    return summed / torch.sqrt(count)
+
+
+def pool_weighted_mean(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Token i (from 1) weighs i: later tokens count more (SGPT's position-weighted mean)."""
+    positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype).view(1, -1, 1)
+    weights = mask.unsqueeze(-1).to(hidden.dtype) * positions
+    return (hidden * weights).sum(dim=1) / torch.clamp(weights.sum(dim=1), min=1e-9)
+
+
 def pool_last(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """State of each input's last real token; inputs are right-padded."""
+    """State of each input's last real token."""
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     return hidden[rows, lengths - 1]
 
 
 Pooler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-POOLERS: dict[PoolingMode, Pooler] = {"mean": pool_mean, "cls": pool_cls, "last": pool_last}
+POOLERS: dict[str, Pooler] = {
+    "cls": pool_cls,
+    "max": pool_max,
+    "mean": pool_mean,
+    "mean_sqrt_len_tokens": pool_mean_sqrt_len,
+    "weightedmean": pool_weighted_mean,
+    "lasttoken": pool_last,
+}
+
+
+def pooler_of(modes: Sequence[str]) -> Pooler:
+    """One pooler for sentence-transformers' modes, their vectors concatenated in the order given."""
+    poolers = [POOLERS[mode] for mode in modes]
+    if len(poolers) == 1:
+        return poolers[0]
+
+    def pool(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return torch.cat([pooler(hidden, mask, lengths) for pooler in poolers], dim=-1)
+
+    return pool

@@ -16,7 +16,7 @@ import torch
 
 from engine_core.packed_encoder import packed_last_hidden_state, packed_logits
 from engine_core.pixels import normalize_pixels
-from engine_core.pooling import POOLERS, PoolingMode
+from engine_core.pooling import pooler_of
 from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
@@ -75,20 +75,23 @@ def to_numpy(rows: torch.Tensor) -> npt.NDArray[np.float32]:
 
 
 class EmbeddingRunner:
-    """An encoder or decoder (AutoModel) whose token states are pooled into one vector. `packed`: a BERT
-    encoder run on its real tokens only (engine_core/packed_encoder.py)."""
+    """An encoder or decoder (AutoModel) whose token states are pooled into one vector (sentence-transformers'
+    pooling modes, concatenated), then run through the model's heads on the pooled rows (Dense, LayerNorm:
+    engine_core/st_heads.py). `packed`: a BERT encoder run on its real tokens only (engine_core/packed_encoder.py)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         *,
-        pooling: PoolingMode,
+        pooling: Sequence[str],
         pad_token_id: int,
         device: torch.device,
         packed: bool = False,
+        heads: torch.nn.Module | None = None,
     ):
         self.model = model
-        self.pooler = POOLERS[pooling]
+        self.pooler = pooler_of(pooling)
+        self.heads = heads
         self.pad_token_id = pad_token_id
         self.device = device
         self.packed = packed
@@ -96,16 +99,20 @@ class EmbeddingRunner:
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
             hidden, batch = self._hidden(rows, type_rows)
-            return to_numpy(self.pooler(hidden, batch.mask, batch.lengths))
+            return to_numpy(self._pool(hidden, batch))
 
     def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
         """Each input's pooled row, or, where `per_token` says, its token states (length x hidden), from
         one forward pass."""
         with torch.inference_mode():
             hidden, batch = self._hidden(rows, type_rows)
-            pooled = to_numpy(self.pooler(hidden, batch.mask, batch.lengths))
+            pooled = to_numpy(self._pool(hidden, batch))
             states = to_numpy(hidden)
             return [states[i, : len(row)] if per_token[i] else pooled[i] for i, row in enumerate(rows)]
+
+    def _pool(self, hidden: torch.Tensor, batch: TextBatch) -> torch.Tensor:
+        pooled = self.pooler(hidden, batch.mask, batch.lengths)
+        return pooled if self.heads is None else self.heads(pooled)
 
     def _hidden(self, rows: Rows, type_rows: Rows | None) -> tuple[torch.Tensor, TextBatch]:
         """The last hidden states in float32 (pooling is done in float32), and the batch they came from."""

@@ -110,6 +110,24 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = "auto"
     trust_remote_code: Annotated[bool, Flag("model", "Allow model code shipped in the folder.")] = False
+    default_prompt_name: Annotated[
+        str,
+        Flag(
+            "model",
+            "The prompt (a name in the folder's config_sentence_transformers.json `prompts`) put before every text "
+            "that names none, instead of the folder's own default_prompt_name (TEI's flag).",
+            metavar="NAME",
+        ),
+    ] = ""
+    default_prompt: Annotated[
+        str,
+        Flag(
+            "model",
+            "A prompt text put before every text that names no prompt, instead of the folder's default "
+            "(TEI's flag; not with --default-prompt-name).",
+            metavar="TEXT",
+        ),
+    ] = ""
 
     host: Annotated[
         str,
@@ -471,6 +489,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
         check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
         check_range("--cache-bytes", self.cache_bytes, 0, 1 << 40)
+        if self.default_prompt_name and self.default_prompt:
+            raise ConfigError("--default-prompt-name and --default-prompt are both set; give one of the two.")
         check_range("--min-priority", self.min_priority, PRIORITY_MIN + 1, 0)
         if not 0 < self.priority_max_wait <= 86_400:
             raise ConfigError(f"--priority-max-wait has value {self.priority_max_wait!r}; it must be > 0 and <= 86400.")

@@ -55,7 +55,10 @@ TASK_TOKENIZE: Final = "tokenize"
 TASK_TOKEN_EMBED: Final = "token_embed"  # every token's hidden state, unpooled (TEI's /embed_all)
 
 # How token states become one vector: a pooling mode, CLIP's projection, or none (a classifier's head).
-CardPooling = Literal["mean", "cls", "last", "projection", "none"]
+# How the card's `pooling` reads: sentence-transformers' pooling modes joined by "+" ("mean", "cls", "lasttoken",
+# "max", "mean_sqrt_len_tokens", "weightedmean", "cls+mean", ...), "projection" (CLIP) or "none" (a classifier).
+# Similarity of two embeddings, as sentence-transformers' `similarity_fn_name` names them.
+Similarity = Literal["cosine", "dot", "euclidean", "manhattan"]
 # What a classifier's logits go through when a request asks for scores.
 Activation = Literal["sigmoid", "softmax", "none"]
 
@@ -110,7 +113,7 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # Length of each output row: the embedding size, or the number of labels of a classifier.
     output_size: int
     vocab_size: int
-    pooling: CardPooling
+    pooling: str
     normalize: bool
     pad_token_id: int
     # The model's fast tokenizer as transformers builds it (padding and truncation off), so an API
@@ -131,6 +134,11 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     max_batch_size: int = 0
     # How many token type ids the model has embeddings for (2 for BERT), so that the engine can refuse others.
     type_vocab_size: int = 0
+    # Sentence-Transformers prompts by name, and the text put before every text that names none ("": none).
+    prompts: dict[str, str] = msgspec.field(default_factory=dict)
+    default_prompt: str = ""
+    # How /score, /rerank and /similarity compare two embeddings (the folder's similarity_fn_name).
+    similarity: Similarity = "cosine"
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks

@@ -63,6 +63,17 @@ def images_not_taken(source: ImageSource) -> ApiError:
     return bad_request(f"This model takes no images, but `{source.param}` is one.", param=source.param)
 
 
+def check_prompt_survives(limit: int | None, direction: Direction, option: str) -> None:
+    """A prompt goes before the text, so truncation from the left would cut it first; tokenizing the two apart
+    would give other tokens at their seam than sentence-transformers does, so such a request is refused."""
+    if limit is not None and direction == "left":
+        raise bad_request(
+            f"`{option}` from the left would cut this model's prompt off before the text: truncate from the "
+            "right, or send token ids.",
+            param=option,
+        )
+
+
 def build_job(
     items: list[Item],
     card: ModelCard,
@@ -75,8 +86,10 @@ def build_job(
     option: str = "truncate_prompt_tokens",
     budget: TokenBudget | None = None,
     add_special_tokens: bool = True,
+    prompt: str = "",
 ) -> EngineJob:
-    """Tokenize the texts, check the token rows, decode the images of a request's items."""
+    """Tokenize the texts (each after `prompt`, apiserver/prompts.py), check the token rows, decode the
+    images of a request's items."""
     params = params or [f"input[{k}]" for k in range(len(items))]
     texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
@@ -86,6 +99,9 @@ def build_job(
     else:
         text_params = [params[k] for k, _ in texts]
         text_list = [text for _, text in texts]
+        if prompt and text_list:
+            check_prompt_survives(limit, direction, option)
+            text_list = [prompt + text for text in text_list]
         rows = tokenize_texts(
             text_list, text_params, limit, tokenizer, card, direction=direction, option=option, budget=budget,
             add_special_tokens=add_special_tokens,

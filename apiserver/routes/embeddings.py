@@ -11,6 +11,7 @@ from apiserver.aliases import one_spelling, value_of
 from apiserver.errors import bad_request
 from apiserver.inputs.prepare import plan_items_request
 from apiserver.operation import Operation, Plan, Rows
+from apiserver.prompts import VOYAGE_ROLES, role_prompt
 from apiserver.responses import encode_json, encode_rows
 from apiserver.schemas.common import Usage
 from apiserver.schemas.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse
@@ -24,13 +25,8 @@ BINARY_TYPES = ("binary", "ubinary")
 def from_voyage(request: EmbeddingRequest, output_size: int) -> EmbeddingRequest:
     """The request with Voyage's fields said in OpenAI's and vLLM's terms: `output_dimension` is
     `dimensions`, `truncation: true` is `truncate_prompt_tokens: -1` (false: refuse over-long texts, as
-    without it); `input_type` and the int8 types are refused (their meaning is Voyage's models' own)."""
-    if request.input_type is not None:
-        raise bad_request(
-            "`input_type` is Voyage's: its models prepend their own prompt for it. This server embeds the "
-            "text as sent: put the model's query or document prompt in the text, and drop `input_type`.",
-            param="input_type",
-        )
+    without it); the int8 types are refused (their meaning is Voyage's models' own). `input_type` picks the
+    model's query or document prompt (parse)."""
     if request.output_dtype in ("int8", "uint8"):
         raise bad_request(
             f"`output_dtype` {request.output_dtype!r} is not supported: Voyage's scaling for it is its models' "
@@ -64,7 +60,11 @@ def from_voyage(request: EmbeddingRequest, output_size: int) -> EmbeddingRequest
 
 def parse(request: EmbeddingRequest, state: AppState) -> Plan[EmbeddingRequest]:
     request = from_voyage(request, state.card.output_size)
-    return plan_items_request(state, request, task=TASK_EMBED, endpoint="/v1/embeddings")
+    # Voyage's `input_type` says whether the texts are queries or documents: the model's prompt for that role.
+    role = None if request.input_type is None else VOYAGE_ROLES[request.input_type]
+    return plan_items_request(
+        state, request, task=TASK_EMBED, endpoint="/v1/embeddings", prompt=role_prompt(state.card, role)
+    )
 
 
 def encode_embeddings(rows: Rows, request: EmbeddingRequest) -> list[list[float] | str]:

@@ -196,6 +196,7 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
         activation=activation is not False,
         budget=state.token_budget,
         second_tokens=request.max_tokens_per_doc,
+        roles=("query", "document"),  # a bi-encoder embeds them as encode_query and encode_document do
     )
     return Plan(Reranking(request, documents, scoring), job=scoring.job)
 

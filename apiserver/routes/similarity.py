@@ -1,4 +1,5 @@
-"""POST /similarity (TEI): how close each of `sentences` is to `source_sentence`, by the cosine of their embeddings."""
+"""POST /similarity (TEI): how close each of `sentences` is to `source_sentence`, by the model's similarity
+function (the cosine of their embeddings unless its Sentence-Transformers files name another)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from apiserver.inputs.job import build_job
 from apiserver.inputs.text import tei_truncation
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
+from apiserver.prompts import named_prompt
 from apiserver.responses import encode_json
-from apiserver.routes.tei import refuse_prompt_name
 from apiserver.schemas.tei import SimilarityParameters, SimilarityRequest
+from apiserver.scoring import SIMILARITIES
 from apiserver.state import AppState
 from apiserver.validation import require_task
 from poolserve.protocol import TASK_EMBED
@@ -25,7 +27,7 @@ def parse(request: SimilarityRequest, state: AppState) -> Plan[None]:
     # The source sentence is embedded too: it counts, as in TEI.
     check_input_count(len(sentences) + 1, state.config.max_inputs_per_request, "inputs.sentences")
     parameters = request.parameters or SimilarityParameters()
-    refuse_prompt_name(parameters.prompt_name, "parameters.prompt_name")
+    prompt = named_prompt(state.card, parameters.prompt_name, "parameters.prompt_name")
     texts = [request.inputs.source_sentence, *sentences]
     params = ["inputs.source_sentence", *(f"inputs.sentences[{i}]" for i in range(len(sentences)))]
     for text, param in zip(texts, params, strict=True):
@@ -34,16 +36,17 @@ def parse(request: SimilarityRequest, state: AppState) -> Plan[None]:
     truncation = tei_truncation(parameters.truncate, parameters.truncation_direction, state.card)
     job = build_job(
         list(texts), state.card, state.tokenizer, limit=truncation.limit, params=params,
-        direction=truncation.direction, option=truncation.option, budget=state.token_budget,
+        direction=truncation.direction, option=truncation.option, budget=state.token_budget, prompt=prompt,
     )  # fmt: skip
-    job.normalize = True  # the cosine is then a dot product
+    # The cosine is then a dot product; the other functions compare the model's own vectors.
+    job.normalize = True if state.card.similarity == "cosine" else None
     return Plan(None, job=job)
 
 
 def render(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
-    source, others = rows[0], rows[1:]
-    norms = np.maximum(np.linalg.norm(others, axis=1) * np.linalg.norm(source), 1e-12)
-    return encode_json((others @ source / norms).tolist())
+    others = rows[1:]
+    source = np.broadcast_to(rows[0], others.shape)
+    return encode_json(SIMILARITIES[state.card.similarity](source, others).tolist())
 
 
 SIMILARITY = Operation(SimilarityRequest, parse, render)

@@ -14,6 +14,7 @@ from apiserver.inputs.job import EngineJob, build_job
 from apiserver.inputs.text import tei_truncation, tokenize_pairs, tokenize_texts
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
+from apiserver.prompts import named_prompt
 from apiserver.responses import encode_json, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
@@ -30,14 +31,9 @@ from apiserver.validation import check_dimensions, require_task
 from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE, TASK_TOKEN_EMBED
 
 
-def refuse_prompt_name(prompt_name: str | None, param: str = "prompt_name") -> None:
-    if prompt_name is not None:
-        raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param=param)
-
-
 def tei_job(request: EmbedRequest | EmbedAllRequest, state: AppState) -> EngineJob:
     """The job of TEI's `inputs` (texts or token ids), truncated as TEI's `truncate` says."""
-    refuse_prompt_name(request.prompt_name)
+    prompt = named_prompt(state.card, request.prompt_name)
     items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
     truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
     return build_job(
@@ -49,6 +45,7 @@ def tei_job(request: EmbedRequest | EmbedAllRequest, state: AppState) -> EngineJ
         direction=truncation.direction,
         option=truncation.option,
         budget=state.token_budget,
+        prompt=prompt,
     )
 
 
@@ -168,10 +165,14 @@ def render_predict(plan: Plan[bool], rows: Rows, state: AppState) -> bytes:
 PREDICT = Operation(PredictRequest, parse_predict, render_predict)
 
 
+# TEI's names for the pooling modes it shares with sentence-transformers (TEI's `Pool`, snake case).
+TEI_POOLING = {"lasttoken": "last_token"}
+
+
 def model_type(state: AppState) -> ModelType:
     card = state.card
     if card.kind != CLASSIFIER:
-        return ModelType(embedding=EmbeddingModelType(pooling=card.pooling))
+        return ModelType(embedding=EmbeddingModelType(pooling=TEI_POOLING.get(card.pooling, card.pooling)))
     labels = ClassifierModelType(
         id2label={str(i): label for i, label in enumerate(card.labels)},
         label2id={label: i for i, label in enumerate(card.labels)},

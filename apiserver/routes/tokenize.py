@@ -11,6 +11,7 @@ from apiserver.errors import TEI, ErrorStyle, bad_request
 from apiserver.inputs.text import check_token_rows
 from apiserver.limits import TokenBudget, check_input_count
 from apiserver.operation import Operation, Plan, Rows
+from apiserver.prompts import named_prompt
 from apiserver.responses import encode_json
 from apiserver.schemas.tokenize import (
     DecodeRequest,
@@ -36,12 +37,17 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
     check_model(request.model, state.model_names)
     if (request.prompt is None) == (request.inputs is None):
         raise bad_request("Send exactly one of `prompt` (vLLM) and `inputs` (TEI).", param="prompt")
-    if request.prompt_name is not None:
-        raise bad_request("`prompt_name` is not supported: send the prompt as part of the text.", param="prompt_name")
+    # TEI's form gets the prompt TEI's /embed would put before its texts (the default without `prompt_name`);
+    # vLLM's, which knows no Sentence-Transformers prompts, only the one `prompt_name` names.
+    prompt = (
+        ""
+        if request.prompt is not None and request.prompt_name is None
+        else named_prompt(state.card, request.prompt_name)
+    )
     special = request.add_special_tokens
     budget = TokenBudget(state.config.max_tokens_per_request)  # no engine queue to fit: its own flag only
     if request.prompt is not None:
-        ids = tokenize_within(request.prompt, special, state, budget).ids
+        ids = tokenize_within(prompt + request.prompt, special, state, budget).ids
         budget.check(len(ids))
         return Plan(
             TokenizeResponse(
@@ -57,7 +63,7 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
     check_input_count(len(texts), state.config.max_inputs_per_request, "inputs")
     answer: list[list[TeiToken]] = []
     total = 0
-    for text in texts:
+    for text in (prompt + text for text in texts):
         encoding = tokenize_within(text, special, state, budget, before=total)
         total += len(encoding)
         budget.check(total, so_far=len(answer) + 1 < len(texts))

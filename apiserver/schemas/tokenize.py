@@ -16,7 +16,7 @@ class TokenizeRequest(PeerRequest, kw_only=True):
     model: str | None = None
     add_special_tokens: bool = True
     return_token_strs: bool = False
-    prompt_name: str | None = None  # TEI's; refused: poolserve applies no Sentence-Transformers prompts
+    prompt_name: str | None = None  # TEI's: the Sentence-Transformers prompt put before the text (apiserver/prompts.py)
 
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):

@@ -120,8 +120,6 @@ BAD_VALUES = [
     ("/v1/embeddings", {"input": "hi"}, "output_dtype", "int8"),
     ("/v1/embeddings", {"input": "hi"}, "output_dtype", "uint8"),
     ("/v1/embeddings", {"input": "hi"}, "output_dtype", "float16"),
-    ("/v1/embeddings", {"input": "hi"}, "input_type", "query"),
-    ("/v1/embeddings", {"input": "hi"}, "input_type", "document"),
     ("/v1/embeddings", {"input": "hi"}, "output_dimension", 0),
     ("/v1/embeddings", {"input": "hi"}, "output_dimension", DIM + 1),
     ("/v1/embeddings", {"input": "hi"}, "truncation", "yes"),

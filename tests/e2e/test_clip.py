@@ -286,6 +286,6 @@ def test_decoder_embedder_uses_last_token_pooling(decoder_model: Path) -> None:
     try:
         with server.client() as client:
             np.testing.assert_allclose(embed(client, {"input": texts}), expected, atol=1e-5)
-            assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "last"}}
+            assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "last_token"}}
     finally:
         server.stop()

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -145,6 +146,38 @@ def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(core: E
     submit(core, b"api-0", 3, PoolJob.from_rows([HELLO]))
     outputs, _ = run_until_idle(core)
     assert set(outputs) == {(b"api-0", 3)}
+
+
+class NanFor:
+    """The real runner, except that an input holding `token` comes out as NaN (an overflow, as float16
+    gives a bfloat16-trained model)."""
+
+    def __init__(self, runner: Any, token: int):
+        self.runner, self.token = runner, token
+
+    def run_texts(self, rows: list[npt.NDArray[np.int32]], type_rows: Any) -> F32:
+        out = self.runner.run_texts(rows, type_rows)
+        out[[self.token in row for row in rows]] = np.nan
+        return out  # type: ignore[no-any-return]
+
+
+def test_a_row_that_is_not_finite_fails_its_request_and_never_reaches_the_client(
+    core: EngineCore, loaded: LoadedModel
+) -> None:
+    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO, [101, 999, 102]]))
+    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO]))
+    core.runner = NanFor(loaded.runner, 999)  # type: ignore[assignment]
+    failures, outputs = [], []
+    while (batch := core.next_batch()) is not None:
+        step = core.run_batch(batch)
+        failures += step.failures[b"api-0"]
+        outputs += step.outputs[b"api-0"]
+    core.runner = loaded.runner
+    (failure,) = failures
+    assert (failure.id, failure.code) == (1, "model_error")
+    assert "non-finite values (NaN or infinity) for this request (output rows [1])" in failure.message
+    ((out, rows),) = outputs
+    assert out.id == 2 and np.isfinite(rows).all()
 
 
 def test_an_urgent_request_displaces_the_rest_of_a_window_and_runs_next(core: EngineCore) -> None:

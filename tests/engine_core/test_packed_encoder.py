@@ -49,8 +49,8 @@ def test_the_bundled_model_packed_gives_the_padded_forward_s_token_states_and_po
 ) -> None:
     assert packable(minilm)
     rows = rows_of(LENGTHS, seed=0)
-    padded = EmbeddingRunner(minilm, pooling="mean", pad_token_id=0, device=CPU)
-    packed = EmbeddingRunner(minilm, pooling="mean", pad_token_id=0, device=CPU, packed=True)
+    padded = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU)
+    packed = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU, packed=True)
     np.testing.assert_allclose(packed.run_texts(rows, None), padded.run_texts(rows, None), atol=1e-5, rtol=0)
     asked = [i % 2 == 0 for i in range(len(rows))]
     for mine, theirs in zip(
@@ -66,9 +66,9 @@ def test_the_bundled_model_packed_gives_the_padded_forward_s_token_states_and_po
 
 def test_packed_in_bfloat16_stays_with_the_float32_model(minilm: torch.nn.Module) -> None:
     rows = rows_of(LENGTHS, seed=1)
-    reference = EmbeddingRunner(minilm, pooling="mean", pad_token_id=0, device=CPU).run_texts(rows, None)
+    reference = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU).run_texts(rows, None)
     half = AutoModel.from_pretrained(minilm.name_or_path, dtype=torch.bfloat16).eval()
-    packed = EmbeddingRunner(half, pooling="mean", pad_token_id=0, device=CPU, packed=True).run_texts(rows, None)
+    packed = EmbeddingRunner(half, pooling=("mean",), pad_token_id=0, device=CPU, packed=True).run_texts(rows, None)
     cosine = (packed * reference).sum(1) / np.linalg.norm(packed, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() >= 0.999  # bf16 itself against float32: >= 0.9999 on the corpus (docs/benchmarks.md)
 
@@ -82,11 +82,11 @@ def test_token_types_are_packed_with_their_tokens() -> None:
     model = tiny_bert(type_vocab_size=2)
     rows = rows_of([9, 30, 17], seed=2)
     types = [np.asarray([0] * (len(row) // 2) + [1] * (len(row) - len(row) // 2), dtype=np.int32) for row in rows]
-    padded = EmbeddingRunner(model, pooling="cls", pad_token_id=0, device=CPU).run_texts(rows, types)
-    packed = EmbeddingRunner(model, pooling="cls", pad_token_id=0, device=CPU, packed=True).run_texts(rows, types)
+    padded = EmbeddingRunner(model, pooling=("cls",), pad_token_id=0, device=CPU).run_texts(rows, types)
+    packed = EmbeddingRunner(model, pooling=("cls",), pad_token_id=0, device=CPU, packed=True).run_texts(rows, types)
     np.testing.assert_allclose(packed, padded, atol=1e-5, rtol=0)
     assert not np.allclose(
-        packed, EmbeddingRunner(model, pooling="cls", pad_token_id=0, device=CPU).run_texts(rows, None)
+        packed, EmbeddingRunner(model, pooling=("cls",), pad_token_id=0, device=CPU).run_texts(rows, None)
     )
 
 

@@ -1,0 +1,42 @@
+"""Which Sentence-Transformers prompt goes before a request's texts, as sentence-transformers chooses it.
+
+A model's prompts come from its config_sentence_transformers.json (the engine sends them in the card,
+with the default prompt resolved from the folder and --default-prompt-name/--default-prompt). The
+prompt text is put before each text, as `SentenceTransformer.encode` does, so it is tokenized with the
+text, counted in `usage`, and kept by truncation from the right. Token-id inputs get none: they are
+what the model reads.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from apiserver.errors import bad_request
+from poolserve.protocol import ModelCard
+
+Role = Literal["query", "document"]
+# encode_query's and encode_document's choice of prompt name, first found wins (sentence-transformers 5+).
+ROLE_PROMPTS: dict[Role, tuple[str, ...]] = {"query": ("query",), "document": ("document", "passage", "corpus")}
+# Voyage's `input_type` names the same two roles.
+VOYAGE_ROLES: dict[str, Role] = {"query": "query", "document": "document"}
+
+
+def named_prompt(card: ModelCard, name: str | None, param: str = "prompt_name") -> str:
+    """The prompt `name` asks for (TEI's `prompt_name`); the default prompt when no name is given."""
+    if name is None:
+        return card.default_prompt
+    prompt = card.prompts.get(name)
+    if prompt is None:
+        known = ", ".join(repr(n) for n in sorted(card.prompts)) or "none"
+        raise bad_request(f"`{param}` is {name!r}, which is not one of this model's prompts: {known}.", param=param)
+    return prompt
+
+
+def role_prompt(card: ModelCard, role: Role | None) -> str:
+    """A query's or a document's prompt, as encode_query and encode_document pick it: the first of the
+    role's prompt names the model has, else the default prompt."""
+    if role is not None:
+        for name in ROLE_PROMPTS[role]:
+            if name in card.prompts:
+                return card.prompts[name]
+    return card.default_prompt

@@ -1,0 +1,301 @@
+"""What a model folder's Sentence-Transformers files ask for, read as sentence-transformers reads them.
+
+`modules.json` lists the modules a SentenceTransformer runs in order (Transformer, Pooling, then heads
+on the pooled row: Dense, LayerNorm, Normalize, ...); each module's folder holds its config and
+weights; `sentence_bert_config.json` holds the Transformer's options and
+`config_sentence_transformers.json` the prompts, the similarity function and the model type. Both the
+layouts of sentence-transformers 2-5 (`sentence_transformers.models.X`, boolean `pooling_mode_*` keys)
+and of 6 (`sentence_transformers.base.modules...`, `pooling_mode`, `transformer_task`) are read.
+
+Whatever poolserve cannot run exactly as sentence-transformers would is refused here, by name, in one
+sentence (MetadataError): a module, an option, a value. Nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ST_PACKAGE = "sentence_transformers."
+# sentence-transformers' pooling modes, in the order Pooling concatenates them.
+ST_POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# The model types poolserve serves: an embedder, and a cross-encoder (a sequence classifier).
+SENTENCE_TRANSFORMER = "SentenceTransformer"
+CROSS_ENCODER = "CrossEncoder"
+SENTENCE_EMBEDDING = "sentence_embedding"
+DEFAULT_DENSE_ACTIVATION = "torch.nn.modules.activation.Tanh"  # Dense's default when its config names none
+SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
+
+# Modules that are sentence-transformers' own but that poolserve does not run, and why.
+REFUSED_MODULES = {
+    "Router": "a Router module (separate query and document paths) is not supported",
+    "Asym": "an Asym module (separate query and document paths) is not supported",
+    "StaticEmbedding": "a StaticEmbedding module (a static model2vec-style model) is not supported yet",
+    "CLIPModel": (
+        "Sentence-Transformers' CLIPModel module is not supported: serve the transformers CLIP folder it wraps "
+        "instead, which poolserve runs as CLIP"
+    ),
+    "SpladePooling": "a sparse (SPLADE) model is not served yet",
+    "MLMTransformer": "a sparse (SPLADE) model is not served yet",
+    "SparseStaticEmbedding": "a sparse model is not served yet",
+    "SparseAutoEncoder": "a sparse model is not served yet",
+}
+
+# Keys of sentence_bert_config.json, and of its argument dicts, that change nothing poolserve computes.
+TRANSFORMER_KEYS = {"max_seq_length", "do_lower_case", "transformer_task", "modality_config", "module_output_name"}
+ARGUMENT_DICTS = {"model_args", "model_kwargs", "config_args", "config_kwargs", "tokenizer_args", "processing_kwargs"}
+# trust_remote_code is --trust-remote-code's business: the loader asks for it where the code needs it.
+HARMLESS_ARGUMENTS = {"trust_remote_code"}
+TRANSFORMER_TASKS = {SENTENCE_TRANSFORMER: "feature-extraction", CROSS_ENCODER: "sequence-classification"}
+TASK_REFUSALS = {
+    "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
+    "text-generation": (
+        "a Transformer with transformer_task 'text-generation' (a language model scored from its logits) is not "
+        "served yet"
+    ),
+}
+
+
+class MetadataError(ValueError):
+    """The folder's Sentence-Transformers files ask for something poolserve cannot do exactly."""
+
+
+@dataclass(frozen=True, slots=True)
+class DenseHead:
+    """sentence-transformers' Dense: activation(linear(x)), plus x (or a projection of it) with use_residual."""
+
+    folder: Path
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # the import path of a torch.nn module class, as the config names it
+    use_residual: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LayerNormHead:
+    folder: Path
+    dimension: int
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizeHead:
+    """An L2 normalization followed by more heads (a trailing one is `StFolder.normalize`)."""
+
+
+Head = DenseHead | LayerNormHead | NormalizeHead
+
+
+@dataclass(frozen=True, slots=True)
+class StFolder:
+    """A folder's Sentence-Transformers description; `has_modules` False when it has none (a plain
+    transformers folder), and then every field keeps its default."""
+
+    has_modules: bool = False
+    model_type: str = SENTENCE_TRANSFORMER
+    # Where the transformers model and tokenizer live: the folder itself, or an old layout's subfolder.
+    transformer_folder: Path | None = None
+    # Pooling modes in sentence-transformers' names, concatenated in this order; () without Pooling.
+    pooling: tuple[str, ...] = ()
+    embedding_dimension: int | None = None
+    heads: tuple[Head, ...] = ()
+    # The last module is Normalize (None: no modules.json, so nothing said).
+    normalize: bool | None = None
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    similarity: str = "cosine"
+    # A CrossEncoder's activation_fn (an import path), None when unsaid.
+    activation_fn: str | None = None
+
+
+def read_json(path: Path) -> Any:
+    with path.open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_st_folder(folder: Path) -> StFolder:
+    """The folder's modules and options, as sentence-transformers would run them; MetadataError for
+    anything poolserve cannot run exactly."""
+    settings_path = folder / "config_sentence_transformers.json"
+    settings: dict[str, Any] = read_json(settings_path) if settings_path.is_file() else {}
+    modules_path = folder / "modules.json"
+    if not modules_path.is_file():
+        return StFolder()
+    model_type = str(settings.get("model_type") or SENTENCE_TRANSFORMER)
+    if model_type not in TRANSFORMER_TASKS:
+        raise MetadataError(
+            f"config_sentence_transformers.json says model_type {model_type!r}; poolserve serves "
+            f"{SENTENCE_TRANSFORMER} and {CROSS_ENCODER} folders"
+        )
+    modules: list[dict[str, Any]] = read_json(modules_path)
+    if not modules:
+        raise MetadataError("modules.json lists no modules")
+    for module in modules:
+        name = module_class(module)
+        if not name:
+            raise MetadataError(
+                f"{describe(module)} is custom code, not one of sentence-transformers' own modules, which are all "
+                "poolserve runs"
+            )
+        if name in REFUSED_MODULES:
+            raise MetadataError(REFUSED_MODULES[name])
+    first, rest = modules[0], modules[1:]
+    if module_class(first) != "Transformer":
+        raise MetadataError(f"the first module is {describe(first)}; poolserve needs a Transformer module first")
+    transformer_folder = folder / str(first.get("path", ""))
+    transformer = read_transformer_config(transformer_folder, model_type)
+    prompts, default_prompt_name = read_prompts(settings, model_type)
+    similarity = str(settings.get("similarity_fn_name") or "cosine")
+    if similarity not in SIMILARITY_FUNCTIONS:
+        raise MetadataError(f"similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITY_FUNCTIONS)}")
+    common: dict[str, Any] = {
+        "has_modules": True,
+        "model_type": model_type,
+        "transformer_folder": transformer_folder,
+        "max_seq_length": transformer.get("max_seq_length") or None,
+        "do_lower_case": bool(transformer.get("do_lower_case", False)),
+        "prompts": prompts,
+        "default_prompt_name": default_prompt_name,
+        "similarity": similarity,
+    }
+    if model_type == CROSS_ENCODER:
+        if rest:
+            raise MetadataError(f"this CrossEncoder has modules after its Transformer ({describe(rest[0])})")
+        if any(prompts.values()):
+            raise MetadataError("prompts on a CrossEncoder are not supported yet")
+        activation = settings.get("activation_fn")
+        return StFolder(**common, activation_fn=str(activation) if activation else None)
+    if not rest or module_class(rest[0]) != "Pooling":
+        found = describe(rest[0]) if rest else "nothing"
+        raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
+    pooling, dimension = read_pooling(folder / str(rest[0].get("path", "")))
+    heads: list[Head] = []
+    for module in rest[1:]:
+        head = read_head(folder, module)
+        if head is not None:
+            heads.append(head)
+    normalize = bool(heads) and isinstance(heads[-1], NormalizeHead)
+    if normalize:
+        heads.pop()
+    return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=tuple(heads), normalize=normalize)
+
+
+def module_class(module: dict[str, Any]) -> str:
+    """The class name of a sentence-transformers module ("" for anyone else's)."""
+    kind = str(module.get("type", ""))
+    return kind.rsplit(".", 1)[-1] if kind.startswith(ST_PACKAGE) else ""
+
+
+def describe(module: dict[str, Any]) -> str:
+    return f"module {module.get('path') or module.get('name') or module.get('idx')!s} ({module.get('type')})"
+
+
+def read_transformer_config(folder: Path, model_type: str) -> dict[str, Any]:
+    path = folder / "sentence_bert_config.json"
+    config: dict[str, Any] = read_json(path) if path.is_file() else {}
+    for key, value in config.items():
+        if key in ARGUMENT_DICTS:
+            unknown = sorted(set(value or {}) - HARMLESS_ARGUMENTS)
+            if unknown:
+                raise MetadataError(f"sentence_bert_config.json sets {key} {unknown}, which poolserve does not apply")
+        elif key == "backend":
+            if value != "torch":
+                raise MetadataError(f"sentence_bert_config.json asks for the {value!r} backend; poolserve runs torch")
+        elif key not in TRANSFORMER_KEYS:
+            raise MetadataError(f"sentence_bert_config.json sets {key!r}, which poolserve does not apply")
+    task = config.get("transformer_task")
+    if task is not None and task != TRANSFORMER_TASKS[model_type]:
+        refusal = TASK_REFUSALS.get(task, f"a Transformer with transformer_task {task!r} is not supported")
+        raise MetadataError(refusal)
+    modalities = config.get("modality_config")
+    if modalities is not None and set(modalities) != {"text"}:
+        raise MetadataError(f"a Transformer reading {sorted(modalities)} (modality_config) is not supported")
+    return config
+
+
+# A SentenceTransformer always has these prompts, "" unless saved otherwise: so encode_query with no saved
+# "query" prompt uses none, rather than the default prompt.
+DEFAULT_PROMPTS = {SENTENCE_TRANSFORMER: {"query": "", "document": ""}}
+
+
+def read_prompts(settings: dict[str, Any], model_type: str) -> tuple[dict[str, str], str | None]:
+    """Prompts as sentence-transformers keeps them (a null prompt is ""), and the default prompt's name."""
+    saved = {str(name): str(text or "") for name, text in (settings.get("prompts") or {}).items()}
+    prompts = {**DEFAULT_PROMPTS.get(model_type, {}), **saved}
+    default = settings.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise MetadataError(f"default_prompt_name {default!r} is not one of the prompts {sorted(prompts)}")
+    return prompts, default
+
+
+def read_pooling(folder: Path) -> tuple[tuple[str, ...], int | None]:
+    """Pooling modes (sentence-transformers' names, its concatenation order kept) and the token width."""
+    config: dict[str, Any] = read_json(folder / "config.json")
+    if config.get("include_prompt") is False:
+        raise MetadataError("Pooling with include_prompt false (the prompt's tokens left out) is not supported yet")
+    named = config.get("pooling_mode")
+    if named is not None:
+        modes = (named,) if isinstance(named, str) else tuple(named)
+    else:
+        # sentence-transformers 2-5: one boolean per mode; none set means mean.
+        modes = tuple(mode for key, mode in LEGACY_POOLING_KEYS.items() if config.get(key)) or ("mean",)
+    unknown = [mode for mode in modes if mode not in ST_POOLING_MODES]
+    if unknown or not modes:
+        raise MetadataError(f"pooling mode {unknown or modes} is not one of {', '.join(ST_POOLING_MODES)}")
+    dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
+    return modes, int(dimension) if dimension else None
+
+
+def read_head(folder: Path, module: dict[str, Any]) -> Head | None:
+    """A module after Pooling; None for one that does nothing at inference (Dropout)."""
+    name = module_class(module)
+    path = folder / str(module.get("path", ""))
+    if name == "Dense":
+        config: dict[str, Any] = read_json(path / "config.json")
+        check_keys(config, {"in_features", "out_features", "bias", "activation_function", "use_residual"}, module)
+        return DenseHead(
+            path,
+            int(config["in_features"]),
+            int(config["out_features"]),
+            bool(config.get("bias", True)),
+            str(config.get("activation_function") or DEFAULT_DENSE_ACTIVATION),
+            bool(config.get("use_residual", False)),
+        )
+    if name == "LayerNorm":
+        config = read_json(path / "config.json")
+        check_keys(config, {"dimension"}, module)
+        return LayerNormHead(path, int(config["dimension"]))
+    if name == "Normalize":
+        config_path = path / "config.json"
+        if path != folder and config_path.is_file():
+            check_keys(read_json(config_path), set(), module)
+        return NormalizeHead()
+    if name == "Dropout":
+        return None
+    raise MetadataError(f"the {describe(module)} is not supported after Pooling")
+
+
+def check_keys(config: dict[str, Any], known: set[str], module: dict[str, Any]) -> None:
+    """A module reads sentence_embedding and writes it back; any other key is an option poolserve lacks."""
+    for key in ("module_input_name", "module_output_name"):
+        value = config.get(key)
+        if value not in (None, SENTENCE_EMBEDDING):
+            raise MetadataError(
+                f"the {describe(module)} works on {value!r} (per-token vectors, as ColBERT's do); poolserve's heads "
+                "work on the pooled sentence embedding"
+            )
+    unknown = sorted(set(config) - known - {"module_input_name", "module_output_name"})
+    if unknown:
+        raise MetadataError(f"the {describe(module)} sets {unknown}, which poolserve does not apply")

@@ -1,0 +1,376 @@
+"""The model layouts of docs/models.md: tiny random models saved in each real layout, and what poolserve does
+with each (served, held to the reference library; or refused at start with a documented sentence).
+
+Every folder is written by the library its users save with (sentence-transformers' own `save`,
+transformers' `save_pretrained`), except the layouts of older sentence-transformers releases, written as
+those releases wrote them (which 6.2 still loads: it is the reference). Each case's `id` is its row in
+docs/models.md (tests/fidelity/test_models_doc.py holds the two together).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.models import TINY, bundled_model_folder
+
+HIDDEN = TINY["hidden_size"]
+QUERY_PROMPT = "query: "
+DOCUMENT_PROMPT = "passage: "
+# Qwen3-Embedding's prompt shape: an instruction, a newline, then the query.
+INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A layout poolserve serves; `reference` says how the reference library is asked (see test_served.py)."""
+
+    id: str
+    build: Callable[[Path], None]
+    reference: str = "encode"  # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross"
+    flags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refused:
+    id: str
+    build: Callable[[Path], None]
+    message: str  # what `launch` prints after "cannot be served exactly: " (or the whole error)
+
+
+def tiny_bert(folder: Path, seed: int = 10, tokenizer: Path | None = None) -> Path:
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer or bundled_model_folder()).save_pretrained(folder)
+    return folder
+
+
+def st_model(folder: Path, *modules: Any, **kwargs: Any) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    SentenceTransformer(modules=list(modules), device="cpu", **kwargs).save(str(folder))
+
+
+def transformer(folder: Path, seed: int = 10, **kwargs: Any) -> Any:
+    from sentence_transformers.base.modules import Transformer
+
+    return Transformer(str(tiny_bert(folder.parent / f"{folder.name}-base", seed)), **kwargs)
+
+
+def pooling(mode: str | tuple[str, ...], **kwargs: Any) -> Any:
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    return Pooling(HIDDEN, pooling_mode=mode, **kwargs)
+
+
+def normalize() -> Any:
+    from sentence_transformers.sentence_transformer.modules import Normalize
+
+    return Normalize()
+
+
+def dense(in_features: int, out_features: int, activation: torch.nn.Module | None, **kwargs: Any) -> Any:
+    from sentence_transformers.base.modules import Dense
+
+    torch.manual_seed(in_features * 100 + out_features)
+    return Dense(in_features, out_features, activation_function=activation, **kwargs)
+
+
+# Served --------------------------------------------------------------------------------------------
+
+
+def build_mean_normalize(folder: Path) -> None:
+    st_model(folder, transformer(folder), pooling("mean"), normalize())
+
+
+def build_dense_chain_with_prompts(folder: Path) -> None:
+    """LaBSE's, stella's, EmbeddingGemma's shape: pooled, projected by Dense modules, normalized; e5's prompts."""
+    st_model(
+        folder, transformer(folder), pooling("mean"), dense(HIDDEN, 24, torch.nn.Tanh()), dense(24, 16, None),
+        normalize(), prompts={"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT}, default_prompt_name="query",
+    )  # fmt: skip
+
+
+def build_dense_residual(folder: Path) -> None:
+    st_model(
+        folder, transformer(folder), pooling("cls"), dense(HIDDEN, HIDDEN, torch.nn.GELU(), use_residual=True),
+        dense(HIDDEN, 12, torch.nn.ReLU(), use_residual=True),
+    )  # fmt: skip
+
+
+def build_layer_norm(folder: Path) -> None:
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
+
+    norm = LayerNorm(HIDDEN)
+    torch.manual_seed(11)
+    with torch.no_grad():  # a trained norm's scale and shift, not the identity it starts as
+        norm.norm.weight.uniform_(0.5, 1.5)
+        norm.norm.bias.uniform_(-0.5, 0.5)
+    st_model(folder, transformer(folder), pooling("mean"), norm)
+
+
+def pooling_builder(mode: str | tuple[str, ...]) -> Callable[[Path], None]:
+    def build(folder: Path) -> None:
+        st_model(folder, transformer(folder), pooling(mode))
+
+    return build
+
+
+def build_lowercase(folder: Path) -> None:
+    """do_lower_case over a cased tokenizer: sentence-transformers puts a Lowercase normalizer first."""
+    cased = folder.parent / f"{folder.name}-cased-tokenizer"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_folder())
+    tokenizer.save_pretrained(cased)
+    spec = json.loads((cased / "tokenizer.json").read_text())
+    spec["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(spec))
+    from sentence_transformers.base.modules import Transformer
+
+    base = tiny_bert(folder.parent / f"{folder.name}-base", tokenizer=cased)
+    shutil.copy(cased / "tokenizer.json", base / "tokenizer.json")
+    st_model(folder, Transformer(str(base), do_lower_case=True), pooling("mean"), normalize())
+
+
+def build_legacy_layout(folder: Path) -> None:
+    """sentence-transformers 2.x: `sentence_transformers.models.X` types, boolean pooling keys, and
+    max_seq_length in sentence_bert_config.json (shorter than the tokenizer's own 512)."""
+    tiny_bert(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12, "do_lower_case": False}))
+    (folder / "1_Pooling").mkdir()
+    pooling_config = {
+        "word_embedding_dimension": HIDDEN, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": True, "pooling_mode_mean_sqrt_len_tokens": False,
+    }  # fmt: skip
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    (folder / "2_Normalize").mkdir()
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"__version__": {"sentence_transformers": "2.2.2"}, "prompts": {}, "default_prompt_name": None})
+    )
+
+
+def build_decoder_last_token(folder: Path) -> None:
+    """Qwen3-Embedding's shape: a Qwen3 decoder, last-token pooling, normalized, an instruction prompt for
+    queries and none for documents."""
+    from sentence_transformers.base.modules import Transformer
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
+
+    base = folder.parent / f"{folder.name}-base"
+    torch.manual_seed(12)
+    config = Qwen3Config(
+        vocab_size=30522, max_position_embeddings=128, num_key_value_heads=2, head_dim=8, pad_token_id=0, **TINY
+    )
+    Qwen3Model(config).eval().save_pretrained(base)
+    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
+    st_model(
+        folder, Transformer(str(base)), pooling("lasttoken"), normalize(),
+        prompts={"query": INSTRUCTION, "document": ""},
+    )  # fmt: skip
+
+
+def build_dot_similarity(folder: Path) -> None:
+    """msmarco-bert-base-dot's shape: CLS pooling, no normalization, scored by the dot product."""
+    st_model(folder, transformer(folder), pooling("cls"), similarity_fn_name="dot")
+
+
+def cross_encoder_builder(activation: torch.nn.Module) -> Callable[[Path], None]:
+    def build(folder: Path) -> None:
+        from sentence_transformers import CrossEncoder
+        from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+        base = folder.parent / f"{folder.name}-base"
+        torch.manual_seed(13)
+        config = BertConfig(vocab_size=30522, max_position_embeddings=128, num_labels=1, **TINY)
+        BertForSequenceClassification(config).eval().save_pretrained(base)
+        AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
+        CrossEncoder(str(base), device="cpu", activation_fn=activation).save(str(folder))
+
+    return build
+
+
+SERVED = [
+    Served("st-mean-normalize", build_mean_normalize),
+    Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
+    Served("st-dense-residual", build_dense_residual),
+    Served("st-layer-norm", build_layer_norm),
+    Served("st-pooling-max", pooling_builder("max")),
+    Served("st-pooling-mean-sqrt-len", pooling_builder("mean_sqrt_len_tokens")),
+    Served("st-pooling-weightedmean", pooling_builder("weightedmean")),
+    Served("st-pooling-lasttoken", pooling_builder("lasttoken")),
+    Served("st-pooling-concatenated", pooling_builder(("cls", "max", "mean"))),
+    Served("st-do-lower-case", build_lowercase),
+    Served("st-legacy-layout", build_legacy_layout),
+    Served("decoder-last-token-prompts", build_decoder_last_token, reference="one_by_one"),
+    Served("st-dot-similarity", build_dot_similarity),
+    Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
+    Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
+]
+
+
+# Refused -------------------------------------------------------------------------------------------
+
+
+def build_router(folder: Path) -> None:
+    from sentence_transformers.base.modules import Router
+
+    query = [transformer(folder, 14), pooling("mean")]
+    document = [transformer(folder.parent / f"{folder.name}-documents", 15), pooling("mean")]
+    st_model(folder, Router.for_query_document(query, document))
+
+
+def build_static_embedding(folder: Path) -> None:
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
+    st_model(folder, StaticEmbedding(tokenizer, embedding_dim=16))
+
+
+def build_custom_module(folder: Path) -> None:
+    build_mean_normalize(folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["type"] = "custom_st.Transformer"  # jina-embeddings-v3's shape: code shipped in the folder
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+def build_include_prompt_false(folder: Path) -> None:
+    st_model(folder, transformer(folder), pooling("mean", include_prompt=False), prompts={"query": QUERY_PROMPT})
+
+
+def build_causal_lm(folder: Path) -> None:
+    """Qwen3-Reranker's layout: a causal language model and its tokenizer, no Sentence-Transformers files."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(16)
+    config = Qwen3Config(vocab_size=30522, max_position_embeddings=128, num_key_value_heads=2, head_dim=8, **TINY)
+    Qwen3ForCausalLM(config).eval().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
+
+
+def build_sparse_encoder(folder: Path) -> None:
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    base = folder.parent / f"{folder.name}-base"
+    torch.manual_seed(17)
+    BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).save_pretrained(base)
+    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
+    SparseEncoder(modules=[MLMTransformer(str(base)), SpladePooling("max")], device="cpu").save(str(folder))
+
+
+def build_token_dense(folder: Path) -> None:
+    """A projection of every token's vector (ColBERT's, as PyLate saves it), not of the pooled row."""
+    module = dense(HIDDEN, 8, None, module_input_name="token_embeddings")
+    st_model(folder, transformer(folder), pooling("mean"), module)
+
+
+def build_foreign_activation(folder: Path) -> None:
+    build_dense_chain_with_prompts(folder)
+    config_path = folder / "2_Dense" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["activation_function"] = "my_package.activations.Swish"
+    config_path.write_text(json.dumps(config))
+
+
+def build_tokenizer_args(folder: Path) -> None:
+    build_mean_normalize(folder)
+    path = folder / "sentence_bert_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_args"] = {"add_eos_token": True}
+    path.write_text(json.dumps(config))
+
+
+def build_own_code(folder: Path) -> None:
+    """gte-Qwen2's shape: a config whose auto_map names the folder's own model code."""
+    build_mean_normalize(folder)
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config["auto_map"] = {"AutoModel": "modeling_bidirectional.BidirectionalBert"}
+    path.write_text(json.dumps(config))
+
+
+def build_siglip(folder: Path) -> None:
+    from transformers import AutoTokenizer, SiglipConfig, SiglipModel
+
+    torch.manual_seed(18)
+    text = {"vocab_size": 30522, "max_position_embeddings": 64, **TINY}
+    config = SiglipConfig(text_config=text, vision_config={"image_size": 32, "patch_size": 8, **TINY})
+    SiglipModel(config).eval().save_pretrained(folder)
+    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
+
+
+REFUSED = [
+    Refused("router", build_router, "a Router module (separate query and document paths) is not supported"),
+    Refused(
+        "static-embedding",
+        build_static_embedding,
+        "a StaticEmbedding module (a static model2vec-style model) is not supported yet",
+    ),
+    Refused(
+        "custom-module",
+        build_custom_module,
+        "module 0 (custom_st.Transformer) is custom code, not one of sentence-transformers' own modules, which are "
+        "all poolserve runs",
+    ),
+    Refused(
+        "pooling-include-prompt-false",
+        build_include_prompt_false,
+        "Pooling with include_prompt false (the prompt's tokens left out) is not supported yet",
+    ),
+    Refused(
+        "causal-lm-without-st-files",
+        build_causal_lm,
+        "Qwen3ForCausalLM is a causal language model with no Sentence-Transformers files saying how to embed with "
+        "it: LLM rerankers scored from their logits are not served yet, and to serve it as an embedder, give "
+        "--pooling last (or mean).",
+    ),
+    Refused(
+        "sparse-encoder",
+        build_sparse_encoder,
+        "config_sentence_transformers.json says model_type 'SparseEncoder'; poolserve serves SentenceTransformer and "
+        "CrossEncoder folders",
+    ),
+    Refused(
+        "token-level-dense",
+        build_token_dense,
+        "the module 2_Dense (sentence_transformers.base.modules.dense.Dense) works on 'token_embeddings' (per-token "
+        "vectors, as ColBERT's do); poolserve's heads work on the pooled sentence embedding",
+    ),
+    Refused(
+        "dense-foreign-activation",
+        build_foreign_activation,
+        "the Dense activation 'my_package.activations.Swish' is not a torch.nn module, the only kind poolserve runs",
+    ),
+    Refused(
+        "own-code-without-trust",
+        build_own_code,
+        "the folder's config runs its own code for AutoModel (modeling_bidirectional.BidirectionalBert); give "
+        "--trust-remote-code to run it.",
+    ),
+    Refused(
+        "siglip",
+        build_siglip,
+        "siglip (sigmoid-trained image-text towers with their own processors) is not served yet.",
+    ),
+    Refused(
+        "transformer-tokenizer-args",
+        build_tokenizer_args,
+        "sentence_bert_config.json sets tokenizer_args ['add_eos_token'], which poolserve does not apply",
+    ),
+]

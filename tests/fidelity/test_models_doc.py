@@ -1,0 +1,42 @@
+"""docs/models.md and the fidelity suite say the same: every layout the suite holds has its row, every row
+names a layout the suite holds (or a test that exists), and every refusal's documented sentence is the one
+`launch` prints."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.fidelity.layouts import REFUSED, SERVED
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW = re.compile(r"^\| `([a-z0-9-]+)`(?: \(refused\))? \|(.*)$", re.MULTILINE)
+TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)(?:::(\w+))?`")
+
+
+def documented_rows() -> dict[str, str]:
+    rows: dict[str, str] = {}
+    for layout_id, rest in ROW.findall((ROOT / "docs" / "models.md").read_text()):
+        assert layout_id not in rows, f"{layout_id} has two rows"
+        rows[layout_id] = rest
+    return rows
+
+
+def test_every_layout_of_the_suite_has_its_row_and_every_refusal_its_sentence() -> None:
+    rows = documented_rows()
+    missing = [case.id for case in [*SERVED, *REFUSED] if case.id not in rows]
+    assert not missing, f"docs/models.md has no row for {missing}"
+    for case in REFUSED:
+        assert case.message in rows[case.id], f"{case.id}: the documented sentence is not {case.message!r}"
+
+
+def test_every_row_names_a_layout_of_the_suite_or_a_test_that_exists() -> None:
+    suite = {case.id for case in [*SERVED, *REFUSED]}
+    for layout_id, rest in documented_rows().items():
+        if layout_id in suite:
+            continue
+        references = TEST_REFERENCE.findall(rest)
+        assert references, f"the row {layout_id} names neither a layout of tests/fidelity/layouts.py nor a test"
+        for path, function in references:
+            source = (ROOT / path).read_text()
+            assert not function or f"def {function}(" in source, f"{layout_id}: {path}::{function} does not exist"

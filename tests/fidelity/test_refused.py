@@ -1,0 +1,38 @@
+"""Every refused layout of docs/models.md stops the engine at start with its documented sentence, and `launch`
+exits with its boot-error code printing it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_core.loader import LoadError
+from poolserve.boot import EXIT_BOOT_ERROR
+from tests.fidelity.layouts import REFUSED, Refused
+from tests.fidelity.stack import load
+from tests.utils import FLOAT32_CPU, LaunchedServer
+
+
+@pytest.mark.parametrize("layout", REFUSED, ids=[case.id for case in REFUSED])
+def test_the_layout_is_refused_at_start_with_its_documented_sentence(layout: Refused, tmp_path: Path) -> None:
+    folder = tmp_path / layout.id
+    layout.build(folder)
+    with pytest.raises(LoadError) as refused:
+        load(folder)
+    assert layout.message in str(refused.value)
+
+
+def test_launch_exits_at_start_naming_what_it_refuses(tmp_path: Path) -> None:
+    """The engine's refusal reaches the operator as `launch`'s one line, whatever the layout (the path from
+    LoadError to the exit is the same for all of them)."""
+    layout = next(case for case in REFUSED if case.id == "causal-lm-without-st-files")
+    folder = tmp_path / layout.id
+    layout.build(folder)
+    launched = LaunchedServer("--model", str(folder), "--api-server-count", "1", *FLOAT32_CPU)
+    try:
+        assert launched.wait_exit(60) == EXIT_BOOT_ERROR, launched.log()
+        lines = [line for line in launched.stderr().splitlines() if line.startswith("poolserve: could not start")]
+        assert len(lines) == 1 and layout.message in lines[0], launched.log()
+    finally:
+        launched.stop()

@@ -1,0 +1,110 @@
+"""Every served layout of docs/models.md, through the HTTP endpoints, equal to the reference library in float32.
+
+The reference is sentence-transformers 6 (SentenceTransformer, CrossEncoder) on the same folder: its
+`encode` with the default prompt, a named prompt, `encode_query` and `encode_document`; its `similarity`
+for /rerank by a bi-encoder; `CrossEncoder.predict` for a cross-encoder's scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from tests.fidelity.layouts import SERVED, Served
+from tests.fidelity.stack import load, serve_in_process
+
+F32 = npt.NDArray[np.float32]
+TEXTS = ["Hello world!", "A MUCH longer sentence, about Servers and EMBEDDINGS.", "x", "déjà vu"]
+LONG = " ".join(["tokens"] * 200)
+QUERY = "where are the servers?"
+DOCUMENTS = ["servers run in racks", "a cat sat on a mat", "Embeddings live in vector stores."]
+
+
+@pytest.fixture(scope="module", params=SERVED, ids=[case.id for case in SERVED])
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Path]]:
+    layout: Served = request.param
+    folder = tmp_path_factory.mktemp("layouts") / layout.id
+    layout.build(folder)
+    yield layout, folder
+
+
+def embeddings(client: httpx.Client, body: dict[str, Any]) -> F32:
+    """Cut to the model's maximum from the right, as sentence-transformers always cuts (poolserve refuses
+    an over-long text unless asked to cut it)."""
+    response = client.post("/v1/embeddings", json={**body, "truncate_prompt_tokens": -1})
+    assert response.status_code == 200, response.text
+    return np.asarray([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
+
+
+def assert_same(served: F32, reference: F32) -> None:
+    assert served.shape == reference.shape
+    cosine = (
+        np.einsum("ij,ij->i", served, reference) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
+    )
+    assert cosine.min() >= 0.9999, cosine
+    np.testing.assert_allclose(served, reference, atol=1e-5, rtol=1e-4)
+
+
+def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[Served, Path]) -> None:
+    layout, folder = case
+    loaded = load(folder, **layout.flags)
+    with serve_in_process(loaded, **layout.flags) as client:
+        if layout.reference == "cross":
+            check_cross_encoder(client, folder)
+        else:
+            check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
+
+
+def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+
+    def reference(texts: list[str], method: str = "encode", **kwargs: Any) -> F32:
+        encode = getattr(model, method)
+        if one_by_one:  # a causal model's padded rows move in sentence-transformers' own batches
+            return np.concatenate([encode([text], **kwargs) for text in texts])
+        return np.asarray(encode(texts, **kwargs))
+
+    assert_same(embeddings(client, {"input": TEXTS}), reference(TEXTS))
+    assert_same(embeddings(client, {"input": [LONG]}), reference([LONG]))
+    # Voyage's input_type picks the prompt encode_query / encode_document pick.
+    assert_same(embeddings(client, {"input": TEXTS, "input_type": "query"}), reference(TEXTS, "encode_query"))
+    assert_same(embeddings(client, {"input": TEXTS, "input_type": "document"}), reference(TEXTS, "encode_document"))
+    for name in model.prompts:  # TEI's /embed normalizes unless told not to
+        tei = client.post("/embed", json={"inputs": TEXTS, "prompt_name": name, "truncate": True})
+        assert tei.status_code == 200, tei.text
+        named = reference(TEXTS, prompt_name=name)
+        assert_same(np.asarray(tei.json(), dtype=np.float32), named / np.linalg.norm(named, axis=1, keepdims=True))
+    # A bi-encoder reranks by the model's similarity of the query's and the documents' embeddings.
+    ranked = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS})
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
+    expected = model.similarity(reference([QUERY], "encode_query"), reference(DOCUMENTS, "encode_document"))[0]
+    np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], expected.numpy(), atol=1e-5, rtol=1e-4)
+    # usage counts every token the model read, the prompt's included.
+    usage = client.post("/v1/embeddings", json={"input": TEXTS, "truncate_prompt_tokens": -1}).json()["usage"]
+    usage = usage["prompt_tokens"]
+    prompt = model.prompts.get(model.default_prompt_name or "", "")
+    assert usage == sum(len(model.tokenize([prompt + text])["input_ids"][0]) for text in TEXTS)
+
+
+def check_cross_encoder(client: httpx.Client, folder: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(folder), device="cpu")
+    expected = model.predict([(QUERY, document) for document in DOCUMENTS])
+    ranked = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS})
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
+    np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5, rtol=1e-4)
+    tei = client.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS})
+    assert tei.status_code == 200, tei.text
+    tei_scores = {item["index"]: item["score"] for item in tei.json()}
+    np.testing.assert_allclose([tei_scores[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5, rtol=1e-4)
