@@ -94,7 +94,7 @@ def test_malformed_or_unsupported_requests_get_a_400(http: httpx.Client, path: s
     ("path", "body", "status", "error_type"),
     [
         ("/predict", {"inputs": "a"}, 424, "Backend"),  # TEI: the model is not a classifier
-        ("/embed", {"inputs": "a", "prompt_name": "query"}, 413, "Validation"),
+        ("/embed", {"inputs": "a", "prompt_name": "summary"}, 413, "Validation"),  # the model has query, document
         ("/embed", {"inputs": "word " * 300}, 413, "Validation"),
         ("/embed", {"inputs": []}, 400, "Empty"),
         ("/embed_sparse", {"inputs": "a"}, 424, "Backend"),

@@ -38,3 +38,28 @@ def test_a_pass_whose_cost_does_not_grow_with_its_tokens_is_worth_a_whole_batch(
     # and a measured overhead above a batch's whole token budget weighs the same as that budget
     heavy = TimedRunner(overhead=0.02, per_token=1e-8)  # a pass costs as much as 2,000,000 tokens
     assert measure_batch_overhead(heavy, np.arange(10, dtype=np.int32), max_model_len=256, cap=8192) == 8192
+
+
+@pytest.mark.parametrize(
+    ("saved", "bf16_gpu", "chosen"),
+    [
+        ("bfloat16", True, "bfloat16"),  # Qwen3-Embedding-8B, Gemma 3: float16 can overflow their activations
+        ("bfloat16", False, "float32"),  # a GPU without bf16 (before Ampere): never float16 for them
+        ("float32", True, "float16"),
+        ("float16", True, "float16"),
+        (None, True, "float16"),
+    ],
+)
+def test_dtype_auto_on_cuda_keeps_a_bfloat16_trained_model_in_bfloat16(
+    monkeypatch: pytest.MonkeyPatch, saved: str | None, bf16_gpu: bool, chosen: str
+) -> None:
+    import torch
+    from transformers import BertConfig
+
+    from engine_core.loader import select_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
+    config = BertConfig(dtype=saved) if saved else BertConfig()
+    assert select_dtype("auto", torch.device("cuda"), config) == getattr(torch, chosen)
+    assert select_dtype("auto", torch.device("cpu"), config) == torch.float32  # measured later: cpu_precision.py
+    assert select_dtype("float16", torch.device("cuda"), config) == torch.float16  # the flag is the operator's

@@ -1,0 +1,99 @@
+"""What engine_core/st_folder.py reads from a folder's Sentence-Transformers files, and each refusal's sentence
+that tests/fidelity does not build a whole model for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_core.st_folder import DenseHead, MetadataError, NormalizeHead, StFolder, read_st_folder
+
+TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
+POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+
+
+def write(folder: Path, modules: list[dict[str, Any]], files: dict[str, Any]) -> Path:
+    (folder / "modules.json").write_text(json.dumps(modules))
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(content))
+    return folder
+
+
+def test_the_bundled_model_is_mean_pooled_normalized_at_256(bundled_model: Path) -> None:
+    st = read_st_folder(bundled_model)
+    assert (st.pooling, st.normalize, st.max_seq_length, st.heads) == (("mean",), True, 256, ())
+    assert st.prompts == {"query": "", "document": ""} and st.similarity == "cosine"
+
+
+def test_a_folder_without_sentence_transformers_files_says_nothing(tmp_path: Path) -> None:
+    assert read_st_folder(tmp_path) == StFolder()
+
+
+def test_a_normalize_between_heads_runs_as_a_head_and_only_a_trailing_one_is_the_models(tmp_path: Path) -> None:
+    dense = {"in_features": 4, "out_features": 2, "activation_function": "torch.nn.modules.linear.Identity"}
+    modules = [
+        TRANSFORMER, POOLING,
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
+    ]  # fmt: skip
+    st = read_st_folder(write(tmp_path, modules, {"1_Pooling/config.json": {}, "3_Dense/config.json": dense}))
+    assert st.pooling == ("mean",)  # no mode set: sentence-transformers' default
+    assert st.heads == (NormalizeHead(), DenseHead(tmp_path / "3_Dense", 4, 2, True, dense["activation_function"]))
+    assert st.normalize is False
+
+
+@pytest.mark.parametrize(
+    ("files", "sentence"),
+    [
+        (
+            {"sentence_bert_config.json": {"transformer_task": "fill-mask"}},
+            "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
+        ),
+        (
+            {"sentence_bert_config.json": {"transformer_task": "text-generation"}},
+            "a Transformer with transformer_task 'text-generation' (a language model scored from its logits) is not "
+            "served yet",
+        ),
+        (
+            {"sentence_bert_config.json": {"modality_config": {"text": {}, "image": {}}}},
+            "a Transformer reading ['image', 'text'] (modality_config) is not supported",
+        ),
+        (
+            {"sentence_bert_config.json": {"backend": "onnx"}},
+            "sentence_bert_config.json asks for the 'onnx' backend; poolserve runs torch",
+        ),
+        (
+            {"config_sentence_transformers.json": {"model_type": "MultiVectorEncoder"}},
+            "config_sentence_transformers.json says model_type 'MultiVectorEncoder'; poolserve serves "
+            "SentenceTransformer and CrossEncoder folders",
+        ),
+        (
+            {"config_sentence_transformers.json": {"prompts": {"query": "q: "}, "default_prompt_name": "passage"}},
+            "default_prompt_name 'passage' is not one of the prompts ['document', 'query']",
+        ),
+        (
+            {"config_sentence_transformers.json": {"similarity_fn_name": "cosine_squared"}},
+            "similarity_fn_name 'cosine_squared' is not one of cosine, dot, euclidean, manhattan",
+        ),
+        (
+            {"1_Pooling/config.json": {"pooling_mode": "attention"}},
+            "pooling mode ['attention'] is not one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken",
+        ),
+    ],
+)
+def test_what_poolserve_cannot_run_exactly_is_refused_in_one_sentence(
+    tmp_path: Path, files: dict[str, Any], sentence: str
+) -> None:
+    with pytest.raises(MetadataError) as refused:
+        read_st_folder(write(tmp_path, [TRANSFORMER, POOLING], {"1_Pooling/config.json": {}, **files}))
+    assert str(refused.value) == sentence
+
+
+def test_a_cross_encoder_with_prompts_is_refused(tmp_path: Path) -> None:
+    settings = {"model_type": "CrossEncoder", "prompts": {"query": "q: "}}
+    with pytest.raises(MetadataError, match="prompts on a CrossEncoder are not supported yet"):
+        read_st_folder(write(tmp_path, [TRANSFORMER], {"config_sentence_transformers.json": settings}))
