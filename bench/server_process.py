@@ -142,9 +142,11 @@ class PoolserveProcess(ServerProcess):
     """`launch --host 127.0.0.1 --port 0 ARGS`, offline, started at once; `wait_ready()` reads the
     port from its ready line."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None):
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None, cwd: Path = REPO):
+        """`cwd`: the checkout whose code runs (`python -m` puts it first on the path): another one, a
+        worktree of an earlier commit, runs that commit's server."""
         argv = [sys.executable, "-m", "supervisor", "--host", "127.0.0.1", "--port", "0", *args]
-        super().__init__("poolserve", argv, env={"HF_HUB_OFFLINE": "1", **(env or {})})
+        super().__init__("poolserve", argv, env={"HF_HUB_OFFLINE": "1", **(env or {})}, cwd=cwd)
         self.ready_reported = 0.0  # the start-up time the ready line itself states
 
     def wait_ready(self, timeout: float = 60.0) -> Self:

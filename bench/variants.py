@@ -3,6 +3,10 @@
     python -m bench.variants --variant "" --variant "--token-packing off" [--clients 32] [--workload a]
         [--seconds 10] [--rounds 4] [--out FILE]
 
+A variant may start with `cwd=DIR`: its server runs the code of that checkout (a `git worktree` of an
+earlier commit), so two commits are compared under one alternated load:
+`--variant "cwd=/tmp/before" --variant ""`.
+
 For each round, each variant in turn: a fresh server (2 API servers with a preprocessing thread
 each, plus the variant's flags), bench.loadgen in a closed loop for `--seconds` after 2 s of warm-up,
 then the engine's own histograms from /metrics: inputs and padded tokens per forward pass, the
@@ -35,7 +39,9 @@ def total(samples: Samples, name: str) -> float:
 
 
 def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, object]:
-    server = LaunchedServer("--api-server-count", "2", "--preprocess-workers", "1", *shlex.split(variant))
+    flags = shlex.split(variant)
+    cwd = Path(flags.pop(0).removeprefix("cwd=")) if flags and flags[0].startswith("cwd=") else None
+    server = LaunchedServer("--api-server-count", "2", "--preprocess-workers", "1", *flags, cwd=cwd)
     try:
         server.wait_ready(120)
         before = cpu_ticks()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.server_process import PoolserveProcess, wait_until
+from bench.server_process import REPO, PoolserveProcess, wait_until
 
 # For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at
 # cosine 0.9999 or 1e-5: `--dtype auto` serves bfloat16 on a CPU with native bf16 (engine_core/cpu_precision.py),
@@ -24,8 +24,8 @@ class LaunchedServer(PoolserveProcess):
     """The bench's `launch` process (its own session, a free port, its output kept for failure
     messages), given its flags as arguments, with an HTTP client."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None):
-        super().__init__(args, env=env)
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+        super().__init__(args, env=env, cwd=cwd or REPO)
 
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)  # type: ignore[arg-type]
