@@ -68,8 +68,6 @@ def plan_similarities(
     sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
     prompts differ or the second side is cut."""
     prompts = (role_prompt(card, roles[0]), role_prompt(card, roles[1]))
-    if truncation.limit is not None and any(prompts):
-        check_prompt_survives(truncation.limit, truncation.direction, truncation.option)
     # A text's key: its prompt, whether it is cut (second_tokens), and itself.
     position: dict[tuple[str, bool, str], int] = {}
     text_params: list[str] = []
@@ -93,6 +91,8 @@ def plan_similarities(
                 limit = min(limit, cut)
             elif cut < card.max_model_len:
                 limit = cut
+        if prompt:
+            check_prompt_survives(limit, truncation.direction, truncation.option)
         texts = tokenize_texts(
             [prompt + text for _, _, text in keys], [text_params[position[key]] for key in keys], limit, tokenizer,
             card, direction=truncation.direction, option=truncation.option, budget=budget,

@@ -165,6 +165,11 @@ def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig)
     """Sentence-Transformers' pooling modes: --pooling when given, else the folder's Pooling module, else
     last-token for decoder models and mean for encoders."""
     if requested != "auto":
+        if st.heads and st.pooling != (FLAG_MODES[requested],):
+            raise LoadError(
+                f"--pooling {requested} replaces the folder's Pooling ({'+'.join(st.pooling)}), whose output its "
+                "Dense or LayerNorm modules read; drop --pooling."
+            )
         return (FLAG_MODES[requested],)
     if st.pooling:
         hidden = getattr(text_config_of(model_config), "hidden_size", None)

@@ -9,7 +9,7 @@ import pytest
 
 from engine_core.loader import LoadError
 from poolserve.boot import EXIT_BOOT_ERROR
-from tests.fidelity.layouts import REFUSED, Refused
+from tests.fidelity.layouts import REFUSED, Refused, build_dense_chain_with_prompts
 from tests.fidelity.stack import load
 from tests.utils import FLOAT32_CPU, LaunchedServer
 
@@ -36,3 +36,11 @@ def test_launch_exits_at_start_naming_what_it_refuses(tmp_path: Path) -> None:
         assert len(lines) == 1 and layout.message in lines[0], launched.log()
     finally:
         launched.stop()
+
+
+def test_pooling_overridden_under_the_folders_heads_is_refused(tmp_path: Path) -> None:
+    """The Dense modules read the folder's pooled width; another pooling would feed them something else."""
+    folder = tmp_path / "heads"
+    build_dense_chain_with_prompts(folder)  # mean pooling, then Dense modules
+    with pytest.raises(LoadError, match=r"--pooling cls replaces the folder's Pooling \(mean\)"):
+        load(folder, pooling="cls")
