@@ -28,6 +28,7 @@ from engine_core.pooling import FLAG_MODES
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
 from engine_core.st_folder import CROSS_ENCODER, MetadataError, StFolder, read_st_folder
 from engine_core.st_heads import build_heads
+from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
 from poolserve.config import Config, TokenPacking
 from poolserve.protocol import (
     CLASSIFIER,
@@ -315,6 +316,8 @@ def load_model(config: Config) -> LoadedModel:
         torch.backends.cuda.enable_cudnn_sdp(False)
     trust = config.trust_remote_code
     st = read_folder(folder)
+    if st.static_folder is not None:
+        return load_static_model(config, folder, st, device)
     model_folder = st.transformer_folder or folder
     try:
         model_config = AutoConfig.from_pretrained(model_folder, trust_remote_code=trust)
@@ -443,6 +446,48 @@ def load_model(config: Config) -> LoadedModel:
             cap=max_batch_tokens,
         )
     return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
+
+
+# A StaticEmbedding whose tokenizer.json does not truncate has no maximum length (sentence-transformers embeds
+# any text whole); poolserve's batches need one: this, unless --max-model-len says otherwise.
+STATIC_MAX_MODEL_LEN = 8192
+
+
+def load_static_model(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
+    """A StaticEmbedding folder (engine_core/static_model.py): float32 on any device, its batches packed."""
+    assert st.static_folder is not None
+    if config.pooling != "auto":
+        raise LoadError(f"--pooling {config.pooling} does not apply to a StaticEmbedding model (a mean of token "
+                        "vectors).")  # fmt: skip
+    try:
+        tokenizer, truncates_at = read_static_tokenizer(st.static_folder)
+        weights = read_static_weights(st.static_folder)
+        heads = build_heads(st.heads, device)
+    except MetadataError as exc:
+        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
+    except (OSError, ValueError, KeyError) as exc:
+        raise LoadError(f"cannot load the StaticEmbedding in {st.static_folder}: {first_line(exc)}") from exc
+    if weights.shape[0] < tokenizer.get_vocab_size(with_added_tokens=True):
+        raise LoadError(f"the StaticEmbedding in {st.static_folder} has {weights.shape[0]} token vectors for a "
+                        f"vocabulary of {tokenizer.get_vocab_size(with_added_tokens=True)}.")  # fmt: skip
+    runner = StaticRunner(weights, device=device, heads=heads)
+    prompts, default_prompt = choose_prompts(config, st, EMBEDDING)
+    max_model_len = config.max_model_len or truncates_at or STATIC_MAX_MODEL_LEN
+    default_size, default_tokens = DEFAULT_BATCH[device.type]
+    max_batch_tokens = config.max_batch_tokens or max(default_tokens, max_model_len)
+    if max_batch_tokens < max_model_len:
+        raise LoadError(f"--max-batch-tokens {max_batch_tokens} is below the max model length of {max_model_len}: "
+                        "the longest input would never fit a batch.")  # fmt: skip
+    warm_up = np.asarray(tokenizer.encode("warm up").ids or [0], dtype=np.int32)
+    card = ModelCard(
+        path=str(folder), architecture="StaticEmbedding", kind=EMBEDDING, tasks=[TASK_EMBED, TASK_SCORE, TASK_POOL,
+        TASK_TOKENIZE], max_model_len=max_model_len, output_size=int(runner.run_texts([warm_up], None).shape[1]),
+        vocab_size=int(weights.shape[0]), pooling="mean", normalize=st.normalize is True, pad_token_id=0,
+        tokenizer_json=tokenizer.to_str(), device=str(device), dtype="float32", max_batch_tokens=max_batch_tokens,
+        max_batch_size=config.max_batch_size or default_size, prompts=prompts, default_prompt=default_prompt,
+        similarity=st.similarity,  # type: ignore[arg-type]  # read_st_folder checked it
+    )  # fmt: skip
+    return LoadedModel(card=card, runner=runner, packs_tokens=True)
 
 
 def uses_token_packing(choice: TokenPacking, device: torch.device, model: torch.nn.Module) -> bool:

@@ -40,7 +40,6 @@ SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 REFUSED_MODULES = {
     "Router": "a Router module (separate query and document paths) is not supported",
     "Asym": "an Asym module (separate query and document paths) is not supported",
-    "StaticEmbedding": "a StaticEmbedding module (a static model2vec-style model) is not supported yet",
     "CLIPModel": (
         "Sentence-Transformers' CLIPModel module is not supported: serve the transformers CLIP folder it wraps "
         "instead, which poolserve runs as CLIP"
@@ -105,6 +104,8 @@ class StFolder:
     model_type: str = SENTENCE_TRANSFORMER
     # Where the transformers model and tokenizer live: the folder itself, or an old layout's subfolder.
     transformer_folder: Path | None = None
+    # A StaticEmbedding's folder (its tokenizer.json and per-token vectors) in place of a Transformer.
+    static_folder: Path | None = None
     # Pooling modes in sentence-transformers' names, concatenated in this order; () without Pooling.
     pooling: tuple[str, ...] = ()
     embedding_dimension: int | None = None
@@ -152,14 +153,19 @@ def read_st_folder(folder: Path) -> StFolder:
         if name in REFUSED_MODULES:
             raise MetadataError(REFUSED_MODULES[name])
     first, rest = modules[0], modules[1:]
+    prompts, default_prompt_name = read_prompts(settings, model_type)
+    similarity = read_similarity(settings)
+    if module_class(first) == "StaticEmbedding" and model_type == SENTENCE_TRANSFORMER:
+        # A static model (engine_core/static_model.py): the mean of per-token vectors, then its heads.
+        heads, normalize = read_heads(folder, rest)
+        return StFolder(
+            has_modules=True, static_folder=folder / str(first.get("path", "")), heads=heads, normalize=normalize,
+            prompts=prompts, default_prompt_name=default_prompt_name, similarity=similarity,
+        )  # fmt: skip
     if module_class(first) != "Transformer":
         raise MetadataError(f"the first module is {describe(first)}; poolserve needs a Transformer module first")
     transformer_folder = folder / str(first.get("path", ""))
     transformer = read_transformer_config(transformer_folder, model_type)
-    prompts, default_prompt_name = read_prompts(settings, model_type)
-    similarity = str(settings.get("similarity_fn_name") or "cosine")
-    if similarity not in SIMILARITY_FUNCTIONS:
-        raise MetadataError(f"similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITY_FUNCTIONS)}")
     common: dict[str, Any] = {
         "has_modules": True,
         "model_type": model_type,
@@ -181,15 +187,25 @@ def read_st_folder(folder: Path) -> StFolder:
         found = describe(rest[0]) if rest else "nothing"
         raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
     pooling, dimension = read_pooling(folder / str(rest[0].get("path", "")))
-    heads: list[Head] = []
-    for module in rest[1:]:
-        head = read_head(folder, module)
-        if head is not None:
-            heads.append(head)
+    heads, normalize = read_heads(folder, rest[1:])
+    return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=heads, normalize=normalize)
+
+
+def read_similarity(settings: dict[str, Any]) -> str:
+    similarity = str(settings.get("similarity_fn_name") or "cosine")
+    if similarity not in SIMILARITY_FUNCTIONS:
+        raise MetadataError(f"similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITY_FUNCTIONS)}")
+    return similarity
+
+
+def read_heads(folder: Path, modules: list[dict[str, Any]]) -> tuple[tuple[Head, ...], bool]:
+    """The modules after pooling, and whether the last is a Normalize (then left out: it is the model's own
+    normalization, which a request may turn off)."""
+    heads = [head for module in modules if (head := read_head(folder, module)) is not None]
     normalize = bool(heads) and isinstance(heads[-1], NormalizeHead)
     if normalize:
         heads.pop()
-    return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=tuple(heads), normalize=normalize)
+    return tuple(heads), normalize
 
 
 def module_class(module: dict[str, Any]) -> str:

@@ -203,6 +203,53 @@ def cross_encoder_builder(activation: torch.nn.Module) -> Callable[[Path], None]
     return build
 
 
+def build_static_embedding(folder: Path) -> None:
+    """potion's shape (model2vec): the mean of trained token vectors, normalized, with prompts."""
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
+    torch.manual_seed(19)
+    st_model(
+        folder, StaticEmbedding(tokenizer, embedding_dim=16), normalize(), prompts={"query": QUERY_PROMPT},
+        default_prompt_name="query",
+    )  # fmt: skip
+
+
+def build_model2vec_layout(folder: Path) -> None:
+    """model2vec's own weights (`embeddings`, a token `mapping` and per-token `weights`) in an older
+    sentence-transformers layout (the module in 0_StaticEmbedding/), a Dense after it."""
+    from safetensors.torch import save_file
+
+    module = folder / "0_StaticEmbedding"
+    module.mkdir(parents=True)
+    shutil.copy(bundled_model_folder() / "tokenizer.json", module / "tokenizer.json")
+    vocab = json.loads((module / "tokenizer.json").read_text())["model"]["vocab"]
+    generator = torch.Generator().manual_seed(20)
+    rows = 1000
+    save_file(
+        {
+            "embeddings": torch.randn(rows, 16, generator=generator),
+            "mapping": torch.randint(0, rows, (len(vocab),), generator=generator),
+            "weights": torch.rand(len(vocab), generator=generator) + 0.5,
+        },
+        str(module / "model.safetensors"),
+    )
+    modules = [
+        {"idx": 0, "name": "0", "path": "0_StaticEmbedding", "type": "sentence_transformers.models.StaticEmbedding"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.models.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Dense").mkdir()
+    dense_config = {"in_features": 16, "out_features": 8, "bias": True,
+                    "activation_function": "torch.nn.modules.activation.Tanh"}  # fmt: skip
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(dense_config))
+    save_file(
+        {"linear.weight": torch.randn(8, 16, generator=generator), "linear.bias": torch.randn(8, generator=generator)},
+        str(folder / "1_Dense" / "model.safetensors"),
+    )
+
+
 SERVED = [
     Served("st-mean-normalize", build_mean_normalize),
     Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
@@ -217,6 +264,8 @@ SERVED = [
     Served("st-legacy-layout", build_legacy_layout),
     Served("decoder-last-token-prompts", build_decoder_last_token, reference="one_by_one"),
     Served("st-dot-similarity", build_dot_similarity),
+    Served("static-embedding", build_static_embedding),
+    Served("static-model2vec-layout", build_model2vec_layout),
     Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
     Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
 ]
@@ -231,14 +280,6 @@ def build_router(folder: Path) -> None:
     query = [transformer(folder, 14), pooling("mean")]
     document = [transformer(folder.parent / f"{folder.name}-documents", 15), pooling("mean")]
     st_model(folder, Router.for_query_document(query, document))
-
-
-def build_static_embedding(folder: Path) -> None:
-    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
-    st_model(folder, StaticEmbedding(tokenizer, embedding_dim=16))
 
 
 def build_custom_module(folder: Path) -> None:
@@ -317,11 +358,6 @@ def build_siglip(folder: Path) -> None:
 
 REFUSED = [
     Refused("router", build_router, "a Router module (separate query and document paths) is not supported"),
-    Refused(
-        "static-embedding",
-        build_static_embedding,
-        "a StaticEmbedding module (a static model2vec-style model) is not supported yet",
-    ),
     Refused(
         "custom-module",
         build_custom_module,

@@ -92,7 +92,8 @@ def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> N
     usage = client.post("/v1/embeddings", json={"input": TEXTS, "truncate_prompt_tokens": -1}).json()["usage"]
     usage = usage["prompt_tokens"]
     prompt = model.prompts.get(model.default_prompt_name or "", "")
-    assert usage == sum(len(model.tokenize([prompt + text])["input_ids"][0]) for text in TEXTS)
+    # (a Transformer gives a batch of rows; a StaticEmbedding, one row of every text's ids end to end)
+    assert usage == sum(model.tokenize([prompt + text])["input_ids"].shape[-1] for text in TEXTS)
 
 
 def check_cross_encoder(client: httpx.Client, folder: Path) -> None:
