@@ -13,7 +13,7 @@ import importlib.resources
 from pathlib import Path
 from typing import Any
 
-MODEL_KINDS = ("bundled", "clip", "tiny512")
+MODEL_KINDS = ("bundled", "clip", "tiny512", "static256")
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "1"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
@@ -82,4 +82,18 @@ def build_tiny512(folder: Path) -> None:
     save_with_tokenizer(model.eval(), folder)
 
 
-BUILDERS = {"clip": build_clip, "tiny512": build_tiny512}
+def build_static256(folder: Path) -> None:
+    """potion-base's shape: a StaticEmbedding of 256 dimensions over the bundled BERT vocabulary, then
+    Normalize, saved by sentence-transformers (random vectors: the cost is the same)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding
+    from tokenizers import Tokenizer
+
+    torch.manual_seed(6)
+    tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
+    modules: list[torch.nn.Module] = [StaticEmbedding(tokenizer, embedding_dim=256), Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+
+
+BUILDERS = {"clip": build_clip, "tiny512": build_tiny512, "static256": build_static256}
