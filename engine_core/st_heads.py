@@ -68,17 +68,23 @@ def activation_module(path: str) -> nn.Module:
     return activation()
 
 
-def load_module_weights(module: nn.Module, folder: Path) -> None:
+def read_module_state(folder: Path) -> dict[str, torch.Tensor]:
+    """A module's weights as sentence-transformers' load_torch_weights reads them: model.safetensors, else
+    pytorch_model.bin (tensors only)."""
     safetensors_path = folder / "model.safetensors"
     if safetensors_path.is_file():
         from safetensors.torch import load_file
 
-        state = load_file(str(safetensors_path))
-    else:
-        bin_path = folder / "pytorch_model.bin"
-        if not bin_path.is_file():
-            raise MetadataError(f"{folder} holds no model.safetensors or pytorch_model.bin")
-        state = torch.load(bin_path, map_location="cpu", weights_only=True)
+        return load_file(str(safetensors_path))
+    bin_path = folder / "pytorch_model.bin"
+    if not bin_path.is_file():
+        raise MetadataError(f"{folder} holds no model.safetensors or pytorch_model.bin")
+    state: dict[str, torch.Tensor] = torch.load(bin_path, map_location="cpu", weights_only=True)
+    return state
+
+
+def load_module_weights(module: nn.Module, folder: Path) -> None:
+    state = read_module_state(folder)
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise MetadataError(

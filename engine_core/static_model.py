@@ -18,6 +18,7 @@ import torch
 from tokenizers import Tokenizer
 
 from engine_core.st_folder import MetadataError
+from engine_core.st_heads import read_module_state
 
 F32 = npt.NDArray[np.float32]
 Rows = Sequence[npt.NDArray[np.int32]]
@@ -38,15 +39,7 @@ def read_static_tokenizer(folder: Path) -> tuple[Tokenizer, int | None]:
 def read_static_weights(folder: Path) -> torch.Tensor:
     """The per-token vectors: StaticEmbedding's `embedding.weight`, or model2vec's `embeddings` with its
     optional `mapping` and `weights` folded in as sentence-transformers folds them."""
-    path = folder / "model.safetensors"
-    if path.is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    elif (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise MetadataError(f"{folder} holds no model.safetensors or pytorch_model.bin for its StaticEmbedding")
+    state = read_module_state(folder)
     if "embedding.weight" in state:
         return state["embedding.weight"].float()
     if "embeddings" not in state:

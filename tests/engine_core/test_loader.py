@@ -56,7 +56,7 @@ def test_dtype_auto_on_cuda_keeps_a_bfloat16_trained_model_in_bfloat16(
     import torch
     from transformers import BertConfig
 
-    from engine_core.loader import select_dtype
+    from engine_core.folder_choices import select_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
     config = BertConfig(dtype=saved) if saved else BertConfig()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_core.loader import LoadError
+from engine_core.folder_choices import LoadError
 from poolserve.boot import EXIT_BOOT_ERROR
 from tests.fidelity.layouts import REFUSED, Refused, build_dense_chain_with_prompts
 from tests.fidelity.stack import load

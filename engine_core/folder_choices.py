@@ -1,0 +1,222 @@
+"""What a model folder and the flags decide before any weights load: the kind of model, its pooling, prompts,
+maximum length, activation and precision, and what is refused (LoadError: one sentence for the operator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, normalizers
+from transformers import PretrainedConfig
+
+from engine_core.pooling import FLAG_MODES
+from engine_core.st_folder import CROSS_ENCODER, MetadataError, StFolder, read_st_folder
+from poolserve.config import Config
+from poolserve.protocol import (
+    CLASSIFIER,
+    CLIP,
+    EMBEDDING,
+    TASK_CLASSIFY,
+    TASK_EMBED,
+    TASK_POOL,
+    TASK_SCORE,
+    TASK_TOKEN_EMBED,
+    TASK_TOKENIZE,
+    Activation,
+    ModelKind,
+    Task,
+)
+
+SIGMOID_IMAGE_TEXT = {"siglip", "siglip2"}
+DECODER_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"}
+
+
+class LoadError(RuntimeError):
+    """The model cannot be served as configured; the message is one sentence for the operator."""
+
+
+def read_folder(folder: Path) -> StFolder:
+    try:
+        return read_st_folder(folder)
+    except MetadataError as exc:
+        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LoadError(f"cannot read the Sentence-Transformers files in {folder}: {first_line(exc)}") from exc
+
+
+def model_kind(model_config: PretrainedConfig, st: StFolder) -> ModelKind:
+    """What the folder is served as. Sentence-Transformers files decide where there are some: an embedder's
+    modules run the base model whatever head its checkpoint also holds, and a CrossEncoder is a classifier."""
+    if model_config.model_type == "clip":
+        return CLIP
+    if model_config.model_type in SIGMOID_IMAGE_TEXT:
+        raise LoadError(
+            f"{model_config.model_type} (sigmoid-trained image-text towers with their own processors) is not served "
+            "yet."
+        )
+    is_classifier = any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or []))
+    if st.has_modules:
+        if st.model_type == CROSS_ENCODER and not is_classifier:
+            raise LoadError(
+                "this CrossEncoder's model is not a sequence classifier (its config names no "
+                "*ForSequenceClassification architecture), so it has no trained scoring head."
+            )
+        return CLASSIFIER if st.model_type == CROSS_ENCODER else EMBEDDING
+    return CLASSIFIER if is_classifier else EMBEDDING
+
+
+def check_own_code(model_config: PretrainedConfig, kind: ModelKind, trust: bool) -> None:
+    """A folder that names its own modeling code for the class poolserve loads (gte-Qwen2's bidirectional
+    Qwen2, NomicBert, JinaBert) runs that code or is refused: without --trust-remote-code, transformers
+    would quietly load its built-in class of the same model type, which is not the model its authors ran."""
+    auto = "AutoModelForSequenceClassification" if kind == CLASSIFIER else "AutoModel"
+    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    if own and not trust:
+        raise LoadError(
+            f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
+        )
+
+
+def text_config_of(model_config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the text tower (CLIP keeps it apart), else the config itself."""
+    return getattr(model_config, "text_config", None) or model_config
+
+
+def is_causal_lm(model_config: PretrainedConfig) -> bool:
+    return any(arch.endswith("ForCausalLM") for arch in (model_config.architectures or []))
+
+
+def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig) -> tuple[str, ...]:
+    """Sentence-Transformers' pooling modes: --pooling when given, else the folder's Pooling module, else
+    last-token for decoder models and mean for encoders."""
+    if requested != "auto":
+        if st.heads and st.pooling != (FLAG_MODES[requested],):
+            raise LoadError(
+                f"--pooling {requested} replaces the folder's Pooling ({'+'.join(st.pooling)}), whose output its "
+                "Dense or LayerNorm modules read; drop --pooling."
+            )
+        return (FLAG_MODES[requested],)
+    if st.pooling:
+        hidden = getattr(text_config_of(model_config), "hidden_size", None)
+        if st.embedding_dimension and hidden and st.embedding_dimension != hidden:
+            raise LoadError(
+                f"the Pooling module expects token vectors of {st.embedding_dimension} values but the model gives "
+                f"{hidden}."
+            )
+        return st.pooling
+    if is_causal_lm(model_config):
+        # A language model with no word on how to embed: most likely an LLM reranker (Qwen3-Reranker's
+        # layout), whose score comes from its logits. Served as an embedder it would answer plausible nonsense.
+        raise LoadError(
+            f"{(model_config.architectures or ['?'])[0]} is a causal language model with no Sentence-Transformers "
+            "files saying how to embed with it: LLM rerankers scored from their logits are not served yet, and to "
+            "serve it as an embedder, give --pooling last (or mean)."
+        )
+    is_decoder = model_config.model_type in DECODER_MODEL_TYPES
+    return ("lasttoken",) if is_decoder else ("mean",)
+
+
+def classifier_activation(model_config: PretrainedConfig, st: StFolder) -> Activation:
+    """The activation a classifier's scores get: the Sentence-Transformers CrossEncoder's own choice when
+    its files record one (config_sentence_transformers.json since version 5, config.json before), else
+    sigmoid for one label or multi-label problems, softmax otherwise."""
+    st_config = getattr(model_config, "sentence_transformers", None)
+    named = st.activation_fn or (str(st_config.get("activation_fn", "")) if isinstance(st_config, dict) else "")
+    markers: tuple[tuple[str, Activation], ...] = (("Identity", "none"), ("Sigmoid", "sigmoid"), ("Softmax", "softmax"))
+    for marker, activation in markers:
+        if marker in named:
+            return activation
+    if named:
+        raise LoadError(f"the CrossEncoder's activation_fn {named!r} is not one poolserve applies (Identity, "
+                        "Sigmoid, Softmax).")  # fmt: skip
+    if model_config.num_labels == 1 or model_config.problem_type == "multi_label_classification":
+        return "sigmoid"
+    return "softmax"
+
+
+def tasks_of(kind: ModelKind, num_labels: int) -> list[Task]:
+    if kind == CLASSIFIER:
+        # A one-label classifier is a cross-encoder: it scores pairs.
+        return (
+            [TASK_CLASSIFY, TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
+            if num_labels == 1
+            else [
+                TASK_CLASSIFY,
+                TASK_POOL,
+                TASK_TOKENIZE,
+            ]
+        )
+    if kind == EMBEDDING:  # an AutoModel's token states: per-token output too (CLIP's towers give none)
+        return [TASK_EMBED, TASK_SCORE, TASK_POOL, TASK_TOKENIZE, TASK_TOKEN_EMBED]
+    return [TASK_EMBED, TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
+
+
+def choose_max_model_len(requested: int, tokenizer_max: int, model_config: PretrainedConfig, st_max: int | None) -> int:
+    """--max-model-len, else Sentence-Transformers' max_seq_length, else the tokenizer's, each within the
+    model's positions. sentence-transformers hands max_seq_length to the tokenizer in place of its own
+    model_max_length, so a folder's max_seq_length may be longer than the tokenizer's."""
+    positions = getattr(text_config_of(model_config), "max_position_embeddings", None)
+    limits = [int(n) for n in (st_max or tokenizer_max, positions) if n and 0 < int(n) < 10_000_000]
+    if not limits:
+        raise LoadError("the model states no maximum length; set --max-model-len.")
+    model_limit = min(limits)
+    if requested:
+        if requested > model_limit:
+            raise LoadError(f"--max-model-len {requested} exceeds the model's maximum of {model_limit} tokens.")
+        return requested
+    return model_limit
+
+
+def choose_prompts(config: Config, st: StFolder, kind: ModelKind) -> tuple[dict[str, str], str]:
+    """The model's prompts by name, and the text put before every text that names none: --default-prompt,
+    else the prompt --default-prompt-name names, else the folder's default_prompt_name (as sentence-transformers
+    applies it; TEI applies none unless told by flag)."""
+    if (config.default_prompt or config.default_prompt_name) and kind != EMBEDDING:
+        raise LoadError("--default-prompt and --default-prompt-name apply to embedding models; this is a "
+                        f"{kind} model.")  # fmt: skip
+    if config.default_prompt:
+        return st.prompts, config.default_prompt
+    name = config.default_prompt_name or st.default_prompt_name
+    if name and name not in st.prompts:
+        known = ", ".join(sorted(st.prompts)) or "none"
+        raise LoadError(f"--default-prompt-name {name!r} is not one of the model's prompts ({known}).")
+    return st.prompts, st.prompts[name] if name else ""
+
+
+def lowercase_first(backend: Tokenizer) -> None:
+    """Sentence-Transformers' do_lower_case: a Lowercase normalizer put first, unless one is there already."""
+    normalizer = backend.normalizer
+    # A Sequence iterates over its normalizers at run time; the stubs do not say so.
+    present: list[normalizers.Normalizer] = (
+        [normalizer[i] for i in range(len(normalizer))] if isinstance(normalizer, normalizers.Sequence)
+        else [] if normalizer is None else [normalizer]
+    )  # fmt: skip
+    if any(isinstance(n, normalizers.Lowercase) for n in present):
+        return
+    chain: list[normalizers.Normalizer] = [normalizers.Lowercase(), *present]
+    backend.normalizer = normalizers.Sequence(chain)
+
+
+def trained_dtype(model_config: PretrainedConfig) -> torch.dtype | None:
+    """The dtype the config says the weights were saved in (transformers 5's `dtype`, 4's `torch_dtype`)."""
+    value = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value.removeprefix("torch."), None)
+    return value if isinstance(value, torch.dtype) else None
+
+
+def select_dtype(requested: str, device: torch.device, model_config: PretrainedConfig) -> torch.dtype:
+    if requested == "auto":
+        if device.type != "cuda":
+            return torch.float32  # until load_model has measured bf16 (engine_core/cpu_precision.py)
+        # A model trained in bfloat16 can overflow float16's range (Qwen3-Embedding-8B and Gemma 3 are
+        # reported to): it keeps bfloat16, or float32 on a GPU without it. Others run in float16.
+        if trained_dtype(model_config) == torch.bfloat16:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.float16
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
