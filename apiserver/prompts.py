@@ -14,11 +14,10 @@ from typing import Literal
 from apiserver.errors import bad_request
 from poolserve.protocol import ModelCard
 
+# A text's role, in sentence-transformers' words; Voyage's `input_type` names the same two.
 Role = Literal["query", "document"]
 # encode_query's and encode_document's choice of prompt name, first found wins (sentence-transformers 5+).
 ROLE_PROMPTS: dict[Role, tuple[str, ...]] = {"query": ("query",), "document": ("document", "passage", "corpus")}
-# Voyage's `input_type` names the same two roles.
-VOYAGE_ROLES: dict[str, Role] = {"query": "query", "document": "document"}
 
 
 def named_prompt(card: ModelCard, name: str | None, param: str = "prompt_name") -> str:

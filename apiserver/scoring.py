@@ -105,8 +105,13 @@ def plan_similarities(
     def scores(vectors: Rows) -> list[float]:
         return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
-    # Cosine is a dot product of normalized rows; the others compare the model's own vectors.
-    return ScorePlan(EngineJob(rows=text_rows, normalize=True if card.similarity == "cosine" else None), scores)
+    return ScorePlan(EngineJob(rows=text_rows, normalize=normalize_for(card)), scores)
+
+
+def normalize_for(card: ModelCard) -> bool | None:
+    """What a bi-encoder's rows are compared as: normalized for the cosine (a dot product then, to float noise);
+    as the model makes them (None) for the other functions."""
+    return True if card.similarity == "cosine" else None
 
 
 def rowwise_dot(a: Rows, b: Rows) -> Rows:

@@ -35,11 +35,16 @@ class LoadError(RuntimeError):
     """The model cannot be served as configured; the message is one sentence for the operator."""
 
 
+def not_exact(folder: Path, exc: MetadataError) -> LoadError:
+    """What the folder asks for that poolserve cannot run exactly, as the operator reads it."""
+    return LoadError(f"{folder} cannot be served exactly: {exc}.")
+
+
 def read_folder(folder: Path) -> StFolder:
     try:
         return read_st_folder(folder)
     except MetadataError as exc:
-        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
+        raise not_exact(folder, exc) from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LoadError(f"cannot read the Sentence-Transformers files in {folder}: {first_line(exc)}") from exc
 

@@ -31,6 +31,7 @@ from engine_core.folder_choices import (
     first_line,
     lowercase_first,
     model_kind,
+    not_exact,
     read_folder,
     select_dtype,
     tasks_of,
@@ -168,7 +169,7 @@ def load_model(config: Config) -> LoadedModel:
     try:
         heads = build_heads(st.heads, device)
     except MetadataError as exc:
-        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
+        raise not_exact(folder, exc) from exc
 
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
@@ -218,14 +219,7 @@ def load_model(config: Config) -> LoadedModel:
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
 
-    default_size, default_tokens = DEFAULT_BATCH[device.type]
-    max_batch_tokens = config.max_batch_tokens or max(default_tokens, max_model_len, image_tokens)
-    if max_batch_tokens < max(max_model_len, image_tokens):
-        raise LoadError(
-            f"--max-batch-tokens {max_batch_tokens} is below the max model length of {max_model_len}: "
-            "the longest input would never fit a batch."
-        )
-    max_batch_size = config.max_batch_size or default_size
+    max_batch_tokens, max_batch_size = batch_caps(config, device, max(max_model_len, image_tokens))
     num_labels = int(model_config.num_labels) if kind == CLASSIFIER else 0
     card = ModelCard(
         path=str(folder),
@@ -251,7 +245,7 @@ def load_model(config: Config) -> LoadedModel:
         type_vocab_size=int(getattr(text_config, "type_vocab_size", 0) or 0),
         prompts=prompts,
         default_prompt=default_prompt,
-        similarity=st.similarity,  # type: ignore[arg-type]  # read_st_folder checked it
+        similarity=st.similarity,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).
@@ -266,6 +260,19 @@ def load_model(config: Config) -> LoadedModel:
             cap=max_batch_tokens,
         )
     return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
+
+
+def batch_caps(config: Config, device: torch.device, longest_input: int) -> tuple[int, int]:
+    """The engine's batch caps (tokens, inputs): the flags, else what measured best on this device kind, the
+    token cap never below the longest input a request may send (counted in tokens: an image's vision tokens)."""
+    default_size, default_tokens = DEFAULT_BATCH[device.type]
+    max_batch_tokens = config.max_batch_tokens or max(default_tokens, longest_input)
+    if max_batch_tokens < longest_input:
+        raise LoadError(
+            f"--max-batch-tokens {max_batch_tokens} is below the max model length of {longest_input}: "
+            "the longest input would never fit a batch."
+        )
+    return max_batch_tokens, config.max_batch_size or default_size
 
 
 # A StaticEmbedding whose tokenizer.json does not truncate has no maximum length (sentence-transformers embeds
@@ -284,7 +291,7 @@ def load_static_model(config: Config, folder: Path, st: StFolder, device: torch.
         weights = read_static_weights(st.static_folder)
         heads = build_heads(st.heads, device)
     except MetadataError as exc:
-        raise LoadError(f"{folder} cannot be served exactly: {exc}.") from exc
+        raise not_exact(folder, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
         raise LoadError(f"cannot load the StaticEmbedding in {st.static_folder}: {first_line(exc)}") from exc
     if weights.shape[0] < tokenizer.get_vocab_size(with_added_tokens=True):
@@ -293,19 +300,15 @@ def load_static_model(config: Config, folder: Path, st: StFolder, device: torch.
     runner = StaticRunner(weights, device=device, heads=heads)
     prompts, default_prompt = choose_prompts(config, st, EMBEDDING)
     max_model_len = config.max_model_len or truncates_at or STATIC_MAX_MODEL_LEN
-    default_size, default_tokens = DEFAULT_BATCH[device.type]
-    max_batch_tokens = config.max_batch_tokens or max(default_tokens, max_model_len)
-    if max_batch_tokens < max_model_len:
-        raise LoadError(f"--max-batch-tokens {max_batch_tokens} is below the max model length of {max_model_len}: "
-                        "the longest input would never fit a batch.")  # fmt: skip
+    max_batch_tokens, max_batch_size = batch_caps(config, device, max_model_len)
     warm_up = np.asarray(tokenizer.encode("warm up").ids or [0], dtype=np.int32)
     card = ModelCard(
         path=str(folder), architecture="StaticEmbedding", kind=EMBEDDING, tasks=[TASK_EMBED, TASK_SCORE, TASK_POOL,
         TASK_TOKENIZE], max_model_len=max_model_len, output_size=int(runner.run_texts([warm_up], None).shape[1]),
         vocab_size=int(weights.shape[0]), pooling="mean", normalize=st.normalize is True, pad_token_id=0,
         tokenizer_json=tokenizer.to_str(), device=str(device), dtype="float32", max_batch_tokens=max_batch_tokens,
-        max_batch_size=config.max_batch_size or default_size, prompts=prompts, default_prompt=default_prompt,
-        similarity=st.similarity,  # type: ignore[arg-type]  # read_st_folder checked it
+        max_batch_size=max_batch_size, prompts=prompts, default_prompt=default_prompt,
+        similarity=st.similarity,
     )  # fmt: skip
     return LoadedModel(card=card, runner=runner, packs_tokens=True)
 

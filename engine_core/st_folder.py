@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from poolserve.protocol import Similarity
 
 ST_PACKAGE = "sentence_transformers."
 # sentence-transformers' pooling modes, in the order Pooling concatenates them.
@@ -116,7 +118,7 @@ class StFolder:
     do_lower_case: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
-    similarity: str = "cosine"
+    similarity: Similarity = "cosine"
     # A CrossEncoder's activation_fn (an import path), None when unsaid.
     activation_fn: str | None = None
 
@@ -191,11 +193,11 @@ def read_st_folder(folder: Path) -> StFolder:
     return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=heads, normalize=normalize)
 
 
-def read_similarity(settings: dict[str, Any]) -> str:
+def read_similarity(settings: dict[str, Any]) -> Similarity:
     similarity = str(settings.get("similarity_fn_name") or "cosine")
     if similarity not in SIMILARITY_FUNCTIONS:
         raise MetadataError(f"similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITY_FUNCTIONS)}")
-    return similarity
+    return cast(Similarity, similarity)
 
 
 def read_heads(folder: Path, modules: list[dict[str, Any]]) -> tuple[tuple[Head, ...], bool]:

@@ -11,7 +11,7 @@ from apiserver.aliases import one_spelling, value_of
 from apiserver.errors import bad_request
 from apiserver.inputs.prepare import plan_items_request
 from apiserver.operation import Operation, Plan, Rows
-from apiserver.prompts import VOYAGE_ROLES, role_prompt
+from apiserver.prompts import role_prompt
 from apiserver.responses import encode_json, encode_rows
 from apiserver.schemas.common import Usage
 from apiserver.schemas.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse
@@ -61,10 +61,8 @@ def from_voyage(request: EmbeddingRequest, output_size: int) -> EmbeddingRequest
 def parse(request: EmbeddingRequest, state: AppState) -> Plan[EmbeddingRequest]:
     request = from_voyage(request, state.card.output_size)
     # Voyage's `input_type` says whether the texts are queries or documents: the model's prompt for that role.
-    role = None if request.input_type is None else VOYAGE_ROLES[request.input_type]
-    return plan_items_request(
-        state, request, task=TASK_EMBED, endpoint="/v1/embeddings", prompt=role_prompt(state.card, role)
-    )
+    prompt = role_prompt(state.card, request.input_type)
+    return plan_items_request(state, request, task=TASK_EMBED, endpoint="/v1/embeddings", prompt=prompt)
 
 
 def encode_embeddings(rows: Rows, request: EmbeddingRequest) -> list[list[float] | str]:

@@ -13,7 +13,7 @@ from apiserver.operation import Operation, Plan, Rows
 from apiserver.prompts import named_prompt
 from apiserver.responses import encode_json
 from apiserver.schemas.tei import SimilarityParameters, SimilarityRequest
-from apiserver.scoring import SIMILARITIES
+from apiserver.scoring import SIMILARITIES, normalize_for
 from apiserver.state import AppState
 from apiserver.validation import require_task
 from poolserve.protocol import TASK_EMBED
@@ -38,8 +38,7 @@ def parse(request: SimilarityRequest, state: AppState) -> Plan[None]:
         list(texts), state.card, state.tokenizer, limit=truncation.limit, params=params,
         direction=truncation.direction, option=truncation.option, budget=state.token_budget, prompt=prompt,
     )  # fmt: skip
-    # The cosine is then a dot product; the other functions compare the model's own vectors.
-    job.normalize = True if state.card.similarity == "cosine" else None
+    job.normalize = normalize_for(state.card)
     return Plan(None, job=job)
 
 
