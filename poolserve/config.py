@@ -129,6 +129,28 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = ""
 
+    score_tokens: Annotated[
+        list[str],
+        Flag(
+            "model",
+            "Serve a causal language model as a reranker scored from its logits at the last token: the token that "
+            "means relevant, then optionally the one that means not (Qwen3-Reranker: yes no; bge-reranker-v2-gemma: "
+            "Yes), as the tokenizer's vocabulary spells them. The score is logit(first) - logit(second), or "
+            "logit(first) alone. For folders without a Sentence-Transformers LogitScore module.",
+            metavar="TOKEN",
+        ),
+    ] = msgspec.field(default_factory=list)
+    score_template: Annotated[
+        str,
+        Flag(
+            "model",
+            "A Jinja chat template file that renders a query/document pair for a reranker (the messages' roles are "
+            "'query' and 'document', and 'system' for a request's instruction), used instead of the folder's own "
+            "chat template.",
+            metavar="FILE",
+        ),
+    ] = ""
+
     host: Annotated[
         str,
         Flag(
@@ -489,6 +511,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
         check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
         check_range("--cache-bytes", self.cache_bytes, 0, 1 << 40)
+        if len(self.score_tokens) > 2:
+            raise ConfigError(f"--score-tokens has {len(self.score_tokens)} values; give one or two tokens.")
         if self.default_prompt_name and self.default_prompt:
             raise ConfigError("--default-prompt-name and --default-prompt are both set; give one of the two.")
         check_range("--min-priority", self.min_priority, PRIORITY_MIN + 1, 0)

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import pytest
 
 from tests.fidelity.layouts import SERVED, Served
+from tests.fidelity.reranker_layouts import qwen3_card_scores
 from tests.fidelity.stack import load, serve_in_process
 
 F32 = npt.NDArray[np.float32]
@@ -53,10 +54,13 @@ def assert_same(served: F32, reference: F32) -> None:
 
 def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[Served, Path]) -> None:
     layout, folder = case
-    loaded = load(folder, **layout.flags)
-    with serve_in_process(loaded, **layout.flags) as client:
+    flags = layout.flags_for(folder)
+    loaded = load(folder, **flags)
+    with serve_in_process(loaded, **flags) as client:
         if layout.reference == "cross":
             check_cross_encoder(client, folder)
+        elif layout.reference in ("llm", "qwen3_card"):
+            check_llm_reranker(client, folder, card_code=layout.reference == "qwen3_card")
         else:
             check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
 
@@ -109,3 +113,47 @@ def check_cross_encoder(client: httpx.Client, folder: Path) -> None:
     assert tei.status_code == 200, tei.text
     tei_scores = {item["index"]: item["score"] for item in tei.json()}
     np.testing.assert_allclose([tei_scores[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5, rtol=1e-4)
+
+
+INSTRUCTION = "Judge whether the passage names a place"
+LONG_DOCUMENT = " ".join(["servers run in racks and racks"] * 40)
+
+
+def rerank_scores(client: httpx.Client, body: dict[str, Any]) -> list[float]:
+    ranked = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, **body})
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
+    return [scores[i] for i in range(len(scores))]
+
+
+def check_llm_reranker(client: httpx.Client, folder: Path, *, card_code: bool) -> None:
+    """An LLM reranker: pairs rendered by its template, scored from its logits, as CrossEncoder.predict (or the
+    Qwen3-Reranker card's code) scores them: with the default instruction and a request's own, and with a document
+    cut to the model's maximum (the template's tail kept)."""
+    pairs = [(QUERY, document) for document in DOCUMENTS]
+    long_pairs = [(QUERY, LONG_DOCUMENT)]
+    max_model_len = client.get("/info").json()["max_input_length"]
+    if card_code:
+        expected = qwen3_card_scores(folder, pairs)
+        instructed = qwen3_card_scores(folder, pairs, INSTRUCTION)
+        cut = qwen3_card_scores(folder, long_pairs, max_length=max_model_len)
+    else:
+        from sentence_transformers import CrossEncoder
+
+        model = CrossEncoder(str(folder), device="cpu")
+        assert model.max_seq_length == max_model_len
+        expected = model.predict(pairs).tolist()
+        instructed = model.predict(pairs, prompt=INSTRUCTION).tolist()
+        cut = model.predict(long_pairs).tolist()
+    np.testing.assert_allclose(rerank_scores(client, {}), expected, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(rerank_scores(client, {"instruction": INSTRUCTION}), instructed, atol=1e-5, rtol=1e-4)
+    tei = client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT], "truncate": True})
+    assert tei.status_code == 200, tei.text
+    np.testing.assert_allclose([tei.json()[0]["score"]], cut, atol=1e-5, rtol=1e-4)
+    score = client.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS})
+    assert score.status_code == 200, score.text
+    np.testing.assert_allclose([item["score"] for item in score.json()["data"]], expected, atol=1e-5, rtol=1e-4)
+    # Uncut, the long pair is refused as any over-long input is; and a single text is nothing a reranker scores.
+    assert client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT]}).status_code == 413
+    assert client.post("/classify", json={"input": ["a text"]}).status_code == 400
+    assert client.post("/predict", json={"inputs": [["a query", "a document"]]}).status_code == 424
