@@ -62,6 +62,8 @@ TRANSFORMER_TASKS = {SENTENCE_TRANSFORMER: "feature-extraction", CROSS_ENCODER: 
 LLM_RERANKER_TASK = "text-generation"
 TASK_REFUSALS = {
     "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
+    LLM_RERANKER_TASK: "a Transformer with transformer_task 'text-generation' is served in a CrossEncoder only (an "
+    "LLM reranker)",
 }
 
 

@@ -7,10 +7,12 @@ for /rerank by a bi-encoder; `CrossEncoder.predict` for a cross-encoder's scores
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cohere
 import httpx
 import numpy as np
 import numpy.typing as npt
@@ -153,6 +155,15 @@ def check_llm_reranker(client: httpx.Client, folder: Path, *, card_code: bool) -
     score = client.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS})
     assert score.status_code == 200, score.text
     np.testing.assert_allclose([item["score"] for item in score.json()["data"]], expected, atol=1e-5, rtol=1e-4)
+    # Cohere's own client reranks with it (over the in-process app: the TestClient is an httpx.Client).
+    cohere_client = cohere.ClientV2(api_key="unused", base_url=str(client.base_url), httpx_client=client)
+    name = client.get("/v1/models").json()["data"][0]["id"]
+    with warnings.catch_warnings():  # cohere sends a per-request timeout, which the TestClient cannot honour
+        warnings.filterwarnings("ignore", "You should not use the 'timeout' argument", UserWarning)
+        results = cohere_client.rerank(model=name, query=QUERY, documents=DOCUMENTS).results
+    assert [result.index for result in results] == sorted(range(len(expected)), key=lambda i: -expected[i])
+    np.testing.assert_allclose([result.relevance_score for result in results], sorted(expected, reverse=True),
+                               atol=1e-5, rtol=1e-4)  # fmt: skip
     # Uncut, the long pair is refused as any over-long input is; and a single text is nothing a reranker scores.
     assert client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT]}).status_code == 413
     assert client.post("/classify", json={"input": ["a text"]}).status_code == 400
