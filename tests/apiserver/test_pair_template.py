@@ -13,8 +13,8 @@ from apiserver.inputs.text import Truncation
 from apiserver.pair_template import template_of, template_tail, tokenize_rendered_pairs
 from apiserver.scoring import plan_scores
 from apiserver.tokenizer import TextTokenizer
+from bench.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE, bpe_tokenizer
 from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
-from tests.fidelity.reranker_layouts import QWEN3_SUFFIX, QWEN3_TEMPLATE, bpe_tokenizer
 
 # Jinja the way chat templates use it: a loop, a namespace, tojson, raise_exception, a special token variable.
 BUSY_TEMPLATE = (

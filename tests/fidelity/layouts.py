@@ -18,15 +18,14 @@ from typing import Any
 
 import torch
 
+from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
 from tests.fidelity.reranker_layouts import (
-    bpe_tokenizer,
     build_logit_score,
     build_one_token_logit_score,
     build_qwen3_reranker_card,
     build_sequence_classification_template,
     qwen3_card_flags,
-    qwen3_config,
 )
 
 HIDDEN = TINY["hidden_size"]
