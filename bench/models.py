@@ -116,7 +116,8 @@ def build_llm_reranker(folder: Path) -> None:
     torch.manual_seed(7)
     sizes = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
     config = qwen3_config(tokenizer, max_position_embeddings=512, head_dim=64, **sizes)
-    Qwen3ForCausalLM(config).eval().save_pretrained(base)
+    model: Any = Qwen3ForCausalLM(config)
+    model.eval().save_pretrained(base)
     vocab = tokenizer.get_vocab()
     modules = [Transformer(str(base), transformer_task="text-generation"), LogitScore(vocab["yes"], vocab["no"])]
     CrossEncoder(modules=modules, device="cpu").save(str(folder / "model"))
