@@ -72,12 +72,11 @@ def choose_pair_scoring(
 
 
 def renders_messages(st: StFolder, tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether sentence-transformers renders this CrossEncoder's pairs through the chat template: as its saved
-    modality_config says, else whenever the tokenizer has one (as it infers for a folder saved without)."""
-    if st.has_modules and st.model_type != CROSS_ENCODER:
-        return False
-    if st.renders_messages is not None:
-        return st.renders_messages
+    """Whether sentence-transformers renders this CrossEncoder's pairs through the chat template: as the
+    modality_config its files save says (a folder saved before there was one is text-only, as
+    sentence-transformers 6 reads it), else, for a folder without its files, whenever the tokenizer has one."""
+    if st.has_modules:
+        return st.model_type == CROSS_ENCODER and st.renders_messages is True
     return getattr(tokenizer, "chat_template", None) is not None
 
 

@@ -124,7 +124,7 @@ class StFolder:
     # A CrossEncoder over a causal language model: its LogitScore module's (true, false) token ids.
     logit_score: tuple[int, int | None] | None = None
     # Whether the Transformer renders its inputs through the tokenizer's chat template (modality_config "message");
-    # None when unsaid: sentence-transformers then does whenever the tokenizer has a chat template.
+    # None when unsaid (files saved before sentence-transformers 6: text only).
     renders_messages: bool | None = None
 
 
