@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle
+from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle, error_response
 from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS
 
@@ -65,6 +65,9 @@ class RequestTelemetry:
         state["started"] = started
         state[ERROR_STYLE] = self.error_styles.get(scope["path"], OPENAI)
         is_counted = False
+        # A control character in the (percent-decoded) path names no route and could forge log lines; a route's
+        # pattern would even match before a final newline (`$`). Refused before anything else reads it.
+        app = self.app if scope["path"].isprintable() else refuse_unprintable_path
 
         def count(status: int) -> None:
             """Counted as the answer starts, so a client that has its answer sees it in the next scrape."""
@@ -81,7 +84,7 @@ class RequestTelemetry:
                     "request_id=%s method=%s path=%s status=%d duration_ms=%.1f tokens=%d%s",
                     state["request_id"],
                     scope["method"],
-                    path,
+                    printable(path),
                     status,
                     elapsed * 1000,
                     state.get("tokens", 0),
@@ -98,11 +101,23 @@ class RequestTelemetry:
 
         self.load.request_started()
         try:
-            await self.app(scope, receive, send_with_headers)
+            await app(scope, receive, send_with_headers)
         finally:
             self.load.request_finished()
             if not is_counted:  # the app raised; Starlette's outermost handler answers 500
                 count(500)
+
+
+async def refuse_unprintable_path(scope: Scope, receive: Receive, send: Send) -> None:
+    response = error_response(400, "The request path holds a control character.", code="invalid_path")
+    await response(scope, receive, send)
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable backslash-escaped, so no value can break a log line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def user_field(user: object) -> str:
