@@ -43,6 +43,7 @@ class RequestTelemetry:
         load: ServerLoad,
         access_log: bool = False,
         error_styles: Mapping[str, ErrorStyle] | None = None,
+        cache_hits_header: bool = False,
     ):
         self.app = app
         self.load = load
@@ -51,6 +52,7 @@ class RequestTelemetry:
         self.endpoints = frozenset(endpoints)
         self.access_log = access_log
         self.error_styles = dict(error_styles or {})
+        self.cache_hits_header = cache_hits_header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,7 +96,7 @@ class RequestTelemetry:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [*message.get("headers", []), self.server_header, (b"x-request-id", request_id)]
-                headers.extend(timing_headers(state, time.monotonic() - started))
+                headers.extend(timing_headers(state, time.monotonic() - started, cache_hits=self.cache_hits_header))
                 message["headers"] = headers
                 count(message["status"])
             await send(message)
@@ -128,7 +130,7 @@ def user_field(user: object) -> str:
     return " user=" + json.dumps(user[:MAX_USER_CHARS])
 
 
-def timing_headers(state: dict[str, object], total: float) -> list[tuple[bytes, bytes]]:
+def timing_headers(state: dict[str, object], total: float, *, cache_hits: bool = False) -> list[tuple[bytes, bytes]]:
     headers = [(b"x-total-time", f"{total * 1000:.3f}".encode())]
     for key, name in TIMING_HEADERS:
         value = state.get(key)
@@ -138,7 +140,9 @@ def timing_headers(state: dict[str, object], total: float) -> list[tuple[bytes, 
     if isinstance(tokens, int):
         headers.append((b"x-compute-tokens", str(tokens).encode()))
     cached = state.get("cached")
-    if isinstance(cached, int):  # inputs the engine's cache answered (--cache-bytes)
+    # Inputs the engine's cache answered (--cache-bytes): only where the operator asks (--cache-hits-header), as
+    # it tells a client what others embedded.
+    if cache_hits and isinstance(cached, int):
         headers.append((b"x-cache-hits", str(cached).encode()))
     return headers
 

@@ -298,6 +298,15 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "cache they measure it, not the model (docs/operations.md, 'Embedding cache').",
         ),
     ] = 0
+    cache_hits_header: Annotated[
+        bool,
+        Flag(
+            "engine",
+            "Send x-cache-hits (how many of a request's inputs the cache answered) on every answer. Off by "
+            "default: with it, any client can tell whether someone else embedded a text before (a membership "
+            "oracle across users); give it where every client is trusted.",
+        ),
+    ] = False
     request_timeout: Annotated[
         float,
         Flag(
