@@ -167,6 +167,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "API-server processes sharing the listening socket (default: half the usable cores, 1 to 8).",
         ),
     ] = msgspec.field(default_factory=default_api_server_count)
+    max_api_server_count: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "The most API servers SIGTTIN may scale up to; more are refused with a warning. 0: twice the usable "
+            "cores, or --api-server-count when that is more.",
+        ),
+    ] = 0
     # Spreading connections over the API servers (docs/operations.md, "How connections are spread").
     accept_balance: Annotated[
         AcceptBalance,
@@ -493,6 +501,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
         check_range("--api-server-count", self.api_server_count, 1, 256)
+        check_range("--max-api-server-count", self.max_api_server_count, 0, 256)
+        if 0 < self.max_api_server_count < self.api_server_count:
+            raise ConfigError(
+                f"--max-api-server-count has value {self.max_api_server_count}; it must be 0 or at least "
+                f"--api-server-count ({self.api_server_count})."
+            )
         check_range("--max-batch-tokens", self.max_batch_tokens, 0, 1 << 24)
         check_range("--max-batch-size", self.max_batch_size, 0, 1 << 16)
         check_range("--max-model-len", self.max_model_len, 0, 1 << 20)
@@ -570,6 +584,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def is_bundled_model(self) -> bool:
         return not self.model
+
+    @property
+    def api_server_ceiling(self) -> int:
+        """How many API servers SIGTTIN may scale up to (--max-api-server-count)."""
+        return self.max_api_server_count or max(self.api_server_count, 2 * usable_cores())
 
     @property
     def model_names(self) -> list[str]:
