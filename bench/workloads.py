@@ -4,6 +4,7 @@
 (b) batch16: 16 such sentences per request.
 (c) image: one 640x480 JPEG per request (base64 data URL) on the tiny CLIP model.
 (d) long: one ~512-token text per request on the tiny 512-position BERT.
+rerank8: a query and 8 documents per /v1/rerank request (a bi-encoder embeds the 9 texts).
 version: GET /version, the cheapest route of the server itself (a frontend floor).
 trivial: GET / against bench.trivial_server (the generator's ceiling).
 """
@@ -83,6 +84,16 @@ def build_long(seed: int, model_name: str, encoding_format: str) -> Workload:
     return Workload("long", "d", "tiny512", "POST", "/v1/embeddings", bodies, 1, "1 512-token text/request, tiny BERT")
 
 
+def build_rerank8(seed: int, model_name: str, encoding_format: str) -> Workload:
+    sentences = corpus_sentences(seed)
+    bodies = [
+        msgspec.json.encode({"query": sentences[i], "documents": sentences[i + 1 : i + 9], "return_documents": False,
+                             **({"model": model_name} if model_name else {})})
+        for i in range(0, len(sentences) - 9, 9)
+    ]  # fmt: skip
+    return Workload("rerank8", "-", "bundled", "POST", "/v1/rerank", bodies, 8, "a query and 8 documents/request")
+
+
 def build_version(seed: int, model_name: str, encoding_format: str) -> Workload:
     return Workload("version", "-", "bundled", "GET", "/version", [b""], 0, "GET /version")
 
@@ -96,11 +107,15 @@ BUILDERS: dict[str, Callable[[int, str, str], Workload]] = {
     "batch16": build_batch16,
     "image": build_image,
     "long": build_long,
+    "rerank8": build_rerank8,
     "version": build_version,
     "trivial": build_trivial,
 }
 # Which bench.models kind each workload runs on, known without building its bodies.
-MODELS = {"short": "bundled", "batch16": "bundled", "image": "clip", "long": "tiny512", "version": "bundled"}
+MODELS = {
+    "short": "bundled", "batch16": "bundled", "image": "clip", "long": "tiny512", "rerank8": "bundled",
+    "version": "bundled",
+}  # fmt: skip
 LETTERS = {"a": "short", "b": "batch16", "c": "image", "d": "long"}
 WORKLOAD_NAMES = tuple(BUILDERS)
 
