@@ -115,7 +115,7 @@ def timed(request: Request, timer: Timer) -> Iterator[None]:
     finally:
         elapsed = time.perf_counter() - started
         setattr(request.state, timer.field, getattr(request.state, timer.field, 0.0) + elapsed)
-        timer.histogram.labels(endpoint=request.url.path).observe(elapsed)
+        timer.histogram.labels(endpoint=request.scope["path"]).observe(elapsed)
 
 
 async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJob | None:
@@ -157,9 +157,9 @@ async def run_job(request: Request, job: EngineJob) -> Rows:
     request.state.queue_s, request.state.inference_s = result.queue_time, result.inference_time
     request.state.tokens = job.prompt_tokens
     request.state.cached = result.cached
-    PROMPT_TOKENS.labels(endpoint=request.url.path).inc(job.prompt_tokens)
+    PROMPT_TOKENS.labels(endpoint=request.scope["path"]).inc(job.prompt_tokens)
     if job.images:
-        IMAGES.labels(endpoint=request.url.path).inc(len(job.images))
+        IMAGES.labels(endpoint=request.scope["path"]).inc(len(job.images))
     rows = result.vectors
     return rows if job.order is None else rows[job.order]
 

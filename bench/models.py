@@ -16,7 +16,7 @@ from typing import Any
 
 MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "simgpu")
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
 TINY: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 
