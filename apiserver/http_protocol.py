@@ -91,6 +91,7 @@ class ConnectionPolicy:
     max_age_s: float = 0.0
     header_timeout_s: float = 0.0
     body_timeout_s: float = 0.0
+    send_timeout_s: float = 0.0
 
     def header_timed_out(self) -> bytes:
         return error_bytes(
@@ -143,6 +144,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     head_problem = ""
     has_received = False
     read_timer: asyncio.TimerHandle | None = None
+    send_timer: asyncio.TimerHandle | None = None
     read_timer_at = math.inf
     is_draining = False
     is_between_requests = True  # no request of this connection read in part, in flight or unanswered
@@ -171,9 +173,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        if self.read_timer is not None:
-            self.read_timer.cancel()
-            self.read_timer = None
+        for timer in (self.read_timer, self.send_timer):
+            if timer is not None:
+                timer.cancel()
+        self.read_timer = self.send_timer = None
         if self.is_counted:
             self.is_counted = False
             self.policy.load.connection_closed()
@@ -293,6 +296,28 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True
         cycle.message_event.set()
         self.answer_and_close(self.policy.body_timed_out(style_of(cycle.scope)))
+
+    # Writing -----------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The socket's buffers are full: the client is not reading. It has --send-timeout to start again, or the
+        connection is dropped, with the answer it holds (an unread 16 MB answer stayed in memory for ever)."""
+        super().pause_writing()
+        if self.policy.send_timeout_s and self.send_timer is None:
+            self.send_timer = self.loop.call_later(self.policy.send_timeout_s, self.send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def send_timed_out(self) -> None:
+        self.send_timer = None
+        if self.transport.is_closing():
+            return
+        CONNECTIONS_TIMED_OUT.labels(server=self.policy.load.label, reason="send").inc()
+        self.transport.abort()
 
     # Draining ----------------------------------------------------------------------------------
 

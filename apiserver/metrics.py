@@ -79,7 +79,7 @@ CONNECTIONS_TIMED_OUT = Counter(
     "poolserve_connections_timed_out",
     "Connections an API server (index) closed because the client was too slow: the request's head past "
     "--header-timeout (reason=header), a gap in its body past --body-timeout (reason=body), or idle between "
-    "requests past --keep-alive-timeout (reason=idle).",
+    "requests past --keep-alive-timeout (reason=idle), or an answer left unread past --send-timeout (reason=send).",
     ["server", "reason"],
 )
 CONNECTIONS_REFUSED = Counter(

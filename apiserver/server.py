@@ -151,6 +151,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
             max_age_s=config.max_connection_age,
             header_timeout_s=config.header_timeout,
             body_timeout_s=config.body_timeout,
+            send_timeout_s=config.send_timeout,
         ),
         config.accept_balance,
         config.max_connections_per_server,

@@ -235,6 +235,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "while the server reads it; then 408 and the connection closes. nginx's client_body_timeout. 0: none.",
         ),
     ] = 60.0
+    send_timeout: Annotated[
+        float,
+        Flag(
+            "HTTP",
+            "Longest time in seconds an answer may wait for the client to read it (the socket's buffers full, no "
+            "progress); then the connection is dropped and the answer's memory freed. nginx's send_timeout. 0: none.",
+        ),
+    ] = 60.0
     max_connections_per_server: Annotated[
         int,
         Flag(
@@ -557,7 +565,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             raise ConfigError(f"--max-connection-age has value {self.max_connection_age!r}; it must be >= 0 (0: none).")
         if self.keep_alive_timeout <= 0:
             raise ConfigError(f"--keep-alive-timeout has value {self.keep_alive_timeout!r}; it must be > 0.")
-        for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
+        for flag, seconds in (
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+            ("--send-timeout", self.send_timeout),
+        ):
             if seconds < 0:
                 raise ConfigError(f"{flag} has value {seconds!r}; it must be >= 0 (0: none).")
         check_connection_limit(self.max_connections_per_server, open_files_limit())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -44,12 +46,12 @@ async def slow_route(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 @asynccontextmanager
-async def serving(keep_alive_s: float = 5.0, app: Any = slow_route) -> AsyncIterator[int]:
+async def serving(keep_alive_s: float = 5.0, app: Any = slow_route, send_timeout_s: float = 0.0) -> AsyncIterator[int]:
     config = uvicorn.Config(app, lifespan="off", log_config=None, access_log=False, timeout_keep_alive=keep_alive_s)
     config.load()
     board = LoadBoard.create()
     load = ServerLoad(board, board.claim_slot(), server_index=0)
-    policy = ConnectionPolicy(load, header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S)
+    policy = ConnectionPolicy(load, header_timeout_s=TIMEOUT_S, body_timeout_s=TIMEOUT_S, send_timeout_s=send_timeout_s)
     state = ServerState()
 
     def accepted() -> BoundedHttpToolsProtocol:
@@ -173,3 +175,36 @@ def test_half_a_head_on_a_connection_kept_alive_after_an_answer_gets_408() -> No
     answer = asyncio.run(scenario())
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
     assert b"header_timeout" in answer
+
+
+async def large_answer(scope: Scope, receive: Receive, send: Send) -> None:
+    """Answers 16 MB whatever the request: more than the socket's buffers hold."""
+    answer = b"x" * (16 << 20)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def test_an_answer_nobody_reads_is_dropped_after_the_send_timeout() -> None:
+    """A client that sends a request and never reads holds the answer's memory and a slot: --send-timeout (nginx's
+    send_timeout) drops the connection once the socket's buffers have stayed full that long."""
+
+    async def scenario() -> tuple[float, bytes]:
+        async with serving(app=large_answer, send_timeout_s=TIMEOUT_S) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+            writer.transport.set_write_buffer_limits(0)
+            writer.transport.pause_reading()  # this client reads nothing: the kernel buffers fill
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            started = time.monotonic()
+            await asyncio.sleep(6 * TIMEOUT_S)
+            writer.transport.resume_reading()
+            received = b""
+            with contextlib.suppress(ConnectionError):
+                while chunk := await reader.read(1 << 20):
+                    received += chunk
+            writer.close()
+            return time.monotonic() - started, received
+
+    elapsed, received = asyncio.run(scenario())
+    # Dropped: the answer never arrives whole (the connection ends after what the buffers held).
+    assert received.startswith(b"HTTP/1.1 200 OK") and len(received) < (16 << 20), len(received)
+    assert elapsed < 10
