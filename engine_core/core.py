@@ -21,11 +21,11 @@ from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS, engine_label
 from engine_core.pass_cost import PassCostFit
-from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
+from engine_core.postprocess import finish_rows, l2_normalize, sparse_rows, truncate_dimensions
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import CLASSIFIER, ERROR_MODEL, PooledOutput, RequestFailed
+from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, PooledOutput, RequestFailed, Rows
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -37,7 +37,7 @@ RequestKey = tuple[bytes, int]
 class StepOutputs:
     """What one step finished, by API server: each finished request's rows, and the failed requests."""
 
-    outputs: dict[bytes, list[tuple[PooledOutput, F32]]] = field(default_factory=lambda: defaultdict(list))
+    outputs: dict[bytes, list[tuple[PooledOutput, Rows]]] = field(default_factory=lambda: defaultdict(list))
     failures: dict[bytes, list[RequestFailed]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -239,6 +239,11 @@ class EngineCore:
                 step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, message))
                 continue
             started = request.started_at or request.admitted_at
+            answer: Rows = vectors
+            nonzeros = None
+            if self.card.kind == SPARSE:
+                answer = sparse_rows(vectors, self.card.max_active_dims)
+                nonzeros = answer.nonzeros.tolist()
             out = PooledOutput(
                 request.id,
                 vectors.shape[0],
@@ -246,8 +251,9 @@ class EngineCore:
                 queue_time=started - request.admitted_at,
                 inference_time=now - started,
                 cached=request.cached,
+                nonzeros=nonzeros,
             )
-            step.outputs[request.identity].append((out, vectors))
+            step.outputs[request.identity].append((out, answer))
         return step
 
     def _fail(self, failed: list[PendingRequest], error: str) -> StepOutputs:

@@ -15,6 +15,7 @@ import transformers
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
@@ -40,6 +41,7 @@ from engine_core.folder_choices import (
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.packed_encoder import packable
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
+from engine_core.splade import SpladeRunner, split_mlm
 from engine_core.st_folder import MetadataError, StFolder
 from engine_core.st_heads import build_heads
 from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
@@ -48,6 +50,7 @@ from poolserve.protocol import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,
+    SPARSE,
     TASK_EMBED,
     TASK_POOL,
     TASK_SCORE,
@@ -115,7 +118,7 @@ def load_image_processing(folder: Path, model_config: PretrainedConfig) -> tuple
 
 
 def load_weights(kind: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
-    auto = AutoModelForSequenceClassification if kind == CLASSIFIER else AutoModel
+    auto = {CLASSIFIER: AutoModelForSequenceClassification, SPARSE: AutoModelForMaskedLM}.get(kind, AutoModel)
     try:
         model = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
     except Exception as exc:
@@ -155,7 +158,11 @@ def load_model(config: Config) -> LoadedModel:
     modes: tuple[str, ...] = ()
     pooling = "none"
     normalize = False
-    if kind != CLASSIFIER:
+    if kind == SPARSE:
+        if config.pooling != "auto":
+            raise LoadError(f"--pooling {config.pooling} does not apply to a SPLADE model (its SpladePooling pools).")
+        pooling = "splade"  # TEI's name for it (/info)
+    elif kind != CLASSIFIER:
         modes = choose_pooling(config.pooling, st, model_config)
         # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
         normalize = True if st.normalize is None else st.normalize
@@ -180,7 +187,8 @@ def load_model(config: Config) -> LoadedModel:
     if st.do_lower_case:
         lowercase_first(backend)
 
-    packed = uses_token_packing(config.token_packing, device, model)
+    mlm_parts = split_mlm(model) if kind == SPARSE else None
+    packed = uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
 
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
         if kind == CLASSIFIER:
@@ -188,12 +196,20 @@ def load_model(config: Config) -> LoadedModel:
         if kind == CLIP:
             assert image is not None
             return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
+        if kind == SPARSE:
+            assert st.splade is not None
+            return SpladeRunner(
+                model, splade=st.splade, vocab_size=int(text_config.vocab_size), pad_token_id=pad_token_id,
+                device=device, packed=packed,
+            )  # fmt: skip
         return EmbeddingRunner(
             model, pooling=modes, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
         )
 
     runner = build_runner(model, dtype)
-    if config.dtype == "auto" and device.type == "cpu":
+    # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
+    # agreement of cosines measures; it stays float32, as classifiers do.
+    if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE:
         probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
         converted = False
 
@@ -246,6 +262,7 @@ def load_model(config: Config) -> LoadedModel:
         prompts=prompts,
         default_prompt=default_prompt,
         similarity=st.similarity,
+        max_active_dims=st.max_active_dims or 0,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

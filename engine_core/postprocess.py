@@ -1,11 +1,12 @@
-"""What happens to a request's raw rows once all are computed: normalization, Matryoshka, activations."""
+"""What happens to a request's raw rows once all are computed: normalization, Matryoshka, activations, and a
+sparse model's rows cut to their non-zero entries."""
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 
-from poolserve.protocol import CLASSIFIER, ModelCard
+from poolserve.protocol import CLASSIFIER, ModelCard, SparseRows
 
 F32 = npt.NDArray[np.float32]
 
@@ -51,3 +52,19 @@ def finish_rows(rows: F32, card: ModelCard, *, normalize: bool, activation: bool
     if normalize:
         rows = l2_normalize(rows)
     return truncate_dimensions(rows, dimensions, renormalize=normalize)
+
+
+def keep_largest(rows: F32, count: int) -> F32:
+    """sentence-transformers' max_active_dims: the `count` values of largest magnitude in each row, the others
+    set to zero; among equal magnitudes at the cut, the lower column is kept (torch.topk leaves that unsaid)."""
+    if count <= 0 or count >= rows.shape[1]:
+        return rows
+    order = np.argsort(-np.abs(rows), axis=1, kind="stable")[:, :count]
+    kept = np.zeros_like(rows)
+    np.put_along_axis(kept, order, np.take_along_axis(rows, order, axis=1), axis=1)
+    return kept
+
+
+def sparse_rows(rows: F32, max_active_dims: int) -> SparseRows:
+    """A sparse model's complete rows as their non-zero entries, after the model's own max_active_dims."""
+    return SparseRows.from_dense(keep_largest(rows, max_active_dims))
