@@ -10,10 +10,11 @@ preprocessor (decode + resize of a 640x480 JPEG dominates), and a BERT that take
 from __future__ import annotations
 
 import importlib.resources
+import shutil
 from pathlib import Path
 from typing import Any
 
-MODEL_KINDS = ("bundled", "clip", "tiny512", "static256")
+MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "splade")
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "1"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
@@ -96,4 +97,21 @@ def build_static256(folder: Path) -> None:
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
 
 
-BUILDERS = {"clip": build_clip, "tiny512": build_tiny512, "static256": build_static256}
+def build_splade(folder: Path) -> None:
+    """naver/splade-v3's shape at tiny512's size: a 2-layer BERT masked LM over the bundled vocabulary (30522) and
+    512 positions, SpladePooling max, saved by sentence-transformers as a SparseEncoder."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(7)
+    base = folder / "mlm"
+    model: Any = BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=512, **TINY))
+    save_with_tokenizer(model.eval(), base)
+    transformer = Transformer(str(base), transformer_task="fill-mask")
+    SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+    shutil.rmtree(base)
+
+
+BUILDERS = {"clip": build_clip, "tiny512": build_tiny512, "static256": build_static256, "splade": build_splade}

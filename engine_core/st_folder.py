@@ -72,7 +72,10 @@ TRANSFORMER_TASKS = {
     SPARSE_ENCODER: "fill-mask",
 }
 TASK_REFUSALS = {
-    "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
+    "fill-mask": (
+        "a Transformer with transformer_task 'fill-mask' (an MLM head) is served in a SparseEncoder followed by "
+        "SpladePooling, not here"
+    ),
     "text-generation": (
         "a Transformer with transformer_task 'text-generation' (a language model scored from its logits) is not "
         "served yet"
