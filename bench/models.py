@@ -97,6 +97,11 @@ def build_static256(folder: Path) -> None:
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
 
 
+# The MLM head's bias of `splade`: random logits are positive for most of the vocabulary, where a trained SPLADE's
+# are for a few hundred entries; shifted down so, a corpus sentence (29 tokens) has about 200 non-zero entries.
+SPLADE_HEAD_BIAS = -0.38
+
+
 def build_splade(folder: Path) -> None:
     """naver/splade-v3's shape at tiny512's size: a 2-layer BERT masked LM over the bundled vocabulary (30522) and
     512 positions, SpladePooling max, saved by sentence-transformers as a SparseEncoder."""
@@ -108,6 +113,8 @@ def build_splade(folder: Path) -> None:
     torch.manual_seed(7)
     base = folder / "mlm"
     model: Any = BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=512, **TINY))
+    with torch.no_grad():
+        model.cls.predictions.bias.fill_(SPLADE_HEAD_BIAS)
     save_with_tokenizer(model.eval(), base)
     transformer = Transformer(str(base), transformer_task="fill-mask")
     SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))

@@ -5,7 +5,9 @@ The logits of a batch are tokens x vocabulary (30522 for BERT): for 8,192 tokens
 most of it for a pooling that keeps one row per input. Where the model's MLM head is known (BERT, RoBERTa,
 XLM-RoBERTa), the encoder runs once and the head runs on the real tokens only, a chunk at a time, each
 chunk pooled into the rows before the next is computed: the same values, bounded memory, and no head
-computed for padding. Any other masked LM runs whole and its logits are pooled the same way.
+computed for padding. Any other masked LM runs whole and its logits are pooled the same way. Max pooling
+keeps each entry's largest logit and transforms that once (log1p and relu are monotonic, so the weight of
+the largest logit is the largest weight): one transform per vocabulary entry, not one per token.
 """
 
 from __future__ import annotations
@@ -66,14 +68,15 @@ class SpladeRunner:
             batch = TextBatch(rows, type_rows, self.pad_token_id, self.device)
             where = batch.mask.reshape(-1).nonzero().squeeze(1)  # the real tokens, input after input
             ends = np.cumsum([len(row) for row in rows]).tolist()
-            # Every weight is >= 0 and every input has a token, so zeros start the max as -inf would.
-            pooled = torch.zeros((len(rows), self.vocab_size), dtype=torch.float32, device=self.device)
+            # Max: the raw logits' maximum, from -inf; sum: the weights' sum, from zero.
+            start_value = float("-inf") if self.is_max else 0.0
+            pooled = torch.full((len(rows), self.vocab_size), start_value, dtype=torch.float32, device=self.device)
             if self.split is None:
                 logits = self.model(**batch.model_inputs()).logits
                 flat = logits.reshape(-1, logits.shape[-1])[where]
                 for start in range(0, len(flat), self.chunk):
                     self._pool_into(pooled, flat[start : start + self.chunk], start, ends)
-                return to_numpy(pooled)
+                return self._finish(pooled)
             encoder, head = self.split
             if self.packed:
                 hidden = packed_last_hidden_state(encoder, batch.input_ids, batch.mask, batch.token_type_ids)
@@ -82,24 +85,32 @@ class SpladeRunner:
             states = hidden.reshape(-1, hidden.shape[-1])[where]
             for start in range(0, len(states), self.chunk):
                 self._pool_into(pooled, head(states[start : start + self.chunk]), start, ends)
-            return to_numpy(pooled)
+            return self._finish(pooled)
+
+    def _finish(self, pooled: torch.Tensor) -> F32:
+        """The rows: for max pooling the weights of the maxima (the transform is monotonic, so the weight of the
+        largest logit is the largest weight, and it is computed once per entry instead of once per token)."""
+        return to_numpy(self._weights(pooled) if self.is_max else pooled)
 
     def _pool_into(self, pooled: torch.Tensor, logits: torch.Tensor, first: int, ends: list[int]) -> None:
-        """SpladePooling's transform of the logits of tokens `first`.. (of the batch's real tokens, input after
-        input, input i's ending at `ends[i]`), reduced into their inputs' rows."""
-        weights = torch.log1p(torch.relu(logits.float()))
-        if self.twice:
-            weights = torch.log1p(weights)
-        last = first + len(weights)
+        """The logits of tokens `first`.. (of the batch's real tokens, input after input, input i's ending at
+        `ends[i]`) reduced into their inputs' rows: for max pooling the raw maximum (log1p and relu are
+        monotonic: the maximum's weight is the maximum weight, see `finish`), for sum the sum of the weights."""
+        last = first + len(logits)
         begin = 0
         for i, end in enumerate(ends):
             if end > first and begin < last:
-                part = weights[max(begin, first) - first : min(end, last) - first]
+                part = logits[max(begin, first) - first : min(end, last) - first].float()
                 if self.is_max:
                     torch.maximum(pooled[i], part.amax(dim=0), out=pooled[i])
                 else:
-                    pooled[i] += part.sum(dim=0)
+                    pooled[i] += self._weights(part).sum(dim=0)
             begin = end
+
+    def _weights(self, logits: torch.Tensor) -> torch.Tensor:
+        """SpladePooling's transform: log1p(relu(x)), log1p once more for "log1p_relu"."""
+        weights = torch.log1p(torch.relu(logits))
+        return torch.log1p(weights) if self.twice else weights
 
     def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
