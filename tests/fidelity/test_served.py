@@ -141,6 +141,9 @@ def check_sparse_encoder(client: httpx.Client, folder: Path) -> None:
     model = SparseEncoder(str(folder), device="cpu")
     assert_same_sparse(embed_sparse(client, {"inputs": TEXTS}), model.encode(TEXTS))
     assert_same_sparse(embed_sparse(client, {"inputs": [LONG]}), model.encode([LONG]))
+    # Enough tokens for the engine's MLM head to run in several chunks, inputs straddling their edges.
+    many = [f"{text} {i}" for i in range(12) for text in TEXTS]
+    assert_same_sparse(embed_sparse(client, {"inputs": many}), model.encode(many))
     for name in model.prompts:
         named = embed_sparse(client, {"inputs": TEXTS, "prompt_name": name})
         assert_same_sparse(named, model.encode(TEXTS, prompt_name=name))
