@@ -1,14 +1,16 @@
 """A SPLADE model served against its unbatched baseline: sentences/s of /embed_sparse under concurrent one-sentence
 requests, and of `SparseEncoder.encode` called one sentence at a time, on the same corpus and device.
 
-    python -m bench.splade_throughput --clients 16 --seconds 10 --rounds 2
+    python -m bench.splade_throughput --clients 16 --seconds 10 --rounds 2 --torch-threads 1
 
 The model is bench/models.py's `splade` (a 2-layer BERT masked LM over the 30522-entry BERT vocabulary,
 SpladePooling max; random weights, so about 80% of a vector's entries are non-zero where a trained SPLADE
 keeps a few hundred: the answer here is far larger than a real model's). The baseline is what a user who
 skips serving gets per request: the library's tokenizer, forward pass, pooling and sparse tensor for one
 sentence. The two alternate, `--rounds` times each, with the server up throughout (idle while the baseline
-runs): on a shared machine a neighbour's load then falls on both. Prints one JSON object.
+runs): on a shared machine a neighbour's load then falls on both. `--torch-threads` is both sides' torch threads
+(0: torch's default): on a loaded 2-core host, two OpenMP threads wait on each other and the figures swing 10x.
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -66,16 +68,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--api-servers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    import torch
     from sentence_transformers import SparseEncoder
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     folder = str(model_folder("splade"))
     sentences = corpus_sentences(args.seed)
     model = SparseEncoder(folder, device=args.device)
     model.encode(sentences[:1])  # warm up
     flags = ["--model", folder, "--device", args.device, "--dtype", args.dtype]
+    if args.torch_threads:
+        flags += ["--torch-threads", str(args.torch_threads)]
     server = start_poolserve([*flags, "--api-server-count", str(args.api_servers)])
     baselines: list[float] = []
     rates: list[float] = []
@@ -90,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device,
         "dtype": args.dtype,
         "clients": args.clients,
+        "torch_threads": args.torch_threads,
         "seconds": args.seconds,
         "baseline_sentences_per_s": baselines,
         "served_sentences_per_s": rates,
