@@ -59,7 +59,8 @@ TASK_EMBED_SPARSE: Final = "embed_sparse"  # one sparse vector per input (TEI's 
 
 # How token states become one vector: a pooling mode, CLIP's projection, or none (a classifier's head).
 # How the card's `pooling` reads: sentence-transformers' pooling modes joined by "+" ("mean", "cls", "lasttoken",
-# "max", "mean_sqrt_len_tokens", "weightedmean", "cls+mean", ...), "projection" (CLIP) or "none" (a classifier).
+# "max", "mean_sqrt_len_tokens", "weightedmean", "cls+mean", ...), "projection" (CLIP), "splade" (a sparse model's
+# SpladePooling, TEI's name) or "none" (a classifier).
 # Similarity of two embeddings, as sentence-transformers' `similarity_fn_name` names them.
 Similarity = Literal["cosine", "dot", "euclidean", "manhattan"]
 # What a classifier's logits go through when a request asks for scores.
@@ -473,6 +474,11 @@ def decode_sparse(out: PooledOutput, index_frame: Buffer, value_frame: Buffer) -
     indices = np.frombuffer(index_frame, dtype=TOKEN_DTYPE)
     if total and (indices.min() < 0 or indices.max() >= out.dim):
         raise ProtocolError(f"output {out.id}'s indices must be within 0..{out.dim - 1}")
+    # Within a row the indices ascend: a step that does not is a row's first entry, or a broken frame.
+    row_starts = np.cumsum(nonzeros)[:-1]
+    steps_down = np.flatnonzero(np.diff(indices) <= 0) + 1
+    if not np.isin(steps_down, row_starts).all():
+        raise ProtocolError(f"output {out.id}'s indices do not ascend within each row")
     return SparseRows(nonzeros, indices, np.frombuffer(value_frame, dtype=OUTPUT_DTYPE), out.dim)
 
 

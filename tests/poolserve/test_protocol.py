@@ -330,6 +330,8 @@ def values(count: int) -> bytes:
         (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 1), values(3)], "2 float32 values"),
         (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 4), values(2)], "indices must be within 0..3"),
         (PooledOutput(1, 1, 4, nonzeros=[1]), [indices(-1), values(1)], "indices must be within 0..3"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(2, 1), values(2)], "do not ascend"),
+        (PooledOutput(1, 2, 4, nonzeros=[1, 2]), [indices(3, 1, 1), values(3)], "do not ascend"),
     ],
 )
 def test_sparse_frames_that_do_not_match_their_header_are_a_clear_protocol_error(
