@@ -252,9 +252,17 @@ def build_model2vec_layout(folder: Path) -> None:
 
 
 def masked_lm(folder: Path, seed: int, architecture: str = "bert") -> Path:
-    """A tiny random masked LM (BERT's, or DistilBERT's, whose MLM head poolserve runs as the whole model does)
-    beside the bundled model's tokenizer."""
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
+    """A tiny random masked LM (BERT's; XLM-RoBERTa's; or DistilBERT's, whose MLM head poolserve runs as the whole
+    model does) beside the bundled model's tokenizer."""
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        DistilBertConfig,
+        DistilBertForMaskedLM,
+        XLMRobertaConfig,
+        XLMRobertaForMaskedLM,
+    )
 
     base = folder.parent / f"{folder.name}-base"
     torch.manual_seed(seed)
@@ -264,6 +272,10 @@ def masked_lm(folder: Path, seed: int, architecture: str = "bert") -> Path:
             n_heads=TINY["num_attention_heads"], hidden_dim=TINY["intermediate_size"],
         )  # fmt: skip
         DistilBertForMaskedLM(config).eval().save_pretrained(base)
+    elif architecture == "xlm-roberta":
+        # The BERT tokenizer pads with 0; RoBERTa's positions count from the padding id on (130: 128 tokens).
+        roberta = XLMRobertaConfig(vocab_size=30522, max_position_embeddings=130, pad_token_id=0, **TINY)
+        XLMRobertaForMaskedLM(roberta).eval().save_pretrained(base)
     else:
         BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval().save_pretrained(base)
     AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
@@ -295,6 +307,17 @@ def build_splade_sum_mlm_transformer(folder: Path) -> None:
     model.save(str(folder))
 
 
+def build_splade_xlm_roberta(folder: Path) -> None:
+    """A multilingual SPLADE's shape: an XLM-RoBERTa masked LM (its `lm_head` run on the real tokens), SpladePooling
+    max, `max_seq_length` 96."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+
+    base = masked_lm(folder, 25, "xlm-roberta")
+    transformer = Transformer(str(base), transformer_task="fill-mask", max_seq_length=96)
+    SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+
+
 def build_splade_distilbert(folder: Path) -> None:
     """splade-v3-distilbert's shape: a DistilBERT masked LM, SpladePooling max."""
     from sentence_transformers import SparseEncoder
@@ -324,6 +347,7 @@ SERVED = [
     Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
     Served("splade-max", build_splade_max, reference="sparse"),
     Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
+    Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
     Served("splade-distilbert", build_splade_distilbert, reference="sparse"),
 ]
 
