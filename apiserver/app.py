@@ -47,6 +47,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
                 access_log=state.config.access_log,
                 load=state.load,
                 error_styles={e.path: e.error_style for e in endpoints},
+                cache_hits_header=state.config.cache_hits_header,
             ),
             *access_middleware(
                 state.config, body_limit=request_body_limit(state.config, state.card), server_index=state.server_index

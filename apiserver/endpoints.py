@@ -114,6 +114,10 @@ ENDPOINTS = [
 ]  # fmt: skip
 
 
+# What the app serves beside ENDPOINTS: the model's TEI routes (model_endpoints) and apiserver/app.py's own.
+OTHER_PATHS = frozenset({"/", "/invocations", "/openapi.json", "/metrics"})
+
+
 def model_endpoints(card: ModelCard) -> list[Endpoint]:
     """POST / and /invocations (SageMaker's route), answered by the route TEI picks for the model's kind: a
     reranker (a one-label classifier) ranks as /rerank, another classifier predicts as /predict, a SPLADE model

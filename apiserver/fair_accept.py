@@ -330,9 +330,17 @@ class FairAcceptor:
 
     async def _serve(self, conn: socket.socket) -> None:
         try:
-            await self.loop.connect_accepted_socket(self.protocol_factory, conn)
+            _, protocol = await self.loop.connect_accepted_socket(self.protocol_factory, conn)
         except Exception:
             # The protocol never saw the connection, so its close is not counted there.
             logger.exception("could not start serving an accepted connection")
             conn.close()
             self.load.connection_closed()
+            return
+        if self.is_closed:
+            # uvicorn's shutdown closes this acceptor, then tells each connection it serves to finish and close. One
+            # accepted in the loop turn before joins those connections only now, after they were told: told here,
+            # or a keep-alive client would keep it open, and the stop wait out --shutdown-timeout.
+            shutdown = getattr(protocol, "shutdown", None)
+            if shutdown is not None:
+                shutdown()

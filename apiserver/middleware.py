@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle
+from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle, error_response
 from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS
 
@@ -43,6 +43,7 @@ class RequestTelemetry:
         load: ServerLoad,
         access_log: bool = False,
         error_styles: Mapping[str, ErrorStyle] | None = None,
+        cache_hits_header: bool = False,
     ):
         self.app = app
         self.load = load
@@ -51,6 +52,7 @@ class RequestTelemetry:
         self.endpoints = frozenset(endpoints)
         self.access_log = access_log
         self.error_styles = dict(error_styles or {})
+        self.cache_hits_header = cache_hits_header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,6 +67,9 @@ class RequestTelemetry:
         state["started"] = started
         state[ERROR_STYLE] = self.error_styles.get(scope["path"], OPENAI)
         is_counted = False
+        # A control character in the (percent-decoded) path names no route and could forge log lines; a route's
+        # pattern would even match before a final newline (`$`). Refused before anything else reads it.
+        app = self.app if scope["path"].isprintable() else refuse_unprintable_path
 
         def count(status: int) -> None:
             """Counted as the answer starts, so a client that has its answer sees it in the next scrape."""
@@ -81,7 +86,7 @@ class RequestTelemetry:
                     "request_id=%s method=%s path=%s status=%d duration_ms=%.1f tokens=%d%s",
                     state["request_id"],
                     scope["method"],
-                    path,
+                    printable(path),
                     status,
                     elapsed * 1000,
                     state.get("tokens", 0),
@@ -91,18 +96,30 @@ class RequestTelemetry:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [*message.get("headers", []), self.server_header, (b"x-request-id", request_id)]
-                headers.extend(timing_headers(state, time.monotonic() - started))
+                headers.extend(timing_headers(state, time.monotonic() - started, cache_hits=self.cache_hits_header))
                 message["headers"] = headers
                 count(message["status"])
             await send(message)
 
         self.load.request_started()
         try:
-            await self.app(scope, receive, send_with_headers)
+            await app(scope, receive, send_with_headers)
         finally:
             self.load.request_finished()
             if not is_counted:  # the app raised; Starlette's outermost handler answers 500
                 count(500)
+
+
+async def refuse_unprintable_path(scope: Scope, receive: Receive, send: Send) -> None:
+    response = error_response(400, "The request path holds a control character.", code="invalid_path")
+    await response(scope, receive, send)
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable backslash-escaped, so no value can break a log line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def user_field(user: object) -> str:
@@ -113,7 +130,7 @@ def user_field(user: object) -> str:
     return " user=" + json.dumps(user[:MAX_USER_CHARS])
 
 
-def timing_headers(state: dict[str, object], total: float) -> list[tuple[bytes, bytes]]:
+def timing_headers(state: dict[str, object], total: float, *, cache_hits: bool = False) -> list[tuple[bytes, bytes]]:
     headers = [(b"x-total-time", f"{total * 1000:.3f}".encode())]
     for key, name in TIMING_HEADERS:
         value = state.get(key)
@@ -123,7 +140,9 @@ def timing_headers(state: dict[str, object], total: float) -> list[tuple[bytes, 
     if isinstance(tokens, int):
         headers.append((b"x-compute-tokens", str(tokens).encode()))
     cached = state.get("cached")
-    if isinstance(cached, int):  # inputs the engine's cache answered (--cache-bytes)
+    # Inputs the engine's cache answered (--cache-bytes): only where the operator asks (--cache-hits-header), as
+    # it tells a client what others embedded.
+    if cache_hits and isinstance(cached, int):
         headers.append((b"x-cache-hits", str(cached).encode()))
     return headers
 

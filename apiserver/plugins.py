@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from apiserver.endpoints import ENDPOINTS, Endpoint
+from apiserver.endpoints import ENDPOINTS, OTHER_PATHS, Endpoint
 from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.job import EngineJob
 from apiserver.inputs.text import tokenize_texts
@@ -55,7 +55,7 @@ class PluginError(Exception):
 def load_plugins(names: list[str]) -> list[Endpoint]:
     """The endpoints of the named plugins (Config checked the names are installed), tagged by plugin."""
     found = {entry.name: entry for entry in entry_points(group=PLUGIN_GROUP)}
-    taken = {endpoint.path for endpoint in ENDPOINTS}
+    taken = {endpoint.path for endpoint in ENDPOINTS} | OTHER_PATHS
     endpoints = []
     for name in names:
         try:

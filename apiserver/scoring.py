@@ -9,10 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from apiserver.errors import bad_request
 from apiserver.inputs.job import EngineJob, check_prompt_survives
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
+from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
 from apiserver.prompts import Role, role_prompt
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import CLASSIFIER, ModelCard, Similarity, SparseRows
@@ -37,10 +39,24 @@ def plan_scores(
     budget: TokenBudget | None = None,
     second_tokens: int | None = None,
     roles: tuple[Role | None, Role | None] = (None, None),
+    instruction: str | None = None,
 ) -> ScorePlan:
     """`second_tokens` (Cohere's `max_tokens_per_doc`): each pair's second text is cut to that many
     tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
-    as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt."""
+    as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt. `instruction`: what
+    a reranker's chat template puts before the pair (apiserver/pair_template.py)."""
+    if card.pair_template:
+        if second_tokens is not None:
+            raise bad_request(
+                "`max_tokens_per_doc` is not supported for a reranker that renders its pairs through a chat template; "
+                "truncate instead.",
+                param="max_tokens_per_doc",
+            )
+        rows = tokenize_rendered_pairs(
+            pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget
+        )
+        return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
+    check_instruction(card, instruction)
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(

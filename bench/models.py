@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "splade")
+MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "splade")
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "1"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
@@ -36,7 +36,8 @@ def model_folder(kind: str, cache: Path = DEFAULT_CACHE) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         BUILDERS[kind](folder)
         (folder / ".complete").write_text("built by bench/models.py\n")
-    return folder
+    # A sentence-transformers folder that names another (its base model's) is served from its own.
+    return folder / "model" if (folder / "model").is_dir() else folder
 
 
 def save_with_tokenizer(model: object, folder: Path) -> None:
@@ -97,8 +98,34 @@ def build_static256(folder: Path) -> None:
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
 
 
+def build_llm_reranker(folder: Path) -> None:
+    """Qwen3-Reranker's shape at a size two cores run: a 4-layer Qwen3 (hidden 256) over a Qwen-style BPE
+    tokenizer, saved by sentence-transformers as a CrossEncoder with LogitScore(yes, no) and the card's prompt
+    as its chat template (random weights: the cost is the same)."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+    from transformers import Qwen3ForCausalLM
+
+    from bench.llm_reranker import QWEN3_TEMPLATE, bpe_tokenizer, qwen3_config
+
+    base = folder / "base"
+    tokenizer = bpe_tokenizer(base)
+    tokenizer.chat_template = QWEN3_TEMPLATE
+    tokenizer.save_pretrained(base)
+    torch.manual_seed(7)
+    sizes = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
+    config = qwen3_config(tokenizer, max_position_embeddings=512, head_dim=64, **sizes)
+    model: Any = Qwen3ForCausalLM(config)
+    model.eval().save_pretrained(base)
+    vocab = tokenizer.get_vocab()
+    modules = [Transformer(str(base), transformer_task="text-generation"), LogitScore(vocab["yes"], vocab["no"])]
+    CrossEncoder(modules=modules, device="cpu").save(str(folder / "model"))
+
+
 # The MLM head's bias of `splade`: random logits are positive for most of the vocabulary, where a trained SPLADE's
-# are for a few hundred entries; shifted down so, a corpus sentence (29 tokens) has about 200 non-zero entries.
+# are for a few hundred entries; shifted down so, a corpus sentence (29 tokens) has about 250 non-zero entries.
 SPLADE_HEAD_BIAS = -0.38
 
 
@@ -121,4 +148,10 @@ def build_splade(folder: Path) -> None:
     shutil.rmtree(base)
 
 
-BUILDERS = {"clip": build_clip, "tiny512": build_tiny512, "static256": build_static256, "splade": build_splade}
+BUILDERS = {
+    "clip": build_clip,
+    "tiny512": build_tiny512,
+    "static256": build_static256,
+    "llm_reranker": build_llm_reranker,
+    "splade": build_splade,
+}

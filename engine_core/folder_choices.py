@@ -51,9 +51,12 @@ def read_folder(folder: Path) -> StFolder:
         raise LoadError(f"cannot read the Sentence-Transformers files in {folder}: {first_line(exc)}") from exc
 
 
-def model_kind(model_config: PretrainedConfig, st: StFolder) -> ModelKind:
+def model_kind(model_config: PretrainedConfig, st: StFolder, llm_reranker: bool = False) -> ModelKind:
     """What the folder is served as. Sentence-Transformers files decide where there are some: an embedder's
-    modules run the base model whatever head its checkpoint also holds, and a CrossEncoder is a classifier."""
+    modules run the base model whatever head its checkpoint also holds, and a CrossEncoder is a classifier.
+    A language model scored from its logits (`llm_reranker`: engine_core/pair_scoring.py) is a classifier too."""
+    if llm_reranker:
+        return CLASSIFIER
     if model_config.model_type == "clip":
         return CLIP
     if model_config.model_type in SIGMOID_IMAGE_TEXT:
@@ -74,11 +77,17 @@ def model_kind(model_config: PretrainedConfig, st: StFolder) -> ModelKind:
     return CLASSIFIER if is_classifier else EMBEDDING
 
 
-def check_own_code(model_config: PretrainedConfig, kind: ModelKind, trust: bool) -> None:
+def auto_class_name(kind: ModelKind, llm_reranker: bool = False) -> str:
+    """The transformers Auto class whose model the engine runs."""
+    if llm_reranker:
+        return "AutoModelForCausalLM"
+    return {CLASSIFIER: "AutoModelForSequenceClassification", SPARSE: "AutoModelForMaskedLM"}.get(kind, "AutoModel")
+
+
+def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> None:
     """A folder that names its own modeling code for the class poolserve loads (gte-Qwen2's bidirectional
     Qwen2, NomicBert, JinaBert) runs that code or is refused: without --trust-remote-code, transformers
     would quietly load its built-in class of the same model type, which is not the model its authors ran."""
-    auto = {CLASSIFIER: "AutoModelForSequenceClassification", SPARSE: "AutoModelForMaskedLM"}.get(kind, "AutoModel")
     own = (getattr(model_config, "auto_map", None) or {}).get(auto)
     if own and not trust:
         raise LoadError(
@@ -118,14 +127,15 @@ def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig)
         # layout), whose score comes from its logits. Served as an embedder it would answer plausible nonsense.
         raise LoadError(
             f"{(model_config.architectures or ['?'])[0]} is a causal language model with no Sentence-Transformers "
-            "files saying how to embed with it: LLM rerankers scored from their logits are not served yet, and to "
-            "serve it as an embedder, give --pooling last (or mean)."
+            "files saying how to use it: to serve it as a reranker scored from its logits, give --score-tokens (and "
+            "--score-template unless its chat template renders query/document pairs); as an embedder, --pooling "
+            "last (or mean)."
         )
     is_decoder = model_config.model_type in DECODER_MODEL_TYPES
     return ("lasttoken",) if is_decoder else ("mean",)
 
 
-def classifier_activation(model_config: PretrainedConfig, st: StFolder) -> Activation:
+def classifier_activation(model_config: PretrainedConfig, st: StFolder, num_labels: int) -> Activation:
     """The activation a classifier's scores get: the Sentence-Transformers CrossEncoder's own choice when
     its files record one (config_sentence_transformers.json since version 5, config.json before), else
     sigmoid for one label or multi-label problems, softmax otherwise."""
@@ -138,12 +148,14 @@ def classifier_activation(model_config: PretrainedConfig, st: StFolder) -> Activ
     if named:
         raise LoadError(f"the CrossEncoder's activation_fn {named!r} is not one poolserve applies (Identity, "
                         "Sigmoid, Softmax).")  # fmt: skip
-    if model_config.num_labels == 1 or model_config.problem_type == "multi_label_classification":
+    if num_labels == 1 or model_config.problem_type == "multi_label_classification":
         return "sigmoid"
     return "softmax"
 
 
-def tasks_of(kind: ModelKind, num_labels: int) -> list[Task]:
+def tasks_of(kind: ModelKind, num_labels: int, renders_pairs: bool = False) -> list[Task]:
+    if renders_pairs:  # a reranker reading pairs through its template: a single text is nothing it scores
+        return [TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
     if kind == CLASSIFIER:
         # A one-label classifier is a cross-encoder: it scores pairs.
         return (

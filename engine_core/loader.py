@@ -15,6 +15,7 @@ import transformers
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -24,6 +25,7 @@ from transformers import (
 from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype, has_native_bf16, measure_agreement
 from engine_core.folder_choices import (
     LoadError,
+    auto_class_name,
     check_own_code,
     choose_max_model_len,
     choose_pooling,
@@ -40,7 +42,8 @@ from engine_core.folder_choices import (
 )
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.packed_encoder import packable
-from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
+from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
+from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
 from engine_core.splade import SpladeRunner, split_mlm
 from engine_core.st_folder import MetadataError, StFolder
 from engine_core.st_heads import build_heads
@@ -117,8 +120,16 @@ def load_image_processing(folder: Path, model_config: PretrainedConfig) -> tuple
     return image, (vision.image_size // vision.patch_size) ** 2 + 1
 
 
-def load_weights(kind: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
-    auto = {CLASSIFIER: AutoModelForSequenceClassification, SPARSE: AutoModelForMaskedLM}.get(kind, AutoModel)
+AUTO_CLASSES = {
+    "AutoModel": AutoModel,
+    "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
+    "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForMaskedLM": AutoModelForMaskedLM,
+}
+
+
+def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
+    auto = AUTO_CLASSES[auto_name]
     try:
         model = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
     except Exception as exc:
@@ -151,8 +162,13 @@ def load_model(config: Config) -> LoadedModel:
     if not tokenizer.is_fast:
         raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
     dtype = select_dtype(config.dtype, device, model_config)
-    kind = model_kind(model_config, st)
-    check_own_code(model_config, kind, trust)
+    llm_reranker = is_llm_reranker(config, st, model_config)
+    kind = model_kind(model_config, st, llm_reranker)
+    auto = auto_class_name(kind, llm_reranker)
+    check_own_code(model_config, auto, trust)
+    if kind != CLASSIFIER and (config.score_template or config.score_tokens):
+        raise LoadError(f"--score-template and --score-tokens apply to rerankers; this is a {kind} model.")
+    scoring = choose_pair_scoring(config, st, model_config, tokenizer) if kind == CLASSIFIER else PairScoring()
     text_config = text_config_of(model_config)
     # A classifier's head and CLIP's projection make the vector; the rest pool token states.
     modes: tuple[str, ...] = ()
@@ -172,7 +188,7 @@ def load_model(config: Config) -> LoadedModel:
         config.max_model_len, tokenizer.model_max_length, model_config, st.max_seq_length
     )
     image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
-    model = load_weights(kind, model_folder, dtype, trust).to(device).eval()
+    model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
     try:
         heads = build_heads(st.heads, device)
     except MetadataError as exc:
@@ -191,6 +207,8 @@ def load_model(config: Config) -> LoadedModel:
     packed = uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
 
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
+        if scoring.logit_tokens is not None:
+            return LogitScoreRunner(model, tokens=scoring.logit_tokens, pad_token_id=pad_token_id, device=device)
         if kind == CLASSIFIER:
             return ClassifierRunner(model, pad_token_id=pad_token_id, device=device, packed=packed)
         if kind == CLIP:
@@ -224,7 +242,7 @@ def load_model(config: Config) -> LoadedModel:
             is_classifier=kind == CLASSIFIER, native_bf16=has_native_bf16(), agreement=bf16_agreement
         )
         if converted and dtype == torch.float32:
-            model = load_weights(kind, folder, dtype, trust).to(device).eval()
+            model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
         runner = build_runner(model, dtype)
         logger.info("--dtype auto chose %s: %s", str(dtype).removeprefix("torch."), reason)
     elif dtype == torch.bfloat16 and device.type == "cpu" and not has_native_bf16():
@@ -236,12 +254,13 @@ def load_model(config: Config) -> LoadedModel:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
 
     max_batch_tokens, max_batch_size = batch_caps(config, device, max(max_model_len, image_tokens))
-    num_labels = int(model_config.num_labels) if kind == CLASSIFIER else 0
+    num_labels = 0 if kind != CLASSIFIER else 1 if llm_reranker else int(model_config.num_labels)
+    labels = ["LABEL_0"] if llm_reranker else [str(model_config.id2label[i]) for i in range(num_labels)]
     card = ModelCard(
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
         kind=kind,
-        tasks=tasks_of(kind, num_labels),
+        tasks=tasks_of(kind, num_labels, renders_pairs=bool(scoring.template)),
         max_model_len=max_model_len,
         output_size=output_size,
         vocab_size=int(text_config.vocab_size),
@@ -251,9 +270,10 @@ def load_model(config: Config) -> LoadedModel:
         tokenizer_json=backend.to_str(),
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
-        labels=[str(model_config.id2label[i]) for i in range(num_labels)],
-        activation=classifier_activation(model_config, st) if kind == CLASSIFIER else "none",
-        uses_token_types=int(getattr(text_config, "type_vocab_size", 0) or 0) > 1,
+        labels=labels,
+        activation=classifier_activation(model_config, st, num_labels) if kind == CLASSIFIER else "none",
+        # A template renders a pair as one text: no segments.
+        uses_token_types=int(getattr(text_config, "type_vocab_size", 0) or 0) > 1 and not scoring.template,
         image=image,
         image_tokens=image_tokens,
         max_batch_tokens=max_batch_tokens,
@@ -262,6 +282,8 @@ def load_model(config: Config) -> LoadedModel:
         prompts=prompts,
         default_prompt=default_prompt,
         similarity=st.similarity,
+        pair_template=scoring.template,
+        template_tokens=scoring.special_tokens,
         max_active_dims=st.max_active_dims or 0,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it

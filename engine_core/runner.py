@@ -153,6 +153,41 @@ class ClassifierRunner:
         raise TypeError("this model takes no images")
 
 
+class LogitScoreRunner:
+    """A causal language model scored from its logits at each input's last token (sentence-transformers'
+    LogitScore): logit(true) - logit(false), or logit(true) alone. Inputs are left-padded, as sentence-transformers
+    pads them, so the last position is every input's last token and the model computes logits there only."""
+
+    def __init__(
+        self, model: torch.nn.Module, *, tokens: tuple[int, int | None], pad_token_id: int, device: torch.device
+    ):
+        self.model = model
+        self.true_token, self.false_token = tokens
+        self.pad_token_id = pad_token_id
+        self.device = device
+
+    def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
+        with torch.inference_mode():
+            width = max(len(row) for row in rows)
+            input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            for i, row in enumerate(rows):
+                input_ids[i, width - len(row) :] = row
+                mask[i, width - len(row) :] = 1
+            ids, attention_mask = to_device(input_ids, self.device), to_device(mask, self.device)
+            logits = self.model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=1).logits[:, -1]
+            scores = logits[:, self.true_token]
+            if self.false_token is not None:
+                scores = scores - logits[:, self.false_token]
+            return to_numpy(scores.unsqueeze(1))
+
+    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+        raise TypeError("this model gives no token states")  # the engine refuses such requests first
+
+    def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+        raise TypeError("this model takes no images")
+
+
 class ClipRunner:
     """Text and image towers projected into one space (CLIP's get_text_features / get_image_features)."""
 

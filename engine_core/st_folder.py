@@ -71,15 +71,15 @@ TRANSFORMER_TASKS = {
     CROSS_ENCODER: "sequence-classification",
     SPARSE_ENCODER: "fill-mask",
 }
+# A CrossEncoder over a causal language model (transformer_task text-generation) scores a pair from its logits.
+LLM_RERANKER_TASK = "text-generation"
 TASK_REFUSALS = {
     "fill-mask": (
         "a Transformer with transformer_task 'fill-mask' (an MLM head) is served in a SparseEncoder followed by "
         "SpladePooling, not here"
     ),
-    "text-generation": (
-        "a Transformer with transformer_task 'text-generation' (a language model scored from its logits) is not "
-        "served yet"
-    ),
+    LLM_RERANKER_TASK: "a Transformer with transformer_task 'text-generation' is served in a CrossEncoder only (an "
+    "LLM reranker)",
 }
 
 
@@ -146,6 +146,11 @@ class StFolder:
     similarity: Similarity = "cosine"
     # A CrossEncoder's activation_fn (an import path), None when unsaid.
     activation_fn: str | None = None
+    # A CrossEncoder over a causal language model: its LogitScore module's (true, false) token ids.
+    logit_score: tuple[int, int | None] | None = None
+    # Whether the Transformer renders its inputs through the tokenizer's chat template (modality_config "message");
+    # None when unsaid (files saved before sentence-transformers 6: text only).
+    renders_messages: bool | None = None
     # A SparseEncoder's pooling (None for any other folder), and the most non-zero values it keeps per row.
     splade: SpladeOptions | None = None
     max_active_dims: int | None = None
@@ -212,12 +217,18 @@ def read_st_folder(folder: Path) -> StFolder:
         "similarity": similarity,
     }
     if model_type == CROSS_ENCODER:
-        if rest:
+        is_llm = transformer.get("transformer_task") == LLM_RERANKER_TASK
+        modalities = transformer.get("modality_config")
+        logit_score = read_logit_score(folder, rest) if is_llm else None
+        if rest and not is_llm:
             raise MetadataError(f"this CrossEncoder has modules after its Transformer ({describe(rest[0])})")
         if any(prompts.values()):
             raise MetadataError("prompts on a CrossEncoder are not supported yet")
         activation = settings.get("activation_fn")
-        return StFolder(**common, activation_fn=str(activation) if activation else None)
+        return StFolder(
+            **common, activation_fn=str(activation) if activation else None, logit_score=logit_score,
+            renders_messages=None if modalities is None else "message" in modalities,
+        )  # fmt: skip
     if not rest or module_class(rest[0]) != "Pooling":
         found = describe(rest[0]) if rest else "nothing"
         raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
@@ -325,13 +336,38 @@ def read_transformer_config(folder: Path, model_type: str) -> dict[str, Any]:
         elif key not in TRANSFORMER_KEYS:
             raise MetadataError(f"sentence_bert_config.json sets {key!r}, which poolserve does not apply")
     task = config.get("transformer_task")
-    if task is not None and task != TRANSFORMER_TASKS[model_type]:
+    is_llm_reranker = model_type == CROSS_ENCODER and task == LLM_RERANKER_TASK
+    if task is not None and task != TRANSFORMER_TASKS[model_type] and not is_llm_reranker:
         refusal = TASK_REFUSALS.get(task, f"a Transformer with transformer_task {task!r} is not supported")
         raise MetadataError(refusal)
     modalities = config.get("modality_config")
-    if modalities is not None and set(modalities) != {"text"}:
+    # A CrossEncoder may render its pairs through the chat template as flat messages (apiserver/pair_template.py).
+    renders_pairs = model_type == CROSS_ENCODER and (modalities or {}).get("message", {}).get("format") == "flat"
+    if (
+        modalities is not None
+        and set(modalities) != {"text"}
+        and not (renders_pairs and set(modalities) == {"text", "message"})
+    ):
         raise MetadataError(f"a Transformer reading {sorted(modalities)} (modality_config) is not supported")
     return config
+
+
+def read_logit_score(folder: Path, modules: list[dict[str, Any]]) -> tuple[int, int | None]:
+    """A causal CrossEncoder's LogitScore: the (true, false) token ids whose logits at the last token score a pair."""
+    if len(modules) != 1 or module_class(modules[0]) != "LogitScore":
+        found = describe(modules[0]) if modules else "nothing"
+        raise MetadataError(
+            f"this CrossEncoder's language model is followed by {found}; poolserve needs one LogitScore"
+        )
+    module = modules[0]
+    config: dict[str, Any] = read_json(folder / str(module.get("path", "")) / "config.json")
+    unknown = sorted(set(config) - {"true_token_id", "false_token_id", "module_input_name"})
+    if unknown:
+        raise MetadataError(f"the {describe(module)} sets {unknown}, which poolserve does not apply")
+    if config.get("module_input_name", "causal_logits") != "causal_logits":
+        raise MetadataError(f"the {describe(module)} reads {config['module_input_name']!r}, not the causal logits")
+    false_id = config.get("false_token_id")
+    return int(config["true_token_id"]), None if false_id is None else int(false_id)
 
 
 # A SentenceTransformer always has these prompts, "" unless saved otherwise: so encode_query with no saved

@@ -129,6 +129,28 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = ""
 
+    score_tokens: Annotated[
+        list[str],
+        Flag(
+            "model",
+            "Serve a causal language model as a reranker scored from its logits at the last token: the token that "
+            "means relevant, then optionally the one that means not (Qwen3-Reranker: yes no; bge-reranker-v2-gemma: "
+            "Yes), as the tokenizer's vocabulary spells them. The score is logit(first) - logit(second), or "
+            "logit(first) alone. For folders without a Sentence-Transformers LogitScore module.",
+            metavar="TOKEN",
+        ),
+    ] = msgspec.field(default_factory=list)
+    score_template: Annotated[
+        str,
+        Flag(
+            "model",
+            "A Jinja chat template file that renders a query/document pair for a reranker (the messages' roles are "
+            "'query' and 'document', and 'system' for a request's instruction), used instead of the folder's own "
+            "chat template.",
+            metavar="FILE",
+        ),
+    ] = ""
+
     host: Annotated[
         str,
         Flag(
@@ -145,6 +167,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "API-server processes sharing the listening socket (default: half the usable cores, 1 to 8).",
         ),
     ] = msgspec.field(default_factory=default_api_server_count)
+    max_api_server_count: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "The most API servers SIGTTIN may scale up to; more are refused with a warning. 0: twice the usable "
+            "cores, or --api-server-count when that is more.",
+        ),
+    ] = 0
     # Spreading connections over the API servers (docs/operations.md, "How connections are spread").
     accept_balance: Annotated[
         AcceptBalance,
@@ -276,6 +306,15 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "cache they measure it, not the model (docs/operations.md, 'Embedding cache').",
         ),
     ] = 0
+    cache_hits_header: Annotated[
+        bool,
+        Flag(
+            "engine",
+            "Send x-cache-hits (how many of a request's inputs the cache answered) on every answer. Off by "
+            "default: with it, any client can tell whether someone else embedded a text before (a membership "
+            "oracle across users); give it where every client is trusted.",
+        ),
+    ] = False
     request_timeout: Annotated[
         float,
         Flag(
@@ -462,6 +501,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
         check_range("--api-server-count", self.api_server_count, 1, 256)
+        check_range("--max-api-server-count", self.max_api_server_count, 0, 256)
+        if 0 < self.max_api_server_count < self.api_server_count:
+            raise ConfigError(
+                f"--max-api-server-count has value {self.max_api_server_count}; it must be 0 or at least "
+                f"--api-server-count ({self.api_server_count})."
+            )
         check_range("--max-batch-tokens", self.max_batch_tokens, 0, 1 << 24)
         check_range("--max-batch-size", self.max_batch_size, 0, 1 << 16)
         check_range("--max-model-len", self.max_model_len, 0, 1 << 20)
@@ -489,6 +534,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
         check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
         check_range("--cache-bytes", self.cache_bytes, 0, 1 << 40)
+        if len(self.score_tokens) > 2:
+            raise ConfigError(f"--score-tokens has {len(self.score_tokens)} values; give one or two tokens.")
         if self.default_prompt_name and self.default_prompt:
             raise ConfigError("--default-prompt-name and --default-prompt are both set; give one of the two.")
         check_range("--min-priority", self.min_priority, PRIORITY_MIN + 1, 0)
@@ -537,6 +584,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def is_bundled_model(self) -> bool:
         return not self.model
+
+    @property
+    def api_server_ceiling(self) -> int:
+        """How many API servers SIGTTIN may scale up to (--max-api-server-count)."""
+        return self.max_api_server_count or max(self.api_server_count, 2 * usable_cores())
 
     @property
     def model_names(self) -> list[str]:

@@ -144,6 +144,11 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     default_prompt: str = ""
     # How /score, /rerank and /similarity compare two embeddings (the folder's similarity_fn_name).
     similarity: Similarity = "cosine"
+    # A reranker whose pairs are rendered by a Jinja chat template (LLM rerankers and their sequence-classification
+    # conversions; apiserver/pair_template.py): the template, and the special tokens it may name (transformers'
+    # special_tokens_map). "": pairs are tokenized as a pair, as BERT-style cross-encoders read them.
+    pair_template: str = ""
+    template_tokens: dict[str, str] = msgspec.field(default_factory=dict)
     # Sparse models: the most non-zero values a row keeps (the folder's max_active_dims; 0: all of them).
     max_active_dims: int = 0
 

@@ -240,10 +240,17 @@ class Supervisor:
                 self.rolling = deque(sorted(self.api_servers))
                 logger.info("SIGHUP: restarting %d API server(s) one by one", len(self.rolling))
             elif signum == signal.SIGTTIN:
-                self.api_server_count += 1
-                logger.info("SIGTTIN: scaling up to %d API server(s)", self.api_server_count)
+                self._scale_up()
             elif signum == signal.SIGTTOU:
                 self._scale_down()
+
+    def _scale_up(self) -> None:
+        ceiling = self.config.api_server_ceiling
+        if self.api_server_count >= ceiling:
+            logger.warning("SIGTTIN ignored: %d API servers is the maximum (--max-api-server-count)", ceiling)
+            return
+        self.api_server_count += 1
+        logger.info("SIGTTIN: scaling up to %d API server(s)", self.api_server_count)
 
     def _scale_down(self) -> None:
         if self.api_server_count <= 1:

@@ -167,6 +167,7 @@ def guarded_server() -> Iterator[LaunchedServer]:
         "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
         "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
         "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT), "--cache-bytes", str(GUARDED_CACHE_BYTES),
+        "--cache-hits-header",
         # Its cache test holds a row computed again, in another batch, to the first at 1e-6: float32's
         # promise, not bfloat16's (FLOAT32_CPU).
         *FLOAT32_CPU,

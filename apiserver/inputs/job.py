@@ -95,7 +95,8 @@ def build_job(
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
     sources = [item for item in items if isinstance(item, ImageSource)]
     if token_rows:
-        rows = check_token_rows([row for _, row in token_rows], [params[k] for k, _ in token_rows], limit, card)
+        token_params = [params[k] for k, _ in token_rows]
+        rows = check_token_rows([row for _, row in token_rows], token_params, limit, card, direction)
     else:
         text_params = [params[k] for k, _ in texts]
         text_list = [text for _, text in texts]

@@ -250,9 +250,10 @@ def cut_content(text: str, tokens: int, tokenizer: TextTokenizer, direction: Dir
 
 
 def check_token_rows(
-    rows: list[list[int]], params: Sequence[str], limit: int | None, card: ModelCard
+    rows: list[list[int]], params: Sequence[str], limit: int | None, card: ModelCard, direction: Direction = "right"
 ) -> list[list[int]]:
-    """Token-id inputs are used as given: in the vocabulary, within the length limit (or cut to it)."""
+    """Token-id inputs are used as given: in the vocabulary, within the length limit (or cut to it, keeping the
+    first ids, or the last where `direction` is left)."""
     vocab = card.vocab_size
     checked = []
     for i, row in enumerate(rows):
@@ -264,5 +265,7 @@ def check_token_rows(
             )
         if limit is None and len(row) > card.max_model_len:
             raise too_long(params[i], len(row), card, "set `truncate_prompt_tokens`")
-        checked.append(row if limit is None else row[:limit])
+        if limit is not None and len(row) > limit:
+            row = row[-limit:] if direction == "left" else row[:limit]  # noqa: PLW2901 - the row as cut
+        checked.append(row)
     return checked

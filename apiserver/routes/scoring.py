@@ -93,6 +93,7 @@ def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
         truncation=truncation,
         activation=activation is not False,
         budget=state.token_budget,
+        instruction=request.instruction,
     )
     return Plan(scoring, job=scoring.job)
 
@@ -197,6 +198,7 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
         budget=state.token_budget,
         second_tokens=request.max_tokens_per_doc,
         roles=("query", "document"),  # a bi-encoder embeds them as encode_query and encode_document do
+        instruction=request.instruction,
     )
     return Plan(Reranking(request, documents, scoring), job=scoring.job)
 

@@ -97,8 +97,15 @@ def tei_tokens(text: str, encoding: Encoding) -> list[TeiToken]:
     return tokens
 
 
+def decode_budget(state: AppState) -> TokenBudget:
+    """The ids one request may decode: as many as one may tokenize (--max-tokens-per-request), which bounds the
+    answer (a 4 MB body of ids decoded to a 19 MB answer, and held its API server for over a second)."""
+    return TokenBudget(state.config.max_tokens_per_request)
+
+
 def parse_detokenize(request: DetokenizeRequest, state: AppState) -> Plan[DetokenizeResponse]:
     check_model(request.model, state.model_names)
+    decode_budget(state).check(len(request.tokens))
     if request.tokens:
         check_token_rows([request.tokens], ["tokens"], limit=len(request.tokens), card=state.card)
     return Plan(DetokenizeResponse(prompt=state.tokenizer.decode(request.tokens)))
@@ -117,6 +124,7 @@ def parse_decode(request: DecodeRequest, state: AppState) -> Plan[DecodeResponse
     else:
         raise bad_request("`ids` must be a list of token ids, or a list of such lists.", param="ids")
     check_input_count(len(batch), state.config.max_inputs_per_request, "ids")
+    decode_budget(state).check(sum(map(len, batch)))
     params = ["ids"] if batch is not ids else [f"ids[{i}]" for i in range(len(batch))]
     for row, param in zip(batch, params, strict=True):
         if row:

@@ -39,6 +39,8 @@ class ScoreRequest(PeerRequest, kw_only=True):
     use_activation: bool | None = None
     activation: bool | None = None
     user: str | None = None
+    # poolserve's: the instruction an LLM reranker's template puts before the pair (Qwen3-Reranker's `instruction`).
+    instruction: str | None = None
 
 
 class ScoreData(msgspec.Struct, kw_only=True):
@@ -83,6 +85,8 @@ class RerankRequest(PeerRequest, kw_only=True):
     truncate: bool = False
     truncation_direction: TruncationDirection = "Right"
     user: str | None = None
+    # poolserve's: the instruction an LLM reranker's template puts before the pair (Qwen3-Reranker's `instruction`).
+    instruction: str | None = None
 
 
 class RerankResult(msgspec.Struct, kw_only=True):

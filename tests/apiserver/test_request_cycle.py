@@ -378,3 +378,31 @@ def test_parse_and_render_of_a_big_request_run_off_the_event_loop(serve: Any, pa
     # A sync parse runs on the pool; an async one is awaited on the loop (the test client's thread).
     assert where["parse"].startswith("preprocess") == (parse is parse_echo)
     assert where["render"].startswith("preprocess")
+
+
+def test_token_id_inputs_are_cut_from_the_side_the_request_names(serve: Any) -> None:
+    """vLLM's `truncation_side` and TEI's `truncation_direction` cut token-id inputs as they cut texts."""
+    served = serve()
+    ids = list(range(1000, 1011))
+    for side, kept in (("right", ids[:3]), ("left", ids[-3:])):
+        body = {"input": [ids], "truncate_prompt_tokens": 3, "truncation_side": side}
+        assert served.post("/v1/embeddings", body)["data"][0]["embedding"] == text_row(kept, DIM)
+    last_tokens = served.state.card.max_model_len
+    long_ids = list(range(1000, 1000 + last_tokens + 5))
+    tei = served.post("/embed", {"inputs": [long_ids], "truncate": True, "truncation_direction": "Left",
+                                 "normalize": False})  # fmt: skip
+    assert tei == [text_row(long_ids[-last_tokens:], DIM)]
+
+
+def test_decoding_is_bounded_by_the_tokens_a_request_may_send(serve: Any) -> None:
+    """A body of ids decodes to an answer several times its size: /decode and /detokenize take at most
+    --max-tokens-per-request ids, as /tokenize answers at most that many."""
+    served = serve(config={"max_tokens_per_request": 10})
+    ids = served.tokens("hello world, a sentence of more than ten tokens in all")[:10]
+    assert len(ids) == 10
+    assert served.post("/detokenize", {"tokens": ids})["prompt"]
+    assert served.post("/decode", {"ids": [ids[:5], ids[5:]]})
+    refused = served.post("/detokenize", {"tokens": ids + ids[:1]}, status=400)
+    assert refused["error"]["code"] == "too_many_tokens" and "--max-tokens-per-request" in refused["error"]["message"]
+    tei = served.client.post("/decode", json={"ids": [ids, ids]})
+    assert tei.status_code == 413 and "--max-tokens-per-request" in tei.json()["error"], tei.text

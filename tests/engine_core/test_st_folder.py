@@ -56,8 +56,15 @@ def test_a_normalize_between_heads_runs_as_a_head_and_only_a_trailing_one_is_the
         ),
         (
             {"sentence_bert_config.json": {"transformer_task": "text-generation"}},
-            "a Transformer with transformer_task 'text-generation' (a language model scored from its logits) is not "
-            "served yet",
+            "a Transformer with transformer_task 'text-generation' is served in a CrossEncoder only (an LLM reranker)",
+        ),
+        (
+            {
+                "config_sentence_transformers.json": {"model_type": "CrossEncoder"},
+                "sentence_bert_config.json": {"transformer_task": "text-generation"},
+            },
+            "this CrossEncoder's language model is followed by module 1_Pooling "
+            "(sentence_transformers.models.Pooling); poolserve needs one LogitScore",
         ),
         (
             {"sentence_bert_config.json": {"modality_config": {"text": {}, "image": {}}}},

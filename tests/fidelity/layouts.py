@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
+from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
+from tests.fidelity.reranker_layouts import (
+    build_logit_score,
+    build_one_token_logit_score,
+    build_qwen3_reranker_card,
+    build_sequence_classification_template,
+    qwen3_card_flags,
+)
 
 HIDDEN = TINY["hidden_size"]
 QUERY_PROMPT = "query: "
@@ -33,9 +41,16 @@ class Served:
 
     id: str
     build: Callable[[Path], None]
-    # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross"; "sparse": SparseEncoder.encode
+    # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross": CrossEncoder.predict; "llm": an
+    # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code; "sparse":
+    # SparseEncoder.encode
     reference: str = "encode"
     flags: dict[str, Any] = field(default_factory=dict)
+    # Flags that name files the build writes beside the folder.
+    folder_flags: Callable[[Path], dict[str, Any]] | None = None
+
+    def flags_for(self, folder: Path) -> dict[str, Any]:
+        return {**self.flags, **(self.folder_flags(folder) if self.folder_flags else {})}
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,7 @@ class Refused:
     id: str
     build: Callable[[Path], None]
     message: str  # what `launch` prints after "cannot be served exactly: " (or the whole error)
+    flags: dict[str, Any] = field(default_factory=dict)
 
 
 def tiny_bert(folder: Path, seed: int = 10, tokenizer: Path | None = None) -> Path:
@@ -345,6 +361,12 @@ SERVED = [
     Served("static-model2vec-layout", build_model2vec_layout),
     Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
     Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
+    Served("llm-reranker-logit-score", build_logit_score, reference="llm"),
+    Served("llm-reranker-one-token", build_one_token_logit_score, reference="llm"),
+    Served("llm-reranker-seq-cls-template", build_sequence_classification_template, reference="llm"),
+    Served(
+        "qwen3-reranker-card-flags", build_qwen3_reranker_card, reference="qwen3_card", folder_flags=qwen3_card_flags
+    ),
     Served("splade-max", build_splade_max, reference="sparse"),
     Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
     Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
@@ -382,6 +404,20 @@ def build_causal_lm(folder: Path) -> None:
     config = Qwen3Config(vocab_size=30522, max_position_embeddings=128, num_key_value_heads=2, head_dim=8, **TINY)
     Qwen3ForCausalLM(config).eval().save_pretrained(folder)
     AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
+
+
+def build_causal_lm_chat_template(folder: Path) -> None:
+    """A bare causal model whose tokenizer's chat template is a chat model's (user and assistant turns only)."""
+    from transformers import Qwen3ForCausalLM
+
+    tokenizer = bpe_tokenizer(folder)
+    tokenizer.chat_template = (
+        "{% for message in messages %}{% if message.role in ['user', 'assistant'] %}<|im_start|>{{ message.role }}\n"
+        "{{ message.content }}<|im_end|>\n{% endif %}{% endfor %}<|im_start|>assistant\n"
+    )
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(24)
+    Qwen3ForCausalLM(qwen3_config(tokenizer)).eval().save_pretrained(folder)
 
 
 def build_inference_free_splade(folder: Path) -> None:
@@ -464,9 +500,16 @@ REFUSED = [
     Refused(
         "causal-lm-without-st-files",
         build_causal_lm,
-        "Qwen3ForCausalLM is a causal language model with no Sentence-Transformers files saying how to embed with "
-        "it: LLM rerankers scored from their logits are not served yet, and to serve it as an embedder, give "
-        "--pooling last (or mean).",
+        "Qwen3ForCausalLM is a causal language model with no Sentence-Transformers files saying how to use it: to "
+        "serve it as a reranker scored from its logits, give --score-tokens (and --score-template unless its chat "
+        "template renders query/document pairs); as an embedder, --pooling last (or mean).",
+    ),
+    Refused(
+        "llm-reranker-chat-template-without-pair-roles",
+        build_causal_lm_chat_template,
+        "the tokenizer's chat template does not render a query/document pair (messages with the roles 'query' and "
+        "'document'), so every pair would score alike; give --score-template FILE with one that does.",
+        flags={"score_tokens": ["yes", "no"]},
     ),
     Refused(
         "splade-inference-free",

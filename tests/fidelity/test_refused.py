@@ -19,7 +19,7 @@ def test_the_layout_is_refused_at_start_with_its_documented_sentence(layout: Ref
     folder = tmp_path / layout.id
     layout.build(folder)
     with pytest.raises(LoadError) as refused:
-        load(folder)
+        load(folder, **layout.flags)
     assert layout.message in str(refused.value)
 
 

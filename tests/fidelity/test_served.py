@@ -8,16 +8,19 @@ sparse model's vectors (the same non-zero indices, values within 1e-4) and its `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cohere
 import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
 
 from tests.fidelity.layouts import SERVED, Served
+from tests.fidelity.reranker_layouts import qwen3_card_scores
 from tests.fidelity.stack import load, serve_in_process
 
 F32 = npt.NDArray[np.float32]
@@ -54,10 +57,13 @@ def assert_same(served: F32, reference: F32) -> None:
 
 def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[Served, Path]) -> None:
     layout, folder = case
-    loaded = load(folder, **layout.flags)
-    with serve_in_process(loaded, **layout.flags) as client:
+    flags = layout.flags_for(folder)
+    loaded = load(folder, **flags)
+    with serve_in_process(loaded, **flags) as client:
         if layout.reference == "cross":
             check_cross_encoder(client, folder)
+        elif layout.reference in ("llm", "qwen3_card"):
+            check_llm_reranker(client, folder, card_code=layout.reference == "qwen3_card")
         elif layout.reference == "sparse":
             check_sparse_encoder(client, folder)
         else:
@@ -112,6 +118,59 @@ def check_cross_encoder(client: httpx.Client, folder: Path) -> None:
     assert tei.status_code == 200, tei.text
     tei_scores = {item["index"]: item["score"] for item in tei.json()}
     np.testing.assert_allclose([tei_scores[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5, rtol=1e-4)
+
+
+INSTRUCTION = "Judge whether the passage names a place"
+LONG_DOCUMENT = " ".join(["servers run in racks and racks"] * 40)
+
+
+def rerank_scores(client: httpx.Client, body: dict[str, Any]) -> list[float]:
+    ranked = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, **body})
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
+    return [scores[i] for i in range(len(scores))]
+
+
+def check_llm_reranker(client: httpx.Client, folder: Path, *, card_code: bool) -> None:
+    """An LLM reranker: pairs rendered by its template, scored from its logits, as CrossEncoder.predict (or the
+    Qwen3-Reranker card's code) scores them: with the default instruction and a request's own, and with a document
+    cut to the model's maximum (the template's tail kept)."""
+    pairs = [(QUERY, document) for document in DOCUMENTS]
+    long_pairs = [(QUERY, LONG_DOCUMENT)]
+    max_model_len = client.get("/info").json()["max_input_length"]
+    if card_code:
+        expected = qwen3_card_scores(folder, pairs)
+        instructed = qwen3_card_scores(folder, pairs, INSTRUCTION)
+        cut = qwen3_card_scores(folder, long_pairs, max_length=max_model_len)
+    else:
+        from sentence_transformers import CrossEncoder
+
+        model = CrossEncoder(str(folder), device="cpu")
+        assert model.max_seq_length == max_model_len
+        expected = model.predict(pairs).tolist()
+        instructed = model.predict(pairs, prompt=INSTRUCTION).tolist()
+        cut = model.predict(long_pairs).tolist()
+    np.testing.assert_allclose(rerank_scores(client, {}), expected, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(rerank_scores(client, {"instruction": INSTRUCTION}), instructed, atol=1e-5, rtol=1e-4)
+    tei = client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT], "truncate": True})
+    assert tei.status_code == 200, tei.text
+    np.testing.assert_allclose([tei.json()[0]["score"]], cut, atol=1e-5, rtol=1e-4)
+    score = client.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS})
+    assert score.status_code == 200, score.text
+    np.testing.assert_allclose([item["score"] for item in score.json()["data"]], expected, atol=1e-5, rtol=1e-4)
+    # Cohere's own client reranks with it (over the in-process app: the TestClient is an httpx.Client).
+    cohere_client = cohere.ClientV2(api_key="unused", base_url=str(client.base_url), httpx_client=client)
+    name = client.get("/v1/models").json()["data"][0]["id"]
+    with warnings.catch_warnings():  # cohere sends a per-request timeout, which the TestClient cannot honour
+        warnings.filterwarnings("ignore", "You should not use the 'timeout' argument", UserWarning)
+        results = cohere_client.rerank(model=name, query=QUERY, documents=DOCUMENTS).results
+    assert [result.index for result in results] == sorted(range(len(expected)), key=lambda i: -expected[i])
+    np.testing.assert_allclose([result.relevance_score for result in results], sorted(expected, reverse=True),
+                               atol=1e-5, rtol=1e-4)  # fmt: skip
+    # Uncut, the long pair is refused as any over-long input is; and a single text is nothing a reranker scores.
+    assert client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT]}).status_code == 413
+    assert client.post("/classify", json={"input": ["a text"]}).status_code == 400
+    assert client.post("/predict", json={"inputs": [["a query", "a document"]]}).status_code == 424
 
 
 Entries = list[list[dict[str, Any]]]
