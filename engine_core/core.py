@@ -21,11 +21,11 @@ from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS, engine_label
 from engine_core.pass_cost import PassCostFit
-from engine_core.postprocess import finish_rows, l2_normalize, sparse_rows, truncate_dimensions
+from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, PooledOutput, RequestFailed, Rows
+from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, PooledOutput, RequestFailed, Rows, SparseRows
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -212,7 +212,9 @@ class EngineCore:
         """Complete requests' rows as their clients asked for them (normalized, truncated, activated)."""
         step = StepOutputs()
         now = time.monotonic()
-        normalized = normalize_together([r for r in finished if r.normalize and self.card.kind != CLASSIFIER])
+        # (a sparse model's rows are normalized after their max_active_dims: finish_rows)
+        together = self.card.kind not in (CLASSIFIER, SPARSE)
+        normalized = normalize_together([r for r in finished if r.normalize and together])
         for request in finished:
             self._requests.pop(request.key, None)
             self._release(request)
@@ -242,7 +244,7 @@ class EngineCore:
             answer: Rows = vectors
             nonzeros = None
             if self.card.kind == SPARSE:
-                answer = sparse_rows(vectors, self.card.max_active_dims)
+                answer = SparseRows.from_dense(vectors)
                 nonzeros = answer.nonzeros.tolist()
             out = PooledOutput(
                 request.id,

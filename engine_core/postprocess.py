@@ -1,12 +1,12 @@
 """What happens to a request's raw rows once all are computed: normalization, Matryoshka, activations, and a
-sparse model's rows cut to their non-zero entries."""
+sparse model's max_active_dims."""
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 
-from poolserve.protocol import CLASSIFIER, ModelCard, SparseRows
+from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard
 
 F32 = npt.NDArray[np.float32]
 
@@ -45,7 +45,12 @@ ACTIVATIONS = {"sigmoid": sigmoid, "softmax": softmax}
 
 
 def finish_rows(rows: F32, card: ModelCard, *, normalize: bool, activation: bool, dimensions: int) -> F32:
-    """A complete request's output rows, as the client asked for them."""
+    """A complete request's output rows, as the client asked for them. A sparse model's keep its max_active_dims
+    largest values first, as SparseEncoder.encode keeps them, and are normalized after (a cosine compares what
+    encode returns)."""
+    if card.kind == SPARSE:
+        rows = keep_largest(rows, card.max_active_dims)
+        return l2_normalize(rows) if normalize else rows
     if card.kind == CLASSIFIER:
         function = ACTIVATIONS.get(card.activation)
         return function(rows) if activation and function is not None else rows
@@ -63,8 +68,3 @@ def keep_largest(rows: F32, count: int) -> F32:
     kept = np.zeros_like(rows)
     np.put_along_axis(kept, order, np.take_along_axis(rows, order, axis=1), axis=1)
     return kept
-
-
-def sparse_rows(rows: F32, max_active_dims: int) -> SparseRows:
-    """A sparse model's complete rows as their non-zero entries, after the model's own max_active_dims."""
-    return SparseRows.from_dense(keep_largest(rows, max_active_dims))

@@ -313,12 +313,14 @@ def build_splade_max(folder: Path) -> None:
 
 def build_splade_sum_mlm_transformer(folder: Path) -> None:
     """sentence-transformers 5's MLMTransformer module, SpladePooling sum of log1p(log1p(relu(logits)))
-    (OpenSearch's "log1p_relu") in chunks, and max_active_dims (the most non-zero values a vector keeps)."""
+    (OpenSearch's "log1p_relu") in chunks, max_active_dims (the most non-zero values a vector keeps), and the
+    cosine for similarity (of the vectors max_active_dims leaves)."""
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     pooling = SpladePooling("sum", activation_function="log1p_relu", chunk_size=4)
-    model = SparseEncoder(modules=[MLMTransformer(str(masked_lm(folder, 21))), pooling], device="cpu")
+    modules = [MLMTransformer(str(masked_lm(folder, 21))), pooling]
+    model = SparseEncoder(modules=modules, device="cpu", similarity_fn_name="cosine")
     model.max_active_dims = 300
     model.save(str(folder))
 
