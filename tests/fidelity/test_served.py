@@ -209,6 +209,12 @@ def check_sparse_encoder(client: httpx.Client, folder: Path) -> None:
     pooled = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1})
     assert pooled.status_code == 200, pooled.text
     assert_same_sparse([item["data"] for item in pooled.json()["data"]], model.encode(TEXTS))
+    # normalize: the vectors encode returns (after the folder's max_active_dims), L2-normalized.
+    unit = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1, "normalize": True})
+    assert unit.status_code == 200, unit.text
+    dense = model.encode(TEXTS).to_dense()
+    normalized = dense / dense.norm(dim=1, keepdim=True)
+    assert_same_sparse([item["data"] for item in unit.json()["data"]], normalized.to_sparse())
     # Pruning: the top k as max_active_dims keeps them; a threshold keeps the values above it.
     top = embed_sparse(client, {"inputs": TEXTS, "sparse_top_k": 7})
     assert_same_sparse(top, model.encode(TEXTS, max_active_dims=7))
