@@ -32,12 +32,12 @@ from poolserve.protocol import (
     Abort,
     ClientWire,
     ModelCard,
+    OutputRows,
     Outputs,
     Pong,
     PoolJob,
     PoolRequest,
     Ready,
-    Rows,
 )
 
 logger = logging.getLogger("poolserve.engine_client")
@@ -52,7 +52,7 @@ class PooledResult:
     """One float32 row per input (texts first, then images), a read-only view of the reply's frame; a sparse
     model's rows as their non-zero entries (SparseRows)."""
 
-    vectors: Rows
+    vectors: OutputRows
     queue_time: float = 0.0
     inference_time: float = 0.0
     cached: int = 0
@@ -261,7 +261,7 @@ class EngineClient:
 
     # What the links report ----------------------------------------------------------------------
 
-    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[Rows]) -> None:
+    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[OutputRows]) -> None:
         for out, vectors in zip(msg.outputs, rows, strict=True):
             entry = self._forget(out.id)
             if entry is not None and not entry.future.done():

@@ -24,12 +24,12 @@ from poolserve.protocol import (
     Frame,
     Hello,
     ModelCard,
+    OutputRows,
     Outputs,
     Ping,
     Pong,
     ProtocolError,
     Ready,
-    Rows,
     decode_rows,
 )
 
@@ -45,7 +45,7 @@ PONG_STALE_S = 2.0
 class LinkOwner(Protocol):
     """What a link tells the client that routes requests over it."""
 
-    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[Rows]) -> None: ...
+    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[OutputRows]) -> None: ...
 
     async def on_ready(self, link: EngineLink, ready: Ready) -> None: ...
 

@@ -25,7 +25,7 @@ from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensio
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, PooledOutput, RequestFailed, Rows, SparseRows
+from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, OutputRows, PooledOutput, RequestFailed, SparseRows
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -37,7 +37,7 @@ RequestKey = tuple[bytes, int]
 class StepOutputs:
     """What one step finished, by API server: each finished request's rows, and the failed requests."""
 
-    outputs: dict[bytes, list[tuple[PooledOutput, Rows]]] = field(default_factory=lambda: defaultdict(list))
+    outputs: dict[bytes, list[tuple[PooledOutput, OutputRows]]] = field(default_factory=lambda: defaultdict(list))
     failures: dict[bytes, list[RequestFailed]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -241,7 +241,7 @@ class EngineCore:
                 step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, message))
                 continue
             started = request.started_at or request.admitted_at
-            answer: Rows = vectors
+            answer: OutputRows = vectors
             nonzeros = None
             if self.card.kind == SPARSE:
                 answer = SparseRows.from_dense(vectors)

@@ -437,15 +437,16 @@ class SparseRows:
         return dense
 
 
-Rows = F32 | SparseRows
+# One request's output: dense rows, or a sparse model's.
+OutputRows = F32 | SparseRows
 
 
-def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[Rows]:
+def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[OutputRows]:
     """Each output's rows, as read-only views of its data frames (no copy); ProtocolError when they do not fit."""
     expected = sum(1 if out.nonzeros is None else 2 for out in msg.outputs)
     if len(frames) != expected:
         raise ProtocolError(f"{len(msg.outputs)} output(s) need {expected} data frame(s), came with {len(frames)}")
-    rows: list[Rows] = []
+    rows: list[OutputRows] = []
     at = 0
     for out in msg.outputs:
         if out.nonzeros is None:
@@ -533,7 +534,7 @@ class EngineWire:
         return [self._encoder.encode(msg)]
 
     def encode_outputs(
-        self, outputs: Sequence[tuple[PooledOutput, Rows]], failures: Sequence[RequestFailed] = ()
+        self, outputs: Sequence[tuple[PooledOutput, OutputRows]], failures: Sequence[RequestFailed] = ()
     ) -> list[Frame]:
         """Finished requests with their rows (each `out.rows` x `out.dim`, dense or sparse), and failed ones."""
         frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]

@@ -16,6 +16,7 @@ from poolserve.protocol import (
     Hello,
     ImageProcessing,
     ModelCard,
+    OutputRows,
     Outputs,
     Ping,
     Pong,
@@ -25,7 +26,6 @@ from poolserve.protocol import (
     ProtocolError,
     Ready,
     RequestFailed,
-    Rows,
     SparseRows,
     decode_job,
     decode_rows,
@@ -284,7 +284,7 @@ def sparse(rows: list[list[float]]) -> SparseRows:
 def test_sparse_rows_travel_as_an_index_frame_and_a_value_frame_beside_dense_ones() -> None:
     rows = sparse([[0, 1.5, 0, 0, 2], [0, 0, 0, 0, 0], [3, 0, 0, 0.25, 0]])
     dense = np.ones((1, 3), dtype=np.float32)
-    outputs: list[tuple[PooledOutput, Rows]] = [
+    outputs: list[tuple[PooledOutput, OutputRows]] = [
         (PooledOutput(1, 3, 5, nonzeros=[2, 0, 2]), rows),
         (PooledOutput(2, 1, 3), dense),
     ]
