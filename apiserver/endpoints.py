@@ -32,7 +32,7 @@ from apiserver.schemas.tei import (
     SimilarityResponse,
 )
 from apiserver.schemas.tokenize import DecodeResponse, DetokenizeResponse, TeiTokenizeResponse, TokenizeResponse
-from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
+from poolserve.protocol import CLASSIFIER, SPARSE, TASK_SCORE, ModelCard
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,7 @@ ENDPOINTS = [
     post("/embed", EMBED, "Embed texts (TEI).", "TEI", EmbedResponse, errors=TEI),
     post("/embed_all", EMBED_ALL, "Every token's hidden state, unpooled (TEI).", "TEI", EmbedAllResponse, errors=TEI),
     post(
-        "/embed_sparse", EMBED_SPARSE, "Sparse (SPLADE) vectors: refused, 424, as TEI refuses a model without them.",
+        "/embed_sparse", EMBED_SPARSE, "A SPLADE model's sparse vectors (TEI); 424 from any other model, as TEI's.",
         "TEI", EmbedSparseResponse, errors=TEI,
     ),
     post(
@@ -120,11 +120,14 @@ OTHER_PATHS = frozenset({"/", "/invocations", "/openapi.json", "/metrics"})
 
 def model_endpoints(card: ModelCard) -> list[Endpoint]:
     """POST / and /invocations (SageMaker's route), answered by the route TEI picks for the model's kind: a
-    reranker (a one-label classifier) ranks as /rerank, another classifier predicts as /predict, any other
-    model embeds as /embed, or, given /similarity's body, compares as /similarity (routes/root.py). Bodies and
-    errors are that route's, in TEI's style."""
+    reranker (a one-label classifier) ranks as /rerank, another classifier predicts as /predict, a SPLADE model
+    answers as /embed_sparse (poolserve serves it no dense /embed), any other model embeds as /embed, or, given
+    /similarity's body, compares as /similarity (routes/root.py). Bodies and errors are that route's, in TEI's
+    style."""
     chosen: tuple[str, AnyOperation, Any]
-    if card.kind == CLASSIFIER:
+    if card.kind == SPARSE:
+        chosen = ("/embed_sparse", EMBED_SPARSE, EmbedSparseResponse)
+    elif card.kind == CLASSIFIER:
         if card.supports(TASK_SCORE):
             chosen = ("/rerank", RERANK, RERANK_RESPONSE)
         else:

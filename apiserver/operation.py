@@ -17,6 +17,7 @@ from apiserver.errors import ErrorStyle
 from apiserver.inputs.items import ImageSource
 from apiserver.inputs.job import EngineJob, Pixels
 from apiserver.state import AppState
+from poolserve.protocol import SparseRows
 
 # The engine's output: one float32 row per input, in the request's order.
 Rows = npt.NDArray[np.float32]
@@ -41,6 +42,9 @@ class Plan(Generic[C]):
     job: EngineJob | None = None
     remote: list[ImageSource] = field(default_factory=list)
     build: JobBuilder | None = None
+    # A sparse model's rows, set by the request cycle for an operation that `takes_sparse` (its render then
+    # gets no dense rows).
+    sparse: SparseRows | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -56,12 +60,14 @@ StyleOf = Callable[[R], ErrorStyle | None]
 
 @dataclass(frozen=True, slots=True)
 class Operation(Generic[R, C]):
-    """An endpoint's two steps and the msgspec type its JSON body decodes into."""
+    """An endpoint's two steps and the msgspec type its JSON body decodes into. `takes_sparse`: its render
+    reads a sparse model's rows from `plan.sparse`; any other operation gets them as dense rows."""
 
     request: type[R]
     parse: Parse[R, C]
     render: Render[C]
     error_style: StyleOf[R] | None = None
+    takes_sparse: bool = False
 
 
 AnyOperation = Operation[Any, Any]

@@ -29,6 +29,7 @@ from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
 from apiserver.state import AppState
 from apiserver.validation import decode_body
+from poolserve.protocol import SparseRows
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -77,10 +78,23 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     job = await job_of(request, plan, state)
     if job is not None:
         job.priority = priority
-    rows = NO_ROWS if job is None else await run_job(request, job)
+    output = NO_ROWS if job is None else await run_job(request, job)
+    rows = rows_for(operation, plan, output)
+    size = rows.nbytes or (0 if plan.sparse is None else plan.sparse.values.nbytes * 4)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
-    content = await off_loop(request, ENCODING, rows.nbytes or len(body), operation.render, plan, rows, state)
+    content = await off_loop(request, ENCODING, size or len(body), operation.render, plan, rows, state)
     return Response(content, media_type="application/json")
+
+
+def rows_for(operation: AnyOperation, plan: Plan[Any], output: Rows | SparseRows) -> Rows:
+    """The dense rows render gets; a sparse model's rows go in `plan.sparse` for an operation that takes them,
+    and are made dense (every vocabulary entry) for one that does not."""
+    if not isinstance(output, SparseRows):
+        return output
+    if operation.takes_sparse:
+        plan.sparse = output
+        return NO_ROWS
+    return output.to_dense()
 
 
 def parse_body(
@@ -129,7 +143,7 @@ async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJo
     return plan.job
 
 
-async def run_job(request: Request, job: EngineJob) -> Rows:
+async def run_job(request: Request, job: EngineJob) -> Rows | SparseRows:
     """The job's output rows, one per request input, in the request's order.
 
     The engine drops the work (an Abort) when the client disconnects or the request's deadline
@@ -161,6 +175,8 @@ async def run_job(request: Request, job: EngineJob) -> Rows:
     if job.images:
         IMAGES.labels(endpoint=request.scope["path"]).inc(len(job.images))
     rows = result.vectors
+    if isinstance(rows, SparseRows):  # a sparse model takes texts only: its rows are in the request's order
+        return rows
     return rows if job.order is None else rows[job.order]
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from apiserver.errors import bad_request
 from apiserver.inputs.job import EngineJob, check_prompt_survives
@@ -16,7 +17,7 @@ from apiserver.operation import Rows
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
 from apiserver.prompts import Role, role_prompt
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import CLASSIFIER, ModelCard, Similarity
+from poolserve.protocol import CLASSIFIER, ModelCard, Similarity, SparseRows
 
 
 @dataclass(slots=True)
@@ -24,7 +25,7 @@ class ScorePlan:
     """The engine job for some pairs, and how its rows become one score per pair."""
 
     job: EngineJob
-    scores: Callable[[Rows], list[float]]
+    scores: Callable[[Rows | SparseRows], list[float]]
 
 
 def plan_scores(
@@ -54,7 +55,7 @@ def plan_scores(
         rows = tokenize_rendered_pairs(
             pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget
         )
-        return ScorePlan(EngineJob(rows=rows, activation=activation), lambda out: out[:, 0].tolist())
+        return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
     check_instruction(card, instruction)
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
@@ -63,7 +64,7 @@ def plan_scores(
             second_tokens=second_tokens,
         )  # fmt: skip
         job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
-        return ScorePlan(job, lambda out: out[:, 0].tolist())
+        return ScorePlan(job, first_column)
     return plan_similarities(
         pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens, roles=roles
     )
@@ -118,10 +119,37 @@ def plan_similarities(
     left, right = np.asarray(sides[0]), np.asarray(sides[1])
     compare = SIMILARITIES[card.similarity]
 
-    def scores(vectors: Rows) -> list[float]:
+    def scores(vectors: Rows | SparseRows) -> list[float]:
+        if isinstance(vectors, SparseRows):
+            return compare_sparse(vectors, left, right, compare)
         return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
     return ScorePlan(EngineJob(rows=text_rows, normalize=normalize_for(card)), scores)
+
+
+def first_column(out: Rows | SparseRows) -> list[float]:
+    """A cross-encoder's one logit per pair (a classifier's rows are never sparse)."""
+    assert not isinstance(out, SparseRows)
+    return out[:, 0].tolist()  # type: ignore[no-any-return]
+
+
+# Pairs of sparse rows compared at once, each made dense (vocabulary-wide) for it: 64 x 30522 floats, 8 MB.
+SPARSE_PAIRS_AT_ONCE = 64
+
+
+def compare_sparse(
+    vectors: SparseRows,
+    left: npt.NDArray[np.int64],
+    right: npt.NDArray[np.int64],
+    compare: Callable[[Rows, Rows], Rows],
+) -> list[float]:
+    """The similarity of sparse rows, pair after pair as sentence-transformers' functions compute it on dense
+    rows (SparseEncoder.similarity), without making every row dense at once."""
+    scores: list[float] = []
+    for start in range(0, len(left), SPARSE_PAIRS_AT_ONCE):
+        end = start + SPARSE_PAIRS_AT_ONCE
+        scores.extend(compare(vectors.dense_rows(left[start:end]), vectors.dense_rows(right[start:end])).tolist())
+    return scores
 
 
 def normalize_for(card: ModelCard) -> bool | None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "simgpu")
+MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "splade", "simgpu")
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "2"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
@@ -134,8 +135,6 @@ def build_simgpu(folder: Path) -> None:
     """MiniLM's shape (384 wide, the bundled tokenizer, 512 positions) whose forward pass sleeps what a GPU's
     takes and computes only the embedding layer: served with --trust-remote-code, it runs bench/simulated_gpu.py
     as its own code."""
-    import shutil
-
     import torch
     from transformers import BertConfig, BertModel
 
@@ -153,10 +152,35 @@ def build_simgpu(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(settings, indent=2))
 
 
+# The MLM head's bias of `splade`: random logits are positive for most of the vocabulary, where a trained SPLADE's
+# are for a few hundred entries; shifted down so, a corpus sentence (29 tokens) has about 250 non-zero entries.
+SPLADE_HEAD_BIAS = -0.38
+
+
+def build_splade(folder: Path) -> None:
+    """naver/splade-v3's shape at tiny512's size: a 2-layer BERT masked LM over the bundled vocabulary (30522) and
+    512 positions, SpladePooling max, saved by sentence-transformers as a SparseEncoder."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(7)
+    base = folder / "mlm"
+    model: Any = BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=512, **TINY))
+    with torch.no_grad():
+        model.cls.predictions.bias.fill_(SPLADE_HEAD_BIAS)
+    save_with_tokenizer(model.eval(), base)
+    transformer = Transformer(str(base), transformer_task="fill-mask")
+    SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+    shutil.rmtree(base)
+
+
 BUILDERS = {
     "clip": build_clip,
     "tiny512": build_tiny512,
     "static256": build_static256,
     "llm_reranker": build_llm_reranker,
+    "splade": build_splade,
     "simgpu": build_simgpu,
 }

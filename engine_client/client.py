@@ -22,8 +22,6 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 import zmq.asyncio
 
 from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
@@ -34,6 +32,7 @@ from poolserve.protocol import (
     Abort,
     ClientWire,
     ModelCard,
+    OutputRows,
     Outputs,
     Pong,
     PoolJob,
@@ -50,9 +49,10 @@ SEND_RETRY_S = 0.01
 
 @dataclass(frozen=True, slots=True)
 class PooledResult:
-    """One float32 row per input (texts first, then images), a read-only view of the reply's frame."""
+    """One float32 row per input (texts first, then images), a read-only view of the reply's frame; a sparse
+    model's rows as their non-zero entries (SparseRows)."""
 
-    vectors: npt.NDArray[np.float32]
+    vectors: OutputRows
     queue_time: float = 0.0
     inference_time: float = 0.0
     cached: int = 0
@@ -261,7 +261,7 @@ class EngineClient:
 
     # What the links report ----------------------------------------------------------------------
 
-    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[npt.NDArray[np.float32]]) -> None:
+    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[OutputRows]) -> None:
         for out, vectors in zip(msg.outputs, rows, strict=True):
             entry = self._forget(out.id)
             if entry is not None and not entry.future.done():

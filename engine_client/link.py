@@ -14,8 +14,6 @@ import logging
 import os
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -26,6 +24,7 @@ from poolserve.protocol import (
     Frame,
     Hello,
     ModelCard,
+    OutputRows,
     Outputs,
     Ping,
     Pong,
@@ -46,7 +45,7 @@ PONG_STALE_S = 2.0
 class LinkOwner(Protocol):
     """What a link tells the client that routes requests over it."""
 
-    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[npt.NDArray[np.float32]]) -> None: ...
+    def on_outputs(self, link: EngineLink, msg: Outputs, rows: list[OutputRows]) -> None: ...
 
     async def on_ready(self, link: EngineLink, ready: Ready) -> None: ...
 

@@ -25,7 +25,7 @@ from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensio
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import CLASSIFIER, ERROR_MODEL, PooledOutput, RequestFailed
+from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, OutputRows, PooledOutput, RequestFailed, SparseRows
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -37,7 +37,7 @@ RequestKey = tuple[bytes, int]
 class StepOutputs:
     """What one step finished, by API server: each finished request's rows, and the failed requests."""
 
-    outputs: dict[bytes, list[tuple[PooledOutput, F32]]] = field(default_factory=lambda: defaultdict(list))
+    outputs: dict[bytes, list[tuple[PooledOutput, OutputRows]]] = field(default_factory=lambda: defaultdict(list))
     failures: dict[bytes, list[RequestFailed]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -212,7 +212,9 @@ class EngineCore:
         """Complete requests' rows as their clients asked for them (normalized, truncated, activated)."""
         step = StepOutputs()
         now = time.monotonic()
-        normalized = normalize_together([r for r in finished if r.normalize and self.card.kind != CLASSIFIER])
+        # (a sparse model's rows are normalized after their max_active_dims: finish_rows)
+        together = self.card.kind not in (CLASSIFIER, SPARSE)
+        normalized = normalize_together([r for r in finished if r.normalize and together])
         for request in finished:
             self._requests.pop(request.key, None)
             self._release(request)
@@ -239,6 +241,11 @@ class EngineCore:
                 step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, message))
                 continue
             started = request.started_at or request.admitted_at
+            answer: OutputRows = vectors
+            nonzeros = None
+            if self.card.kind == SPARSE:
+                answer = SparseRows.from_dense(vectors)
+                nonzeros = answer.nonzeros.tolist()
             out = PooledOutput(
                 request.id,
                 vectors.shape[0],
@@ -246,8 +253,9 @@ class EngineCore:
                 queue_time=started - request.admitted_at,
                 inference_time=now - started,
                 cached=request.cached,
+                nonzeros=nonzeros,
             )
-            step.outputs[request.identity].append((out, vectors))
+            step.outputs[request.identity].append((out, answer))
         return step
 
     def _fail(self, failed: list[PendingRequest], error: str) -> StepOutputs:

@@ -16,8 +16,10 @@ from poolserve.protocol import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,
+    SPARSE,
     TASK_CLASSIFY,
     TASK_EMBED,
+    TASK_EMBED_SPARSE,
     TASK_POOL,
     TASK_SCORE,
     TASK_TOKEN_EMBED,
@@ -63,6 +65,8 @@ def model_kind(model_config: PretrainedConfig, st: StFolder, llm_reranker: bool 
             "yet."
         )
     is_classifier = any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or []))
+    if st.splade is not None:
+        return SPARSE
     if st.has_modules:
         if st.model_type == CROSS_ENCODER and not is_classifier:
             raise LoadError(
@@ -77,7 +81,7 @@ def auto_class_name(kind: ModelKind, llm_reranker: bool = False) -> str:
     """The transformers Auto class whose model the engine runs."""
     if llm_reranker:
         return "AutoModelForCausalLM"
-    return "AutoModelForSequenceClassification" if kind == CLASSIFIER else "AutoModel"
+    return {CLASSIFIER: "AutoModelForSequenceClassification", SPARSE: "AutoModelForMaskedLM"}.get(kind, "AutoModel")
 
 
 def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> None:
@@ -165,6 +169,8 @@ def tasks_of(kind: ModelKind, num_labels: int, renders_pairs: bool = False) -> l
         )
     if kind == EMBEDDING:  # an AutoModel's token states: per-token output too (CLIP's towers give none)
         return [TASK_EMBED, TASK_SCORE, TASK_POOL, TASK_TOKENIZE, TASK_TOKEN_EMBED]
+    if kind == SPARSE:  # sparse vectors only: no dense embedding (docs/api.md, "Sparse models")
+        return [TASK_EMBED_SPARSE, TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
     return [TASK_EMBED, TASK_SCORE, TASK_POOL, TASK_TOKENIZE]
 
 
@@ -188,7 +194,7 @@ def choose_prompts(config: Config, st: StFolder, kind: ModelKind) -> tuple[dict[
     """The model's prompts by name, and the text put before every text that names none: --default-prompt,
     else the prompt --default-prompt-name names, else the folder's default_prompt_name (as sentence-transformers
     applies it; TEI applies none unless told by flag)."""
-    if (config.default_prompt or config.default_prompt_name) and kind != EMBEDDING:
+    if (config.default_prompt or config.default_prompt_name) and kind not in (EMBEDDING, SPARSE):
         raise LoadError("--default-prompt and --default-prompt-name apply to embedding models; this is a "
                         f"{kind} model.")  # fmt: skip
     if config.default_prompt:

@@ -16,6 +16,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
@@ -43,6 +44,7 @@ from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
+from engine_core.splade import SpladeRunner, split_mlm
 from engine_core.st_folder import MetadataError, StFolder
 from engine_core.st_heads import build_heads
 from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
@@ -51,6 +53,7 @@ from poolserve.protocol import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,
+    SPARSE,
     TASK_EMBED,
     TASK_POOL,
     TASK_SCORE,
@@ -121,6 +124,7 @@ AUTO_CLASSES = {
     "AutoModel": AutoModel,
     "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
     "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForMaskedLM": AutoModelForMaskedLM,
 }
 
 
@@ -170,7 +174,11 @@ def load_model(config: Config) -> LoadedModel:
     modes: tuple[str, ...] = ()
     pooling = "none"
     normalize = False
-    if kind != CLASSIFIER:
+    if kind == SPARSE:
+        if config.pooling != "auto":
+            raise LoadError(f"--pooling {config.pooling} does not apply to a SPLADE model (its SpladePooling pools).")
+        pooling = "splade"  # TEI's name for it (/info)
+    elif kind != CLASSIFIER:
         modes = choose_pooling(config.pooling, st, model_config)
         # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
         normalize = True if st.normalize is None else st.normalize
@@ -195,7 +203,8 @@ def load_model(config: Config) -> LoadedModel:
     if st.do_lower_case:
         lowercase_first(backend)
 
-    packed = uses_token_packing(config.token_packing, device, model)
+    mlm_parts = split_mlm(model) if kind == SPARSE else None
+    packed = uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
 
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
         if scoring.logit_tokens is not None:
@@ -205,12 +214,20 @@ def load_model(config: Config) -> LoadedModel:
         if kind == CLIP:
             assert image is not None
             return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
+        if kind == SPARSE:
+            assert st.splade is not None
+            return SpladeRunner(
+                model, splade=st.splade, vocab_size=int(text_config.vocab_size), pad_token_id=pad_token_id,
+                device=device, packed=packed,
+            )  # fmt: skip
         return EmbeddingRunner(
             model, pooling=modes, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
         )
 
     runner = build_runner(model, dtype)
-    if config.dtype == "auto" and device.type == "cpu":
+    # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
+    # agreement of cosines measures; it stays float32, as classifiers do.
+    if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE:
         probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
         converted = False
 
@@ -267,6 +284,7 @@ def load_model(config: Config) -> LoadedModel:
         similarity=st.similarity,
         pair_template=scoring.template,
         template_tokens=scoring.special_tokens,
+        max_active_dims=st.max_active_dims or 0,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

@@ -1,11 +1,12 @@
-"""What happens to a request's raw rows once all are computed: normalization, Matryoshka, activations."""
+"""What happens to a request's raw rows once all are computed: normalization, Matryoshka, activations, and a
+sparse model's max_active_dims."""
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 
-from poolserve.protocol import CLASSIFIER, ModelCard
+from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard
 
 F32 = npt.NDArray[np.float32]
 
@@ -44,10 +45,26 @@ ACTIVATIONS = {"sigmoid": sigmoid, "softmax": softmax}
 
 
 def finish_rows(rows: F32, card: ModelCard, *, normalize: bool, activation: bool, dimensions: int) -> F32:
-    """A complete request's output rows, as the client asked for them."""
+    """A complete request's output rows, as the client asked for them. A sparse model's keep its max_active_dims
+    largest values first, as SparseEncoder.encode keeps them, and are normalized after (a cosine compares what
+    encode returns)."""
+    if card.kind == SPARSE:
+        rows = keep_largest(rows, card.max_active_dims)
+        return l2_normalize(rows) if normalize else rows
     if card.kind == CLASSIFIER:
         function = ACTIVATIONS.get(card.activation)
         return function(rows) if activation and function is not None else rows
     if normalize:
         rows = l2_normalize(rows)
     return truncate_dimensions(rows, dimensions, renormalize=normalize)
+
+
+def keep_largest(rows: F32, count: int) -> F32:
+    """sentence-transformers' max_active_dims: the `count` values of largest magnitude in each row, the others
+    set to zero; among equal magnitudes at the cut, the lower column is kept (torch.topk leaves that unsaid)."""
+    if count <= 0 or count >= rows.shape[1]:
+        return rows
+    order = np.argsort(-np.abs(rows), axis=1, kind="stable")[:, :count]
+    kept = np.zeros_like(rows)
+    np.put_along_axis(kept, order, np.take_along_axis(rows, order, axis=1), axis=1)
+    return kept

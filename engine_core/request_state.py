@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from poolserve.protocol import TASK_TOKEN_EMBED, ModelCard, PoolJob, PoolRequest
+from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, ModelCard, PoolJob, PoolRequest
 
 
 @dataclass(eq=False, slots=True)
@@ -148,6 +148,8 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
             raise InvalidRequest(f"images must be {height}x{width} pixels")
     if job.per_token and (not card.supports(TASK_TOKEN_EMBED) or job.pixels is not None):
         raise InvalidRequest("per-token output needs texts and a model that gives token states")
+    if job.dimensions and card.kind == SPARSE:
+        raise InvalidRequest("a sparse model's rows have no leading dimensions to keep")
     if not 0 <= job.dimensions <= card.output_size:
         raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
     return PendingRequest(

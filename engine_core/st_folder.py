@@ -3,7 +3,8 @@
 `modules.json` lists the modules a SentenceTransformer runs in order (Transformer, Pooling, then heads
 on the pooled row: Dense, LayerNorm, Normalize, ...); each module's folder holds its config and
 weights; `sentence_bert_config.json` holds the Transformer's options and
-`config_sentence_transformers.json` the prompts, the similarity function and the model type. Both the
+`config_sentence_transformers.json` the prompts, the similarity function and the model type. A SparseEncoder
+(SPLADE) is a masked-LM Transformer followed by SpladePooling and nothing else. Both the
 layouts of sentence-transformers 2-5 (`sentence_transformers.models.X`, boolean `pooling_mode_*` keys)
 and of 6 (`sentence_transformers.base.modules...`, `pooling_mode`, `transformer_task`) are read.
 
@@ -31,9 +32,10 @@ LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-# The model types poolserve serves: an embedder, and a cross-encoder (a sequence classifier).
+# The model types poolserve serves: an embedder, a cross-encoder (a sequence classifier), and a sparse encoder.
 SENTENCE_TRANSFORMER = "SentenceTransformer"
 CROSS_ENCODER = "CrossEncoder"
+SPARSE_ENCODER = "SparseEncoder"
 SENTENCE_EMBEDDING = "sentence_embedding"
 DEFAULT_DENSE_ACTIVATION = "torch.nn.modules.activation.Tanh"  # Dense's default when its config names none
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
@@ -46,22 +48,36 @@ REFUSED_MODULES = {
         "Sentence-Transformers' CLIPModel module is not supported: serve the transformers CLIP folder it wraps "
         "instead, which poolserve runs as CLIP"
     ),
-    "SpladePooling": "a sparse (SPLADE) model is not served yet",
-    "MLMTransformer": "a sparse (SPLADE) model is not served yet",
-    "SparseStaticEmbedding": "a sparse model is not served yet",
-    "SparseAutoEncoder": "a sparse model is not served yet",
+    "SparseStaticEmbedding": (
+        "a SparseStaticEmbedding module (inference-free SPLADE's per-token weights) is not supported; poolserve serves "
+        "SPLADE as a masked-LM Transformer followed by SpladePooling"
+    ),
+    "SparseAutoEncoder": (
+        "a SparseAutoEncoder module (a CSR model's sparse projection of a dense embedding) is not supported"
+    ),
 }
+# A SparseEncoder's Transformer: 6's Transformer with transformer_task "fill-mask", or 5's MLMTransformer.
+MLM_TRANSFORMERS = {"Transformer", "MLMTransformer"}
+SPLADE_POOLING_KEYS = {"pooling_strategy", "activation_function", "embedding_dimension", "word_embedding_dimension",
+                       "chunk_size"}  # fmt: skip
 
 # Keys of sentence_bert_config.json, and of its argument dicts, that change nothing poolserve computes.
 TRANSFORMER_KEYS = {"max_seq_length", "do_lower_case", "transformer_task", "modality_config", "module_output_name"}
 ARGUMENT_DICTS = {"model_args", "model_kwargs", "config_args", "config_kwargs", "tokenizer_args", "processing_kwargs"}
 # trust_remote_code is --trust-remote-code's business: the loader asks for it where the code needs it.
 HARMLESS_ARGUMENTS = {"trust_remote_code"}
-TRANSFORMER_TASKS = {SENTENCE_TRANSFORMER: "feature-extraction", CROSS_ENCODER: "sequence-classification"}
+TRANSFORMER_TASKS = {
+    SENTENCE_TRANSFORMER: "feature-extraction",
+    CROSS_ENCODER: "sequence-classification",
+    SPARSE_ENCODER: "fill-mask",
+}
 # A CrossEncoder over a causal language model (transformer_task text-generation) scores a pair from its logits.
 LLM_RERANKER_TASK = "text-generation"
 TASK_REFUSALS = {
-    "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
+    "fill-mask": (
+        "a Transformer with transformer_task 'fill-mask' (an MLM head) is served in a SparseEncoder followed by "
+        "SpladePooling, not here"
+    ),
     LLM_RERANKER_TASK: "a Transformer with transformer_task 'text-generation' is served in a CrossEncoder only (an "
     "LLM reranker)",
 }
@@ -98,6 +114,15 @@ Head = DenseHead | LayerNormHead | NormalizeHead
 
 
 @dataclass(frozen=True, slots=True)
+class SpladeOptions:
+    """SpladePooling's options: log1p(relu(logits)) per token (twice log1p for "log1p_relu"), then the max
+    ("max") or the sum ("sum") over the input's tokens, one value per vocabulary entry."""
+
+    pooling_strategy: str = "max"
+    activation_function: str = "relu"
+
+
+@dataclass(frozen=True, slots=True)
 class StFolder:
     """A folder's Sentence-Transformers description; `has_modules` False when it has none (a plain
     transformers folder), and then every field keeps its default."""
@@ -126,6 +151,9 @@ class StFolder:
     # Whether the Transformer renders its inputs through the tokenizer's chat template (modality_config "message");
     # None when unsaid (files saved before sentence-transformers 6: text only).
     renders_messages: bool | None = None
+    # A SparseEncoder's pooling (None for any other folder), and the most non-zero values it keeps per row.
+    splade: SpladeOptions | None = None
+    max_active_dims: int | None = None
 
 
 def read_json(path: Path) -> Any:
@@ -145,7 +173,7 @@ def read_st_folder(folder: Path) -> StFolder:
     if model_type not in TRANSFORMER_TASKS:
         raise MetadataError(
             f"config_sentence_transformers.json says model_type {model_type!r}; poolserve serves "
-            f"{SENTENCE_TRANSFORMER} and {CROSS_ENCODER} folders"
+            f"{SENTENCE_TRANSFORMER}, {CROSS_ENCODER} and {SPARSE_ENCODER} folders"
         )
     modules: list[dict[str, Any]] = read_json(modules_path)
     if not modules:
@@ -161,7 +189,12 @@ def read_st_folder(folder: Path) -> StFolder:
             raise MetadataError(REFUSED_MODULES[name])
     first, rest = modules[0], modules[1:]
     prompts, default_prompt_name = read_prompts(settings, model_type)
-    similarity = read_similarity(settings)
+    # A SparseEncoder compares by the dot product unless its files name another function.
+    similarity = read_similarity(settings, "dot" if model_type == SPARSE_ENCODER else "cosine")
+    if model_type == SPARSE_ENCODER:
+        return read_sparse_encoder(
+            folder, modules, settings, prompts=prompts, default_prompt_name=default_prompt_name, similarity=similarity
+        )
     if module_class(first) == "StaticEmbedding" and model_type == SENTENCE_TRANSFORMER:
         # A static model (engine_core/static_model.py): the mean of per-token vectors, then its heads.
         heads, normalize = read_heads(folder, rest)
@@ -204,8 +237,66 @@ def read_st_folder(folder: Path) -> StFolder:
     return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=heads, normalize=normalize)
 
 
-def read_similarity(settings: dict[str, Any]) -> Similarity:
-    similarity = str(settings.get("similarity_fn_name") or "cosine")
+def read_sparse_encoder(
+    folder: Path,
+    modules: list[dict[str, Any]],
+    settings: dict[str, Any],
+    *,
+    prompts: dict[str, str],
+    default_prompt_name: str | None,
+    similarity: Similarity,
+) -> StFolder:
+    """A SPLADE SparseEncoder: a masked-LM Transformer, then SpladePooling, nothing after it."""
+    first = modules[0]
+    if module_class(first) not in MLM_TRANSFORMERS:
+        raise MetadataError(
+            f"the first module of this SparseEncoder is {describe(first)}; poolserve serves SPLADE as a masked-LM "
+            "Transformer followed by SpladePooling"
+        )
+    transformer_folder = folder / str(first.get("path", ""))
+    transformer = read_transformer_config(transformer_folder, SPARSE_ENCODER)
+    if module_class(first) == "Transformer" and transformer.get("transformer_task") != "fill-mask":
+        # sentence-transformers 6 runs such a Transformer as a feature extractor: SpladePooling then pools hidden
+        # states, not a masked LM's logits.
+        raise MetadataError("this SparseEncoder's Transformer has no transformer_task 'fill-mask' (no MLM head)")
+    if len(modules) < 2 or module_class(modules[1]) != "SpladePooling":
+        found = describe(modules[1]) if len(modules) > 1 else "nothing"
+        raise MetadataError(
+            f"the SparseEncoder's Transformer is followed by {found}; poolserve needs SpladePooling next"
+        )
+    if len(modules) > 2:
+        raise MetadataError(f"this SparseEncoder has modules after its SpladePooling ({describe(modules[2])})")
+    max_active_dims = settings.get("max_active_dims")
+    if max_active_dims is not None and (type(max_active_dims) is not int or max_active_dims < 1):
+        raise MetadataError(f"max_active_dims {max_active_dims!r} is not a positive integer")
+    return StFolder(
+        has_modules=True, model_type=SPARSE_ENCODER, transformer_folder=transformer_folder,
+        max_seq_length=transformer.get("max_seq_length") or None,
+        do_lower_case=bool(transformer.get("do_lower_case", False)), prompts=prompts,
+        default_prompt_name=default_prompt_name, similarity=similarity,
+        splade=read_splade_pooling(folder / str(modules[1].get("path", "")), modules[1]),
+        max_active_dims=max_active_dims,
+    )  # fmt: skip
+
+
+def read_splade_pooling(folder: Path, module: dict[str, Any]) -> SpladeOptions:
+    """SpladePooling's config; its chunk_size only cuts the same sums and maxima into pieces."""
+    config: dict[str, Any] = read_json(folder / "config.json")
+    unknown = sorted(set(config) - SPLADE_POOLING_KEYS)
+    if unknown:
+        raise MetadataError(f"the {describe(module)} sets {unknown}, which poolserve does not apply")
+    options = SpladeOptions(str(config.get("pooling_strategy", "max")), str(config.get("activation_function", "relu")))
+    if options.pooling_strategy not in ("max", "sum"):
+        raise MetadataError(f"SpladePooling's pooling_strategy {options.pooling_strategy!r} is not max or sum")
+    if options.activation_function not in ("relu", "log1p_relu"):
+        raise MetadataError(
+            f"SpladePooling's activation_function {options.activation_function!r} is not relu or log1p_relu"
+        )
+    return options
+
+
+def read_similarity(settings: dict[str, Any], default: Similarity = "cosine") -> Similarity:
+    similarity = str(settings.get("similarity_fn_name") or default)
     if similarity not in SIMILARITY_FUNCTIONS:
         raise MetadataError(f"similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITY_FUNCTIONS)}")
     return cast(Similarity, similarity)
@@ -281,7 +372,7 @@ def read_logit_score(folder: Path, modules: list[dict[str, Any]]) -> tuple[int, 
 
 # A SentenceTransformer always has these prompts, "" unless saved otherwise: so encode_query with no saved
 # "query" prompt uses none, rather than the default prompt.
-DEFAULT_PROMPTS = {SENTENCE_TRANSFORMER: {"query": "", "document": ""}}
+DEFAULT_PROMPTS = {SENTENCE_TRANSFORMER: {"query": "", "document": ""}, SPARSE_ENCODER: {"query": "", "document": ""}}
 
 
 def read_prompts(settings: dict[str, Any], model_type: str) -> tuple[dict[str, str], str | None]:

@@ -106,7 +106,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         Flag(
             "model",
             "How token states become one vector. auto: the folder's Sentence-Transformers Pooling config, "
-            "else last-token for decoder models and mean for encoders.",
+            "else last-token for decoder models and mean for encoders (a SPLADE model takes only auto).",
         ),
     ] = "auto"
     trust_remote_code: Annotated[bool, Flag("model", "Allow model code shipped in the folder.")] = False

@@ -1,9 +1,10 @@
 """The wire between API servers and the engine core: its messages, their frames, and their encoding.
 
 A message is a multipart ZeroMQ message: frame 0 is a msgpack-encoded Struct from the tagged unions
-below; arrays follow as raw little-endian frames (token ids int32, pixels uint8, pooled rows float32)
-whose shapes the Struct carries. Nothing is pickled. Every process comes from one install, so both
-ends always run this same module and no field has to stay readable by an older peer. Each end
+below; arrays follow as raw little-endian frames (token ids int32, pixels uint8, pooled rows float32; a sparse
+model's rows as an int32 index frame and a float32 value frame) whose shapes the Struct carries. Nothing is
+pickled. Every process comes from one install, so both ends always run this same module and no field has to
+stay readable by an older peer. Each end
 builds its codec (`ClientWire`, `EngineWire`) once and reuses it, as msgspec advises.
 """
 
@@ -40,23 +41,26 @@ class ProtocolError(ValueError):
 # Closed vocabularies; msgspec refuses any other value on decode.
 
 # Model kinds, and what each kind's output row is.
-ModelKind = Literal["embedding", "classifier", "clip"]
+ModelKind = Literal["embedding", "classifier", "clip", "sparse"]
 EMBEDDING: Final = "embedding"  # AutoModel + pooling: one vector per input
 CLASSIFIER: Final = "classifier"  # AutoModelForSequenceClassification: one logit per label (cross-encoders: 1 label)
 CLIP: Final = "clip"  # text and image towers projected into one space
+SPARSE: Final = "sparse"  # a masked LM's logits pooled by SPLADE: one vocabulary-wide, mostly-zero vector per input
 
 # Tasks a model card may list; each endpoint needs one of them.
-Task = Literal["embed", "classify", "score", "pool", "tokenize", "token_embed"]
+Task = Literal["embed", "classify", "score", "pool", "tokenize", "token_embed", "embed_sparse"]
 TASK_EMBED: Final = "embed"
 TASK_CLASSIFY: Final = "classify"
 TASK_SCORE: Final = "score"
 TASK_POOL: Final = "pool"
 TASK_TOKENIZE: Final = "tokenize"
 TASK_TOKEN_EMBED: Final = "token_embed"  # every token's hidden state, unpooled (TEI's /embed_all)
+TASK_EMBED_SPARSE: Final = "embed_sparse"  # one sparse vector per input (TEI's /embed_sparse)
 
 # How token states become one vector: a pooling mode, CLIP's projection, or none (a classifier's head).
 # How the card's `pooling` reads: sentence-transformers' pooling modes joined by "+" ("mean", "cls", "lasttoken",
-# "max", "mean_sqrt_len_tokens", "weightedmean", "cls+mean", ...), "projection" (CLIP) or "none" (a classifier).
+# "max", "mean_sqrt_len_tokens", "weightedmean", "cls+mean", ...), "projection" (CLIP), "splade" (a sparse model's
+# SpladePooling, TEI's name) or "none" (a classifier).
 # Similarity of two embeddings, as sentence-transformers' `similarity_fn_name` names them.
 Similarity = Literal["cosine", "dot", "euclidean", "manhattan"]
 # What a classifier's logits go through when a request asks for scores.
@@ -110,7 +114,8 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     kind: ModelKind
     tasks: list[Task]
     max_model_len: int
-    # Length of each output row: the embedding size, or the number of labels of a classifier.
+    # Length of each output row: the embedding size, the number of labels of a classifier, or a sparse
+    # model's vocabulary.
     output_size: int
     vocab_size: int
     pooling: str
@@ -144,6 +149,8 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # special_tokens_map). "": pairs are tokenized as a pair, as BERT-style cross-encoders read them.
     pair_template: str = ""
     template_tokens: dict[str, str] = msgspec.field(default_factory=dict)
+    # Sparse models: the most non-zero values a row keeps (the folder's max_active_dims; 0: all of them).
+    max_active_dims: int = 0
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks
@@ -339,7 +346,10 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, frozen=True):
 
 
 class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
-    """One finished request, whose `rows` x `dim` float32 values travel in their own frame."""
+    """One finished request, whose `rows` x `dim` float32 values travel in their own frame; or, when
+    `nonzeros` is not None (a sparse model), whose rows travel as two frames: the column indices (int32,
+    ascending within a row) and the values (float32) of every row's non-zero entries, row after row,
+    `nonzeros[i]` of them for row i."""
 
     id: int
     rows: int
@@ -349,6 +359,7 @@ class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
     inference_time: float = 0.0
     # Inputs answered from the engine's cache, without a forward pass.
     cached: int = 0
+    nonzeros: list[int] | None = None
 
 
 class RequestFailed(msgspec.Struct, array_like=True, frozen=True):
@@ -360,7 +371,8 @@ class RequestFailed(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Outputs(msgspec.Struct, tag="outputs", array_like=True, frozen=True):
-    """What finished for one API server, sent together: output i's rows are data frame i."""
+    """What finished for one API server, sent together: the outputs' data frames follow in order, one per
+    dense output, two per sparse one."""
 
     outputs: list[PooledOutput] = msgspec.field(default_factory=list)
     failures: list[RequestFailed] = msgspec.field(default_factory=list)
@@ -379,16 +391,101 @@ class Pong(msgspec.Struct, tag="pong", array_like=True, frozen=True):
 FromEngine = Ready | Outputs | Pong
 
 
-def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[F32]:
-    """Each output's rows, as read-only views of its data frame (no copy); ProtocolError when they do not fit."""
-    if len(frames) != len(msg.outputs):
-        raise ProtocolError(f"{len(msg.outputs)} output(s) came with {len(frames)} data frame(s)")
-    rows = []
-    for out, frame in zip(msg.outputs, frames, strict=True):
-        if out.rows < 0 or out.dim < 0 or memoryview(frame).nbytes != out.rows * out.dim * OUTPUT_ITEMSIZE:
-            raise ProtocolError(f"output {out.id}'s frame does not hold {out.rows}x{out.dim} float32 values")
-        rows.append(np.frombuffer(frame, dtype=OUTPUT_DTYPE).reshape(out.rows, out.dim))
+@dataclass(frozen=True, slots=True, eq=False)
+class SparseRows:
+    """`len(nonzeros)` rows of `dim` values of which only the non-zero ones are held: row i's are
+    `indices[offsets[i]:offsets[i + 1]]` (ascending) and the `values` at the same places."""
+
+    nonzeros: npt.NDArray[np.int64]
+    indices: I32
+    values: F32
+    dim: int
+
+    @classmethod
+    def from_dense(cls, rows: F32) -> SparseRows:
+        """The non-zero entries of dense rows, each row's in column order."""
+        where_rows, where_columns = np.nonzero(rows)
+        nonzeros = np.bincount(where_rows, minlength=rows.shape[0]).astype(np.int64)
+        return cls(nonzeros, where_columns.astype(np.int32), rows[where_rows, where_columns], rows.shape[1])
+
+    @property
+    def count(self) -> int:
+        return len(self.nonzeros)
+
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        offsets = np.zeros(len(self.nonzeros) + 1, dtype=np.int64)
+        np.cumsum(self.nonzeros, out=offsets[1:])
+        return offsets
+
+    def row(self, i: int) -> tuple[I32, F32]:
+        start, end = self.offsets[i : i + 2]
+        return self.indices[start:end], self.values[start:end]
+
+    def dense_rows(self, which: Sequence[int] | npt.NDArray[np.int64]) -> F32:
+        """The rows `which` names, dense (every column), in that order."""
+        offsets = self.offsets
+        dense = np.zeros((len(which), self.dim), dtype=np.float32)
+        for k, i in enumerate(which):
+            start, end = offsets[i], offsets[i + 1]
+            dense[k, self.indices[start:end]] = self.values[start:end]
+        return dense
+
+    def to_dense(self) -> F32:
+        dense = np.zeros((self.count, self.dim), dtype=np.float32)
+        dense[np.repeat(np.arange(self.count), self.nonzeros), self.indices] = self.values
+        return dense
+
+
+# One request's output: dense rows, or a sparse model's.
+OutputRows = F32 | SparseRows
+
+
+def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[OutputRows]:
+    """Each output's rows, as read-only views of its data frames (no copy); ProtocolError when they do not fit."""
+    expected = sum(1 if out.nonzeros is None else 2 for out in msg.outputs)
+    if len(frames) != expected:
+        raise ProtocolError(f"{len(msg.outputs)} output(s) need {expected} data frame(s), came with {len(frames)}")
+    rows: list[OutputRows] = []
+    at = 0
+    for out in msg.outputs:
+        if out.nonzeros is None:
+            frame = frames[at]
+            at += 1
+            if out.rows < 0 or out.dim < 0 or memoryview(frame).nbytes != out.rows * out.dim * OUTPUT_ITEMSIZE:
+                raise ProtocolError(f"output {out.id}'s frame does not hold {out.rows}x{out.dim} float32 values")
+            rows.append(np.frombuffer(frame, dtype=OUTPUT_DTYPE).reshape(out.rows, out.dim))
+            continue
+        rows.append(decode_sparse(out, frames[at], frames[at + 1]))
+        at += 2
     return rows
+
+
+def decode_sparse(out: PooledOutput, index_frame: Buffer, value_frame: Buffer) -> SparseRows:
+    assert out.nonzeros is not None
+    if out.dim < 0 or len(out.nonzeros) != out.rows:
+        raise ProtocolError(f"output {out.id} counts the non-zeros of {len(out.nonzeros)} rows, not {out.rows}")
+    try:
+        nonzeros = np.asarray(out.nonzeros, dtype=np.int64)
+    except OverflowError:
+        raise ProtocolError(f"output {out.id}'s non-zero counts must be within 0..{out.dim}") from None
+    if nonzeros.size and (nonzeros.min() < 0 or nonzeros.max() > out.dim):
+        raise ProtocolError(f"output {out.id}'s non-zero counts must be within 0..{out.dim}")
+    total = int(nonzeros.sum())
+    if (
+        memoryview(index_frame).nbytes != total * TOKEN_ITEMSIZE
+        or memoryview(value_frame).nbytes != total * OUTPUT_ITEMSIZE
+    ):
+        raise ProtocolError(f"output {out.id}'s frames do not hold {total} int32 indices and {total} float32 values")
+    indices = np.frombuffer(index_frame, dtype=TOKEN_DTYPE)
+    if total and (indices.min() < 0 or indices.max() >= out.dim):
+        raise ProtocolError(f"output {out.id}'s indices must be within 0..{out.dim - 1}")
+    # Within a row the indices ascend: a step that does not is a row's first entry, or a broken frame.
+    row_starts = np.cumsum(nonzeros)[:-1]
+    steps_down = np.flatnonzero(np.diff(indices) <= 0) + 1
+    if not np.isin(steps_down, row_starts).all():
+        raise ProtocolError(f"output {out.id}'s indices do not ascend within each row")
+    return SparseRows(nonzeros, indices, np.frombuffer(value_frame, dtype=OUTPUT_DTYPE), out.dim)
 
 
 def byte_view(array: npt.NDArray[np.generic]) -> memoryview:
@@ -437,12 +534,18 @@ class EngineWire:
         return [self._encoder.encode(msg)]
 
     def encode_outputs(
-        self, outputs: Sequence[tuple[PooledOutput, F32]], failures: Sequence[RequestFailed] = ()
+        self, outputs: Sequence[tuple[PooledOutput, OutputRows]], failures: Sequence[RequestFailed] = ()
     ) -> list[Frame]:
-        """Finished requests with their rows (each `out.rows` x `out.dim`), and failed ones."""
+        """Finished requests with their rows (each `out.rows` x `out.dim`, dense or sparse), and failed ones."""
         frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]
         for out, rows in outputs:
-            if rows.shape != (out.rows, out.dim):
+            if isinstance(rows, SparseRows):
+                if out.nonzeros is None or rows.nonzeros.tolist() != out.nonzeros or rows.dim != out.dim:
+                    raise ValueError(f"output {out.id}'s header does not count its sparse rows")
+                frames.append(byte_view(np.ascontiguousarray(rows.indices, dtype=TOKEN_DTYPE)))
+                frames.append(byte_view(np.ascontiguousarray(rows.values, dtype=OUTPUT_DTYPE)))
+                continue
+            if out.nonzeros is not None or rows.shape != (out.rows, out.dim):
                 raise ValueError(f"output {out.id} has rows of shape {rows.shape}, not {out.rows}x{out.dim}")
             frames.append(byte_view(np.ascontiguousarray(rows, dtype=OUTPUT_DTYPE)))
         return frames

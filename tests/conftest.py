@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.models import TINY, build_clip, save_with_tokenizer
+from bench.models import TINY, build_clip, build_splade, save_with_tokenizer
 from poolserve.config import API_KEY_ENV
 from tests.utils import FLOAT32_CPU, LaunchedServer
 
@@ -89,6 +89,14 @@ def clip_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def splade_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SPLADE SparseEncoder: a BERT masked LM, SpladePooling max (bench.models' splade)."""
+    folder = tmp_path_factory.mktemp("splade")
+    build_splade(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def decoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A decoder-only model (Llama architecture) served as an embedder with last-token pooling."""
     import torch
@@ -116,6 +124,11 @@ def cross_encoder_server(cross_encoder_model: Path) -> Iterator[LaunchedServer]:
 @pytest.fixture(scope="session")
 def classifier_server(classifier_model: Path) -> Iterator[LaunchedServer]:
     yield from serve("--model", str(classifier_model), "--api-server-count", "1")
+
+
+@pytest.fixture(scope="session")
+def splade_server(splade_model: Path) -> Iterator[LaunchedServer]:
+    yield from serve("--model", str(splade_model), "--api-server-count", "1")
 
 
 CLIP_MAX_IMAGE_BYTES = 200_000

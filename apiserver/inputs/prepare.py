@@ -20,7 +20,7 @@ from apiserver.operation import JobBuilder, Plan
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
-from poolserve.protocol import CLASSIFIER, ModelCard, Task
+from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard, Task
 
 I = TypeVar("I", bound=ItemsRequest)  # noqa: E741
 
@@ -46,6 +46,11 @@ def check_images(items: list[Item], state: AppState) -> None:
 def refuse_options_of_another_kind(card: ModelCard, request: ItemsRequest, activation: bool | None) -> None:
     """An embedding model's options sent to a classifier, or a classifier's to an embedding model, would
     change nothing: refused by name, as vLLM refuses a parameter its task does not take."""
+    if card.kind == SPARSE and request.dimensions is not None:
+        raise bad_request(
+            "`dimensions` keeps a dense vector's leading values; this model's vectors are sparse (vocabulary-wide).",
+            param="dimensions",
+        )
     if card.kind == CLASSIFIER:
         for name, value in (("normalize", request.normalize), ("dimensions", request.dimensions)):
             if value is not None:

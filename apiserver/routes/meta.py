@@ -18,7 +18,14 @@ LIVE = b'{"status":"ok"}'
 async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     entries = [
-        ModelEntry(id=name, created=state.started_at, root=state.card.path, max_model_len=state.card.max_model_len)
+        ModelEntry(
+            id=name,
+            created=state.started_at,
+            root=state.card.path,
+            max_model_len=state.card.max_model_len,
+            kind=state.card.kind,
+            tasks=list(state.card.tasks),
+        )
         for name in state.model_names
     ]
     return json_response(ModelList(data=entries))

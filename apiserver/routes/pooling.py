@@ -12,8 +12,10 @@ from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json, encode_rows, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse, PoolingTask
+from apiserver.schemas.tei import SparseValue
+from apiserver.sparse import pruned, refuse_pruning_of_dense
 from apiserver.state import AppState
-from poolserve.protocol import TASK_CLASSIFY, TASK_EMBED, TASK_POOL, TASK_TOKEN_EMBED, Task
+from poolserve.protocol import SPARSE, TASK_CLASSIFY, TASK_EMBED, TASK_POOL, TASK_TOKEN_EMBED, Task
 
 # vLLM's tasks poolserve runs, and the card task each needs.
 TASKS: Final[dict[PoolingTask, Task]] = {
@@ -32,6 +34,12 @@ REFUSED: Final[dict[PoolingTask, str]] = {
 
 def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
     task = request.task
+    refuse_pruning_of_dense(state.card, request.sparse_top_k, request.sparse_threshold)
+    if state.card.kind == SPARSE and request.encoding_format == "base64":
+        raise bad_request(
+            "`encoding_format` base64 is for dense vectors; a sparse model's answer is its non-zero entries.",
+            param="encoding_format",
+        )
     if task is None:
         return plan_items_request(state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation)
     if task in REFUSED:
@@ -57,8 +65,13 @@ def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
 def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
     request = plan.context
     fmt, dtype, order = request.encoding_format, request.embed_dtype, request.endianness
-    data: list[Any]  # per input: a vector, a tokens x dim matrix, or base64 of either
-    if plan.job is not None and plan.job.per_token:
+    data: list[Any]  # per input: a vector, a tokens x dim matrix, base64 of either, or sparse entries
+    if plan.sparse is not None:
+        data = [
+            [SparseValue(index, value) for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
+            for indices, values in pruned(plan.sparse, request.sparse_top_k, request.sparse_threshold)
+        ]
+    elif plan.job is not None and plan.job.per_token:
         matrices = plan.job.token_outputs(rows)
         if fmt == "base64":  # each input's tokens x dim values in embed_dtype, row after row, as vLLM sends them
             data = [encode_rows(np.reshape(matrix, (1, -1)), fmt, dtype, order)[0] for matrix in matrices]
@@ -78,4 +91,4 @@ def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
     )
 
 
-POOLING = Operation(PoolingRequest, parse, render)
+POOLING = Operation(PoolingRequest, parse, render, takes_sparse=True)

@@ -99,7 +99,7 @@ def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
 
 
 def render_score(plan: Plan[ScorePlan], rows: Rows, state: AppState) -> bytes:
-    scores = plan.context.scores(rows)
+    scores = plan.context.scores(rows if plan.sparse is None else plan.sparse)
     tokens = plan.prompt_tokens
     return encode_json(
         ScoreResponse(
@@ -112,7 +112,7 @@ def render_score(plan: Plan[ScorePlan], rows: Rows, state: AppState) -> bytes:
     )
 
 
-SCORE = Operation(ScoreRequest, parse_score, render_score)
+SCORE = Operation(ScoreRequest, parse_score, render_score, takes_sparse=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +205,7 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
 
 def render_rerank(plan: Plan[Reranking], rows: Rows, state: AppState) -> bytes:
     request, documents = plan.context.request, plan.context.documents
-    scores = plan.context.scoring.scores(rows)
+    scores = plan.context.scoring.scores(rows if plan.sparse is None else plan.sparse)
     ranking = sorted(range(len(scores)), key=lambda i: -scores[i])
     if request.top_n:
         ranking = ranking[: request.top_n]
@@ -235,4 +235,4 @@ def rerank_style(request: RerankRequest) -> ErrorStyle | None:
     return TEI if request.texts is not None and request.documents is None else None
 
 
-RERANK = Operation(RerankRequest, parse_rerank, render_rerank, rerank_style)
+RERANK = Operation(RerankRequest, parse_rerank, render_rerank, rerank_style, takes_sparse=True)

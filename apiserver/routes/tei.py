@@ -21,17 +21,20 @@ from apiserver.schemas.tei import (
     EmbedAllRequest,
     EmbeddingModelType,
     EmbedRequest,
+    EmbedSparseRequest,
     InfoResponse,
     ModelType,
     Prediction,
     PredictRequest,
+    SparseValue,
 )
+from apiserver.sparse import pruned
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, require_task
-from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_SCORE, TASK_TOKEN_EMBED
+from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_SCORE, TASK_TOKEN_EMBED
 
 
-def tei_job(request: EmbedRequest | EmbedAllRequest, state: AppState) -> EngineJob:
+def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state: AppState) -> EngineJob:
     """The job of TEI's `inputs` (texts or token ids), truncated as TEI's `truncate` says."""
     prompt = named_prompt(state.card, request.prompt_name)
     items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
@@ -80,21 +83,29 @@ def render_embed_all(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
 EMBED_ALL = Operation(EmbedAllRequest, parse_embed_all, render_embed_all)
 
 
-def parse_embed_sparse(request: EmbedAllRequest, state: AppState) -> Plan[None]:
-    """TEI serves sparse vectors only from a masked-LM model with SPLADE pooling, which poolserve does not
-    load; TEI answers any other model so (424)."""
-    raise ApiError(
-        400,
-        "Backend error: Model is not an embedding model with SPLADE pooling (poolserve loads no SPLADE models).",
-        code="sparse_not_supported",
+def parse_embed_sparse(request: EmbedSparseRequest, state: AppState) -> Plan[EmbedSparseRequest]:
+    """A SPLADE model's vectors, their non-zero entries only; TEI answers any other model so (424)."""
+    if not state.card.supports(TASK_EMBED_SPARSE):
+        raise ApiError(
+            400,
+            "Backend error: Model is not an embedding model with SPLADE pooling.",
+            code="sparse_not_supported",
+        )
+    return Plan(request, job=tei_job(request, state))
+
+
+def render_embed_sparse(plan: Plan[EmbedSparseRequest], rows: Rows, state: AppState) -> bytes:
+    assert plan.sparse is not None
+    request = plan.context
+    return encode_json(
+        [
+            [SparseValue(index, value) for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
+            for indices, values in pruned(plan.sparse, request.sparse_top_k, request.sparse_threshold)
+        ]
     )
 
 
-def render_nothing(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
-    raise AssertionError("never planned")
-
-
-EMBED_SPARSE = Operation(EmbedAllRequest, parse_embed_sparse, render_nothing)
+EMBED_SPARSE = Operation(EmbedSparseRequest, parse_embed_sparse, render_embed_sparse, takes_sparse=True)
 
 Sequence = str | tuple[str, str]
 

@@ -59,6 +59,10 @@ TruncationDirection = Literal["Left", "Right", "left", "right"]
 TruncationSide = Literal["left", "right"]
 # vLLM's `priority`: lower is served sooner; the engine ranks by it (engine_core/scheduler.py).
 Priority = Annotated[int, Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+# poolserve's pruning of a sparse model's vectors (docs/api.md, "Sparse models"): keep the k largest values, and
+# only values above the threshold.
+SparseTopK = Annotated[int, Meta(ge=1)]
+SparseThreshold = Annotated[float, Meta(ge=0)]
 
 
 class Usage(msgspec.Struct, kw_only=True):

@@ -14,6 +14,10 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     owned_by: str = "poolserve"
     root: str
     max_model_len: int
+    # poolserve's: what the model is (embedding, classifier, clip, sparse) and what it answers (its card's tasks:
+    # embed, embed_sparse, token_embed, score, classify, pool, tokenize).
+    kind: str = ""
+    tasks: list[str] = msgspec.field(default_factory=list)
 
 
 class ModelList(msgspec.Struct, kw_only=True):

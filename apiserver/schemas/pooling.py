@@ -6,7 +6,8 @@ from typing import Literal
 
 import msgspec
 
-from apiserver.schemas.common import ItemsRequest, Usage
+from apiserver.schemas.common import ItemsRequest, SparseThreshold, SparseTopK, Usage
+from apiserver.schemas.tei import SparseValue
 
 # vLLM's pooling tasks (vllm/tasks.py), and `encode`, its older name for per-token output.
 PoolingTask = Literal["embed", "classify", "score", "token_embed", "token_classify", "plugin", "encode"]
@@ -16,15 +17,19 @@ class PoolingRequest(ItemsRequest, kw_only=True):
     # Classifiers: apply the model's activation (sigmoid/softmax) to the logits (None: do). vLLM's
     # older name for `use_activation`.
     activation: bool | None = None
-    # None: the model's own output (a vector, or a classifier's scores).
+    # None: the model's own output (a vector, a classifier's scores, or a sparse model's non-zero entries).
     task: PoolingTask | None = None
+    # A sparse model's pruning (docs/api.md, "Sparse models").
+    sparse_top_k: SparseTopK | None = None
+    sparse_threshold: SparseThreshold | None = None
 
 
 class PoolingData(msgspec.Struct, kw_only=True):
     object: Literal["pooling"] = "pooling"
     index: int
-    # A vector, a tokens x dim matrix (`token_embed`), or base64 of either's values in `embed_dtype`.
-    data: list[float | list[float]] | str
+    # A vector, a tokens x dim matrix (`token_embed`), base64 of either's values in `embed_dtype`, or a sparse
+    # model's non-zero entries as TEI's /embed_sparse gives them ({index, value}, in index order).
+    data: list[float | list[float] | SparseValue] | str
 
 
 class PoolingResponse(msgspec.Struct, kw_only=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from apiserver.schemas.common import Dimensions, Priority, TruncationDirection
+from apiserver.schemas.common import Dimensions, Priority, SparseThreshold, SparseTopK, TruncationDirection
 
 
 class EmbedRequest(msgspec.Struct, kw_only=True):
@@ -31,7 +31,13 @@ class EmbedAllRequest(msgspec.Struct, kw_only=True):
     priority: Priority = 0  # poolserve's, as vLLM names it
 
 
-EmbedSparseRequest = EmbedAllRequest
+class EmbedSparseRequest(EmbedAllRequest, kw_only=True):
+    """/embed_sparse: TEI's fields, and poolserve's pruning of each vector (docs/api.md, "Sparse models")."""
+
+    sparse_top_k: SparseTopK | None = None
+    sparse_threshold: SparseThreshold | None = None
+
+
 # Per input, per token: its hidden state.
 EmbedAllResponse = list[list[list[float]]]
 

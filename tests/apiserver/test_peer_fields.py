@@ -128,6 +128,11 @@ BAD_VALUES = [
     ("/score", {"text_1": "a", "text_2": "b"}, "use_activation", "no"),
     # A classifier's option to an embedding model changes nothing: refused (classifiers: below).
     ("/pooling", {"input": "hi"}, "activation", False),
+    # A sparse model's pruning asked of a dense one; and out of its range.
+    ("/pooling", {"input": "hi"}, "sparse_top_k", 3),
+    ("/pooling", {"input": "hi"}, "sparse_threshold", 0.5),
+    ("/pooling", {"input": "hi"}, "sparse_top_k", 0),
+    ("/pooling", {"input": "hi"}, "sparse_threshold", -0.5),
 ]
 
 

@@ -18,6 +18,7 @@ SERVERS = {
     "cross-encoder": "cross_encoder_server",
     "classifier": "classifier_server",
     "clip": "clip_server",
+    "splade": "splade_server",
 }
 EXAMPLES = [(m["kind"], m["command"]) for m in EXAMPLE.finditer(DOCS.read_text())]
 
@@ -26,7 +27,7 @@ def test_every_endpoint_has_an_example() -> None:
     documented = {re.search(r"localhost:8000(/[\w/.]*)", command)[1] for _, command in EXAMPLES}  # type: ignore[index]
     assert documented >= {
         "/v1/embeddings", "/v1/models", "/pooling", "/score", "/v1/rerank", "/rerank", "/classify", "/tokenize",
-        "/detokenize", "/embed", "/predict", "/info", "/version", "/health", "/openapi.json",
+        "/detokenize", "/embed", "/embed_sparse", "/predict", "/info", "/version", "/health", "/openapi.json",
     }  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine_core.st_folder import DenseHead, MetadataError, NormalizeHead, StFolder, read_st_folder
+from engine_core.st_folder import DenseHead, MetadataError, NormalizeHead, SpladeOptions, StFolder, read_st_folder
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
 POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
@@ -51,7 +51,8 @@ def test_a_normalize_between_heads_runs_as_a_head_and_only_a_trailing_one_is_the
     [
         (
             {"sentence_bert_config.json": {"transformer_task": "fill-mask"}},
-            "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
+            "a Transformer with transformer_task 'fill-mask' (an MLM head) is served in a SparseEncoder followed by "
+            "SpladePooling, not here",
         ),
         (
             {"sentence_bert_config.json": {"transformer_task": "text-generation"}},
@@ -76,7 +77,7 @@ def test_a_normalize_between_heads_runs_as_a_head_and_only_a_trailing_one_is_the
         (
             {"config_sentence_transformers.json": {"model_type": "MultiVectorEncoder"}},
             "config_sentence_transformers.json says model_type 'MultiVectorEncoder'; poolserve serves "
-            "SentenceTransformer and CrossEncoder folders",
+            "SentenceTransformer, CrossEncoder and SparseEncoder folders",
         ),
         (
             {"config_sentence_transformers.json": {"prompts": {"query": "q: "}, "default_prompt_name": "passage"}},
@@ -104,3 +105,80 @@ def test_a_cross_encoder_with_prompts_is_refused(tmp_path: Path) -> None:
     settings = {"model_type": "CrossEncoder", "prompts": {"query": "q: "}}
     with pytest.raises(MetadataError, match="prompts on a CrossEncoder are not supported yet"):
         read_st_folder(write(tmp_path, [TRANSFORMER], {"config_sentence_transformers.json": settings}))
+
+
+MLM = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.modules.MLMTransformer"}
+SPLADE = {
+    "idx": 1,
+    "name": "1",
+    "path": "1_SpladePooling",
+    "type": "sentence_transformers.sparse_encoder.modules.SpladePooling",
+}
+SPARSE_SETTINGS = {"model_type": "SparseEncoder", "similarity_fn_name": None}
+
+
+def test_a_sparse_encoder_is_read_with_its_pooling_its_cap_and_the_dot_product(tmp_path: Path) -> None:
+    """sentence-transformers 5's layout: MLMTransformer, SpladePooling's old width key, max_active_dims."""
+    pooling = {"pooling_strategy": "sum", "activation_function": "log1p_relu", "word_embedding_dimension": 30522}
+    settings = {**SPARSE_SETTINGS, "max_active_dims": 64}
+    files = {"1_SpladePooling/config.json": pooling, "config_sentence_transformers.json": settings,
+             "sentence_bert_config.json": {"max_seq_length": 256, "do_lower_case": False}}  # fmt: skip
+    st = read_st_folder(write(tmp_path, [MLM, SPLADE], files))
+    assert st.splade == SpladeOptions("sum", "log1p_relu") and st.max_active_dims == 64
+    assert (st.similarity, st.max_seq_length, st.pooling, st.heads) == ("dot", 256, (), ())
+
+
+@pytest.mark.parametrize(
+    ("modules", "files", "sentence"),
+    [
+        (
+            [{**MLM, "type": "sentence_transformers.base.modules.transformer.Transformer"}, SPLADE],
+            {},
+            "this SparseEncoder's Transformer has no transformer_task 'fill-mask' (no MLM head)",
+        ),
+        (
+            [MLM, POOLING],
+            {"1_Pooling/config.json": {}},
+            "the SparseEncoder's Transformer is followed by module 1_Pooling (sentence_transformers.models.Pooling); "
+            "poolserve needs SpladePooling next",
+        ),
+        (
+            [
+                MLM,
+                SPLADE,
+                {**POOLING, "idx": 2, "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ],
+            {},
+            "this SparseEncoder has modules after its SpladePooling (module 2_Normalize "
+            "(sentence_transformers.models.Normalize))",
+        ),
+        (
+            [MLM, SPLADE],
+            {"1_SpladePooling/config.json": {"pooling_strategy": "mean"}},
+            "SpladePooling's pooling_strategy 'mean' is not max or sum",
+        ),
+        (
+            [MLM, SPLADE],
+            {"1_SpladePooling/config.json": {"activation_function": "gelu"}},
+            "SpladePooling's activation_function 'gelu' is not relu or log1p_relu",
+        ),
+        (
+            [MLM, SPLADE],
+            {"1_SpladePooling/config.json": {"include_prompt": False}},
+            "the module 1_SpladePooling (sentence_transformers.sparse_encoder.modules.SpladePooling) sets "
+            "['include_prompt'], which poolserve does not apply",
+        ),
+        (
+            [MLM, SPLADE],
+            {"config_sentence_transformers.json": {**SPARSE_SETTINGS, "max_active_dims": 0}},
+            "max_active_dims 0 is not a positive integer",
+        ),
+    ],
+)
+def test_what_poolserve_cannot_run_of_a_sparse_encoder_is_refused_in_one_sentence(
+    tmp_path: Path, modules: list[dict[str, Any]], files: dict[str, Any], sentence: str
+) -> None:
+    files = {"1_SpladePooling/config.json": {}, "config_sentence_transformers.json": SPARSE_SETTINGS, **files}
+    with pytest.raises(MetadataError) as refused:
+        read_st_folder(write(tmp_path, modules, files))
+    assert str(refused.value) == sentence

@@ -42,7 +42,8 @@ class Served:
     id: str
     build: Callable[[Path], None]
     # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross": CrossEncoder.predict; "llm": an
-    # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code
+    # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code; "sparse":
+    # SparseEncoder.encode
     reference: str = "encode"
     flags: dict[str, Any] = field(default_factory=dict)
     # Flags that name files the build writes beside the folder.
@@ -266,6 +267,84 @@ def build_model2vec_layout(folder: Path) -> None:
     )
 
 
+def masked_lm(folder: Path, seed: int, architecture: str = "bert") -> Path:
+    """A tiny random masked LM (BERT's; XLM-RoBERTa's; or DistilBERT's, whose MLM head poolserve runs as the whole
+    model does) beside the bundled model's tokenizer."""
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        DistilBertConfig,
+        DistilBertForMaskedLM,
+        XLMRobertaConfig,
+        XLMRobertaForMaskedLM,
+    )
+
+    base = folder.parent / f"{folder.name}-base"
+    torch.manual_seed(seed)
+    if architecture == "distilbert":
+        config = DistilBertConfig(
+            vocab_size=30522, max_position_embeddings=128, dim=HIDDEN, n_layers=TINY["num_hidden_layers"],
+            n_heads=TINY["num_attention_heads"], hidden_dim=TINY["intermediate_size"],
+        )  # fmt: skip
+        DistilBertForMaskedLM(config).eval().save_pretrained(base)
+    elif architecture == "xlm-roberta":
+        # The BERT tokenizer pads with 0; RoBERTa's positions count from the padding id on (130: 128 tokens).
+        roberta = XLMRobertaConfig(vocab_size=30522, max_position_embeddings=130, pad_token_id=0, **TINY)
+        XLMRobertaForMaskedLM(roberta).eval().save_pretrained(base)
+    else:
+        BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval().save_pretrained(base)
+    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
+    return base
+
+
+def build_splade_max(folder: Path) -> None:
+    """naver/splade-v3's shape as sentence-transformers 6 saves it: a Transformer with transformer_task
+    "fill-mask", SpladePooling max over log1p(relu(logits)); query and document prompts."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+
+    transformer = Transformer(str(masked_lm(folder, 17)), transformer_task="fill-mask", max_seq_length=64)
+    SparseEncoder(
+        modules=[transformer, SpladePooling("max")], device="cpu",
+        prompts={"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT},
+    ).save(str(folder))  # fmt: skip
+
+
+def build_splade_sum_mlm_transformer(folder: Path) -> None:
+    """sentence-transformers 5's MLMTransformer module, SpladePooling sum of log1p(log1p(relu(logits)))
+    (OpenSearch's "log1p_relu") in chunks, max_active_dims (the most non-zero values a vector keeps), and the
+    cosine for similarity (of the vectors max_active_dims leaves)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    pooling = SpladePooling("sum", activation_function="log1p_relu", chunk_size=4)
+    modules = [MLMTransformer(str(masked_lm(folder, 21))), pooling]
+    model = SparseEncoder(modules=modules, device="cpu", similarity_fn_name="cosine")
+    model.max_active_dims = 300
+    model.save(str(folder))
+
+
+def build_splade_xlm_roberta(folder: Path) -> None:
+    """A multilingual SPLADE's shape: an XLM-RoBERTa masked LM (its `lm_head` run on the real tokens), SpladePooling
+    max, `max_seq_length` 96."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+
+    base = masked_lm(folder, 25, "xlm-roberta")
+    transformer = Transformer(str(base), transformer_task="fill-mask", max_seq_length=96)
+    SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+
+
+def build_splade_distilbert(folder: Path) -> None:
+    """splade-v3-distilbert's shape: a DistilBERT masked LM, SpladePooling max."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+
+    transformer = Transformer(str(masked_lm(folder, 22, "distilbert")), transformer_task="fill-mask")
+    SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+
+
 SERVED = [
     Served("st-mean-normalize", build_mean_normalize),
     Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
@@ -290,6 +369,10 @@ SERVED = [
     Served(
         "qwen3-reranker-card-flags", build_qwen3_reranker_card, reference="qwen3_card", folder_flags=qwen3_card_flags
     ),
+    Served("splade-max", build_splade_max, reference="sparse"),
+    Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
+    Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
+    Served("splade-distilbert", build_splade_distilbert, reference="sparse"),
 ]
 
 
@@ -339,16 +422,27 @@ def build_causal_lm_chat_template(folder: Path) -> None:
     Qwen3ForCausalLM(qwen3_config(tokenizer)).eval().save_pretrained(folder)
 
 
-def build_sparse_encoder(folder: Path) -> None:
+def build_inference_free_splade(folder: Path) -> None:
+    """opensearch's inference-free SPLADE: a Router of per-token weights for queries, SPLADE for documents."""
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling, Transformer
+    from transformers import AutoTokenizer
 
-    base = folder.parent / f"{folder.name}-base"
-    torch.manual_seed(17)
-    BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).save_pretrained(base)
-    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
-    SparseEncoder(modules=[MLMTransformer(str(base)), SpladePooling("max")], device="cpu").save(str(folder))
+    base = masked_lm(folder, 23)
+    query = SparseStaticEmbedding(AutoTokenizer.from_pretrained(base))
+    document = [Transformer(str(base), transformer_task="fill-mask"), SpladePooling("max")]
+    SparseEncoder(modules=[Router.for_query_document([query], document)], device="cpu").save(str(folder))
+
+
+def build_csr(folder: Path) -> None:
+    """A CSR model: a dense embedder's pooled vector made sparse by a SparseAutoEncoder."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SparseAutoEncoder
+
+    torch.manual_seed(24)
+    modules = [transformer(folder, 24), pooling("mean"), SparseAutoEncoder(HIDDEN, hidden_dim=64, k=8)]
+    SparseEncoder(modules=modules, device="cpu").save(str(folder))
 
 
 def build_token_dense(folder: Path) -> None:
@@ -420,10 +514,14 @@ REFUSED = [
         flags={"score_tokens": ["yes", "no"]},
     ),
     Refused(
-        "sparse-encoder",
-        build_sparse_encoder,
-        "config_sentence_transformers.json says model_type 'SparseEncoder'; poolserve serves SentenceTransformer and "
-        "CrossEncoder folders",
+        "splade-inference-free",
+        build_inference_free_splade,
+        "a Router module (separate query and document paths) is not supported",
+    ),
+    Refused(
+        "sparse-csr",
+        build_csr,
+        "a SparseAutoEncoder module (a CSR model's sparse projection of a dense embedding) is not supported",
     ),
     Refused(
         "token-level-dense",

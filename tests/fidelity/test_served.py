@@ -1,8 +1,9 @@
 """Every served layout of docs/models.md, through the HTTP endpoints, equal to the reference library in float32.
 
-The reference is sentence-transformers 6 (SentenceTransformer, CrossEncoder) on the same folder: its
-`encode` with the default prompt, a named prompt, `encode_query` and `encode_document`; its `similarity`
-for /rerank by a bi-encoder; `CrossEncoder.predict` for a cross-encoder's scores.
+The reference is sentence-transformers 6 (SentenceTransformer, CrossEncoder, SparseEncoder) on the same folder:
+its `encode` with the default prompt, a named prompt, `encode_query` and `encode_document`; its `similarity`
+for /rerank by a bi-encoder; `CrossEncoder.predict` for a cross-encoder's scores; `SparseEncoder.encode` for a
+sparse model's vectors (the same non-zero indices, values within 1e-4) and its `max_active_dims` for pruning.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             check_cross_encoder(client, folder)
         elif layout.reference in ("llm", "qwen3_card"):
             check_llm_reranker(client, folder, card_code=layout.reference == "qwen3_card")
+        elif layout.reference == "sparse":
+            check_sparse_encoder(client, folder)
         else:
             check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
 
@@ -168,3 +171,62 @@ def check_llm_reranker(client: httpx.Client, folder: Path, *, card_code: bool) -
     assert client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT]}).status_code == 413
     assert client.post("/classify", json={"input": ["a text"]}).status_code == 400
     assert client.post("/predict", json={"inputs": [["a query", "a document"]]}).status_code == 424
+
+
+Entries = list[list[dict[str, Any]]]
+
+
+def assert_same_sparse(served: Entries, reference: Any) -> None:
+    """Each served vector ({index, value} in index order) has the reference row's non-zero indices and values."""
+    dense = reference.to_dense().numpy()
+    assert len(served) == len(dense)
+    for entries, row in zip(served, dense, strict=True):
+        indices = [entry["index"] for entry in entries]
+        assert indices == sorted(indices)
+        np.testing.assert_array_equal(indices, np.flatnonzero(row))
+        np.testing.assert_allclose([entry["value"] for entry in entries], row[indices], atol=1e-4, rtol=0)
+
+
+def embed_sparse(client: httpx.Client, body: dict[str, Any]) -> Entries:
+    response = client.post("/embed_sparse", json={"truncate": True, **body})
+    assert response.status_code == 200, response.text
+    served: Entries = response.json()
+    return served
+
+
+def check_sparse_encoder(client: httpx.Client, folder: Path) -> None:
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(str(folder), device="cpu")
+    assert_same_sparse(embed_sparse(client, {"inputs": TEXTS}), model.encode(TEXTS))
+    assert_same_sparse(embed_sparse(client, {"inputs": [LONG]}), model.encode([LONG]))
+    # Enough tokens for the engine's MLM head to run in several chunks, inputs straddling their edges.
+    many = [f"{text} {i}" for i in range(12) for text in TEXTS]
+    assert_same_sparse(embed_sparse(client, {"inputs": many}), model.encode(many))
+    for name in model.prompts:
+        named = embed_sparse(client, {"inputs": TEXTS, "prompt_name": name})
+        assert_same_sparse(named, model.encode(TEXTS, prompt_name=name))
+    pooled = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1})
+    assert pooled.status_code == 200, pooled.text
+    assert_same_sparse([item["data"] for item in pooled.json()["data"]], model.encode(TEXTS))
+    # normalize: the vectors encode returns (after the folder's max_active_dims), L2-normalized.
+    unit = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1, "normalize": True})
+    assert unit.status_code == 200, unit.text
+    dense = model.encode(TEXTS).to_dense()
+    normalized = dense / dense.norm(dim=1, keepdim=True)
+    assert_same_sparse([item["data"] for item in unit.json()["data"]], normalized.to_sparse())
+    # Pruning: the top k as max_active_dims keeps them; a threshold keeps the values above it.
+    top = embed_sparse(client, {"inputs": TEXTS, "sparse_top_k": 7})
+    assert_same_sparse(top, model.encode(TEXTS, max_active_dims=7))
+    reference = model.encode(TEXTS).to_dense()
+    threshold = float(reference[reference > 0].median())
+    above = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1, "sparse_threshold": threshold})
+    assert above.status_code == 200, above.text
+    kept = reference * (reference > threshold)
+    assert_same_sparse([item["data"] for item in above.json()["data"]], kept.to_sparse())
+    # The model's similarity (the dot product) of the query's and the documents' sparse vectors.
+    expected = model.similarity(model.encode_query([QUERY]), model.encode_document(DOCUMENTS))[0].numpy()
+    ranked = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS})
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
+    np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], expected, atol=1e-4, rtol=1e-5)

@@ -16,6 +16,7 @@ from poolserve.protocol import (
     Hello,
     ImageProcessing,
     ModelCard,
+    OutputRows,
     Outputs,
     Ping,
     Pong,
@@ -25,6 +26,7 @@ from poolserve.protocol import (
     ProtocolError,
     Ready,
     RequestFailed,
+    SparseRows,
     decode_job,
     decode_rows,
 )
@@ -273,3 +275,73 @@ def test_a_priority_past_32_bits_is_a_protocol_error() -> None:
     assert isinstance(header, PoolRequest)
     with pytest.raises(ProtocolError, match="priority must be within"):
         decode_job(header, frames[1:])
+
+
+def sparse(rows: list[list[float]]) -> SparseRows:
+    return SparseRows.from_dense(np.asarray(rows, dtype=np.float32))
+
+
+def test_sparse_rows_travel_as_an_index_frame_and_a_value_frame_beside_dense_ones() -> None:
+    rows = sparse([[0, 1.5, 0, 0, 2], [0, 0, 0, 0, 0], [3, 0, 0, 0.25, 0]])
+    dense = np.ones((1, 3), dtype=np.float32)
+    outputs: list[tuple[PooledOutput, OutputRows]] = [
+        (PooledOutput(1, 3, 5, nonzeros=[2, 0, 2]), rows),
+        (PooledOutput(2, 1, 3), dense),
+    ]
+    frames = received(EngineWire().encode_outputs(outputs))
+    assert len(frames) == 4  # the header, two frames for the sparse output, one for the dense
+    assert np.frombuffer(frames[1], dtype="<i4").tolist() == [1, 4, 0, 3]
+    assert np.frombuffer(frames[2], dtype="<f4").tolist() == [1.5, 2, 3, 0.25]
+    msg = ClientWire().decode(frames)
+    assert isinstance(msg, Outputs) and msg.outputs == [out for out, _ in outputs]
+    got_sparse, got_dense = decode_rows(msg, frames[1:])
+    assert isinstance(got_sparse, SparseRows)
+    np.testing.assert_array_equal(got_sparse.to_dense(), rows.to_dense())
+    np.testing.assert_array_equal(got_sparse.dense_rows([2, 0]), rows.to_dense()[[2, 0]])
+    assert got_sparse.row(1)[0].size == 0 and got_sparse.row(2)[0].tolist() == [0, 3]
+    assert np.shares_memory(got_sparse.values, np.frombuffer(frames[2], dtype=np.uint8))
+    np.testing.assert_array_equal(got_dense, dense)
+
+
+def test_sparse_rows_whose_header_does_not_count_them_are_a_bug_caught_before_sending() -> None:
+    rows = sparse([[0, 1, 1]])
+    for out in (PooledOutput(1, 1, 3), PooledOutput(1, 1, 3, nonzeros=[1]), PooledOutput(1, 1, 4, nonzeros=[2])):
+        with pytest.raises(ValueError, match="output 1"):
+            EngineWire().encode_outputs([(out, rows)])
+
+
+def indices(*values: int) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def values(count: int) -> bytes:
+    return np.ones(count, dtype="<f4").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("out", "frames", "reason"),
+    [
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 1)], "need 2 data frame"),
+        (PooledOutput(1, 2, 4, nonzeros=[2]), [indices(0, 1), values(2)], "of 1 rows, not 2"),
+        (PooledOutput(1, 1, 4, nonzeros=[-1]), [b"", b""], "within 0..4"),
+        (PooledOutput(1, 1, 4, nonzeros=[5]), [indices(*range(5)), values(5)], "within 0..4"),
+        (PooledOutput(1, 1, 4, nonzeros=[2**64 - 1]), [b"", b""], "within 0..4"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0), values(2)], "2 int32 indices"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 1), values(3)], "2 float32 values"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 4), values(2)], "indices must be within 0..3"),
+        (PooledOutput(1, 1, 4, nonzeros=[1]), [indices(-1), values(1)], "indices must be within 0..3"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(2, 1), values(2)], "do not ascend"),
+        (PooledOutput(1, 2, 4, nonzeros=[1, 2]), [indices(3, 1, 1), values(3)], "do not ascend"),
+    ],
+)
+def test_sparse_frames_that_do_not_match_their_header_are_a_clear_protocol_error(
+    out: PooledOutput, frames: list[bytes], reason: str
+) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        decode_rows(Outputs([out]), frames)
+
+
+def test_a_sparse_output_header_round_trips_and_a_dense_one_carries_no_counts() -> None:
+    frames = received(EngineWire().encode_outputs([(PooledOutput(1, 1, 2), np.zeros((1, 2), dtype=np.float32))]))
+    msg = ClientWire().decode(frames)
+    assert isinstance(msg, Outputs) and msg.outputs[0].nonzeros is None
