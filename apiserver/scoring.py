@@ -1,5 +1,6 @@
 """Scoring text pairs: a cross-encoder reads each pair; a bi-encoder embeds both sides and compares them with
-the model's similarity function (cosine unless its Sentence-Transformers files say otherwise)."""
+the model's similarity function (cosine unless its Sentence-Transformers files say otherwise); a late-interaction
+model scores a query's token vectors against a document's by MaxSim (apiserver/late_interaction.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from apiserver.inputs.job import EngineJob, check_prompt_survives
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
+from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.prompts import Role, role_prompt
@@ -40,6 +42,13 @@ def plan_scores(
     """`second_tokens` (Cohere's `max_tokens_per_doc`): each pair's second text is cut to that many
     tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
     as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt."""
+    if card.late_interaction is not None:
+        # A query against a document, whatever `roles` say: MaxSim is asymmetric.
+        job, left, right = plan_late_scores(
+            pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens
+        )
+        spec = spec_of(card)
+        return ScorePlan(job, lambda out: maxsim_scores(job.token_outputs(out), left, right, spec))
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(

@@ -38,6 +38,12 @@ from engine_core.folder_choices import (
     text_config_of,
 )
 from engine_core.image_config import ImageConfigError, read_image_processing
+from engine_core.multi_vector import (
+    LATE_INTERACTION_TASKS,
+    MultiVectorRunner,
+    late_interaction_spec,
+    refuse_original_colbert,
+)
 from engine_core.packed_encoder import packable
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
 from engine_core.st_folder import MetadataError, StFolder
@@ -147,6 +153,7 @@ def load_model(config: Config) -> LoadedModel:
         raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
+    refuse_original_colbert(model_config)
     dtype = select_dtype(config.dtype, device, model_config)
     kind = model_kind(model_config, st)
     check_own_code(model_config, kind, trust)
@@ -155,7 +162,13 @@ def load_model(config: Config) -> LoadedModel:
     modes: tuple[str, ...] = ()
     pooling = "none"
     normalize = False
-    if kind != CLASSIFIER:
+    if st.late_interaction is not None:
+        if config.pooling != "auto":
+            raise LoadError(f"--pooling {config.pooling} does not apply to a late-interaction model (a vector per "
+                            "token).")  # fmt: skip
+        normalize = st.normalize is True
+        pooling = "multi_vector"  # a vector per scored token (engine_core/multi_vector.py)
+    elif kind != CLASSIFIER:
         modes = choose_pooling(config.pooling, st, model_config)
         # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
         normalize = True if st.normalize is None else st.normalize
@@ -164,6 +177,12 @@ def load_model(config: Config) -> LoadedModel:
     max_model_len = choose_max_model_len(
         config.max_model_len, tokenizer.model_max_length, model_config, st.max_seq_length
     )
+    late = None
+    if st.late_interaction is not None:
+        positions = getattr(text_config, "max_position_embeddings", None)
+        late = late_interaction_spec(st.late_interaction, tokenizer, max_model_len, positions)
+        # A document_length (or query_length) past the tokenizer's maximum is what sentence-transformers cuts at.
+        max_model_len = max(max_model_len, late.query_length, late.document_length)
     image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
     model = load_weights(kind, model_folder, dtype, trust).to(device).eval()
     try:
@@ -180,7 +199,8 @@ def load_model(config: Config) -> LoadedModel:
     if st.do_lower_case:
         lowercase_first(backend)
 
-    packed = uses_token_packing(config.token_packing, device, model)
+    # Packing computes real tokens only; an expanded query's added places are computed unattended.
+    packed = late is None and uses_token_packing(config.token_packing, device, model)
 
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
         if kind == CLASSIFIER:
@@ -188,6 +208,8 @@ def load_model(config: Config) -> LoadedModel:
         if kind == CLIP:
             assert image is not None
             return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
+        if late is not None:
+            return MultiVectorRunner(model, spec=late, pad_token_id=pad_token_id, device=device, heads=heads)
         return EmbeddingRunner(
             model, pooling=modes, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
         )
@@ -225,7 +247,7 @@ def load_model(config: Config) -> LoadedModel:
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
         kind=kind,
-        tasks=tasks_of(kind, num_labels),
+        tasks=LATE_INTERACTION_TASKS if late is not None else tasks_of(kind, num_labels),
         max_model_len=max_model_len,
         output_size=output_size,
         vocab_size=int(text_config.vocab_size),
@@ -246,6 +268,7 @@ def load_model(config: Config) -> LoadedModel:
         prompts=prompts,
         default_prompt=default_prompt,
         similarity=st.similarity,
+        late_interaction=late,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

@@ -11,6 +11,7 @@ from apiserver.errors import error_response, style_of
 from apiserver.responses import json_response
 from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
 from apiserver.state import AppState
+from poolserve.protocol import CLASSIFIER, ModelCard
 
 LIVE = b'{"status":"ok"}'
 
@@ -18,10 +19,22 @@ LIVE = b'{"status":"ok"}'
 async def list_models(request: Request) -> Response:
     state: AppState = request.app.state.poolserve
     entries = [
-        ModelEntry(id=name, created=state.started_at, root=state.card.path, max_model_len=state.card.max_model_len)
+        ModelEntry(
+            id=name,
+            created=state.started_at,
+            root=state.card.path,
+            max_model_len=state.card.max_model_len,
+            output=output_of(state.card),
+        )
         for name in state.model_names
     ]
     return json_response(ModelList(data=entries))
+
+
+def output_of(card: ModelCard) -> str:
+    if card.late_interaction is not None:
+        return "multi_vector"
+    return "scores" if card.kind == CLASSIFIER else "vector"
 
 
 async def get_version(request: Request) -> Response:

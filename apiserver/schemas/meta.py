@@ -14,6 +14,9 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     owned_by: str = "poolserve"
     root: str
     max_model_len: int
+    # What one input gives: "vector" (an embedding), "multi_vector" (a late-interaction model's token vectors),
+    # or "scores" (a classifier's or cross-encoder's).
+    output: str = "vector"
 
 
 class ModelList(msgspec.Struct, kw_only=True):
