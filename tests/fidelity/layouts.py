@@ -250,6 +250,56 @@ def build_model2vec_layout(folder: Path) -> None:
     )
 
 
+# Late interaction (ColBERT) -----------------------------------------------------------------------------------
+
+
+def multi_vector_model(folder: Path, transformer_options: dict[str, Any], *heads: Any, **kwargs: Any) -> None:
+    """A MultiVectorEncoder saved by sentence-transformers 6: Transformer -> token heads -> MultiVectorMask ->
+    (Normalize), as its ColBERT models are built."""
+    from sentence_transformers import MultiVectorEncoder
+
+    MultiVectorEncoder(modules=[transformer(folder, 18, **transformer_options), *heads], device="cpu", **kwargs).save(
+        str(folder)
+    )
+
+
+def token_dense(in_features: int, out_features: int, activation: torch.nn.Module | None, **kwargs: Any) -> Any:
+    return dense(in_features, out_features, activation, module_input_name="token_embeddings", **kwargs)
+
+
+def multi_vector_mask(skiplist: list[str] | None) -> Any:
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    return MultiVectorMask(skiplist_words=skiplist)
+
+
+def build_colbert(folder: Path) -> None:
+    """ColBERT as PyLate trains it, in sentence-transformers 6's layout: [Q]/[D] markers, queries expanded to a
+    fixed 12 [MASK]-padded tokens the encoder does not attend to, documents cut at 40 tokens without punctuation,
+    a bias-free projection, normalized vectors, MaxSim."""
+    import string
+
+    from sentence_transformers.base.modules import Normalize
+
+    options = {"query_expansion": {"strategy": "fixed", "attend": False, "length": 12}, "document_length": 40}
+    multi_vector_model(
+        folder, options, token_dense(HIDDEN, 16, torch.nn.Identity(), bias=False),
+        multi_vector_mask(list(string.punctuation)), Normalize(module_input_name="token_embeddings"),
+        prompts={"query": "[Q] ", "document": "[D] "},
+    )  # fmt: skip
+
+
+def build_colbert_floor_expansion(folder: Path) -> None:
+    """The other knobs: expansion as a floor ("min") that the encoder attends to, a query_length above it, two
+    token heads (bias, Tanh), no skiplist, no Normalize, MeanMaxSim, and a default prompt for texts with no role."""
+    options = {"query_expansion": {"strategy": "min", "attend": True, "length": 8}, "query_length": 20}
+    multi_vector_model(
+        folder, options, token_dense(HIDDEN, 24, torch.nn.Tanh()), token_dense(24, 12, torch.nn.Identity()),
+        multi_vector_mask(None), prompts={"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT},
+        default_prompt_name="document", similarity_fn_name="meanmaxsim",
+    )  # fmt: skip
+
+
 SERVED = [
     Served("st-mean-normalize", build_mean_normalize),
     Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
@@ -268,6 +318,8 @@ SERVED = [
     Served("static-model2vec-layout", build_model2vec_layout),
     Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
     Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
+    Served("colbert", build_colbert, reference="multi_vector"),
+    Served("colbert-floor-expansion", build_colbert_floor_expansion, reference="multi_vector"),
 ]
 
 
@@ -319,6 +371,25 @@ def build_token_dense(folder: Path) -> None:
     """A projection of every token's vector (ColBERT's, as PyLate saves it), not of the pooled row."""
     module = dense(HIDDEN, 8, None, module_input_name="token_embeddings")
     st_model(folder, transformer(folder), pooling("mean"), module)
+
+
+def build_pylate_layout(folder: Path) -> None:
+    """PyLate's own save (model_type ColBERT, query_prefix/document_prefix inserted as tokens, its Dense as
+    pylate.models.Dense.Dense), written as PyLate 1.x writes it (PyLate pins sentence-transformers 5.3, which
+    poolserve's environment cannot hold)."""
+    build_colbert(folder)
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    settings.update(model_type="ColBERT", query_prefix="[unused0]", document_prefix="[unused1]", query_length=12,
+                    document_length=40, attend_to_expansion_tokens=False, skiplist_words=[], prompts={})  # fmt: skip
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
+
+
+def build_hf_colbert(folder: Path) -> None:
+    """Stanford's ColBERT (colbert-ir/colbertv2.0): a BERT whose config names HF_ColBERT, its projection beside it."""
+    tiny_bert(folder, 19)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["HF_ColBERT"]
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 def build_foreign_activation(folder: Path) -> None:
@@ -379,14 +450,27 @@ REFUSED = [
     Refused(
         "sparse-encoder",
         build_sparse_encoder,
-        "config_sentence_transformers.json says model_type 'SparseEncoder'; poolserve serves SentenceTransformer and "
-        "CrossEncoder folders",
+        "config_sentence_transformers.json says model_type 'SparseEncoder'; poolserve serves SentenceTransformer, "
+        "CrossEncoder and MultiVectorEncoder folders",
     ),
     Refused(
         "token-level-dense",
         build_token_dense,
         "the module 2_Dense (sentence_transformers.base.modules.dense.Dense) works on 'token_embeddings' (per-token "
         "vectors, as ColBERT's do); poolserve's heads work on the pooled sentence embedding",
+    ),
+    Refused(
+        "pylate-layout",
+        build_pylate_layout,
+        "config_sentence_transformers.json says model_type 'ColBERT' (PyLate's layout, whose query and document "
+        "prefixes are inserted as tokens of their own) and poolserve serves only sentence-transformers 6's "
+        "MultiVectorEncoder layout of ColBERT models: re-save it with MultiVectorEncoder",
+    ),
+    Refused(
+        "hf-colbert",
+        build_hf_colbert,
+        "the original ColBERT layout (HF_ColBERT: its projection among the encoder's weights, its markers in "
+        "artifact.metadata) is not served yet; re-save it with sentence-transformers 6's MultiVectorEncoder.",
     ),
     Refused(
         "dense-foreign-activation",
