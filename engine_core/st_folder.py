@@ -68,13 +68,14 @@ TRANSFORMER_TASKS = {
     CROSS_ENCODER: "sequence-classification",
     MULTI_VECTOR_ENCODER: "feature-extraction",
 }
-MODEL_TYPE_REFUSALS = {
-    "ColBERT": (
-        "config_sentence_transformers.json says model_type 'ColBERT' (PyLate's layout, whose query and document "
-        "prefixes are inserted as tokens of their own) and poolserve serves only sentence-transformers 6's "
-        "MultiVectorEncoder layout of ColBERT models: re-save it with MultiVectorEncoder"
-    ),
-}
+PYLATE_REFUSAL = (
+    "this is PyLate's ColBERT layout (model_type 'ColBERT', query_prefix and document_prefix inserted as tokens of "
+    "their own, pylate modules) and poolserve serves only sentence-transformers 6's MultiVectorEncoder layout of "
+    "ColBERT models: re-save it with MultiVectorEncoder"
+)
+MODEL_TYPE_REFUSALS = {"ColBERT": PYLATE_REFUSAL}
+# What marks a PyLate save whatever its model_type says: its settings, and its own modules.
+PYLATE_SETTINGS = {"query_prefix", "document_prefix", "do_query_expansion", "attend_to_expansion_tokens"}
 TASK_REFUSALS = {
     "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
     "text-generation": (
@@ -173,6 +174,9 @@ def read_st_folder(folder: Path) -> StFolder:
     if not modules_path.is_file():
         return StFolder()
     model_type = str(settings.get("model_type") or SENTENCE_TRANSFORMER)
+    modules: list[dict[str, Any]] = read_json(modules_path)
+    if PYLATE_SETTINGS & set(settings) or any(str(m.get("type", "")).startswith("pylate.") for m in modules):
+        model_type = "ColBERT"  # served otherwise as a SentenceTransformer, it would lose its projection
     if model_type in MODEL_TYPE_REFUSALS:
         raise MetadataError(MODEL_TYPE_REFUSALS[model_type])
     if model_type not in TRANSFORMER_TASKS:
@@ -180,7 +184,6 @@ def read_st_folder(folder: Path) -> StFolder:
             f"config_sentence_transformers.json says model_type {model_type!r}; poolserve serves "
             f"{SENTENCE_TRANSFORMER}, {CROSS_ENCODER} and {MULTI_VECTOR_ENCODER} folders"
         )
-    modules: list[dict[str, Any]] = read_json(modules_path)
     if not modules:
         raise MetadataError("modules.json lists no modules")
     for module in modules:

@@ -199,3 +199,19 @@ def test_what_a_multi_vector_encoder_asks_beyond_poolserve_is_refused_in_one_sen
     with pytest.raises(MetadataError) as refused:
         read_st_folder(write(tmp_path, modules, multi_vector_files(**changes)))
     assert str(refused.value) == sentence
+
+
+@pytest.mark.parametrize(
+    ("settings", "dense_type"),
+    [
+        ({"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32}, "sentence_transformers.models.Dense"),
+        ({}, "pylate.models.Dense.Dense"),
+    ],
+)
+def test_a_pylate_save_is_refused_by_name_whatever_its_model_type_says(
+    tmp_path: Path, settings: dict[str, Any], dense_type: str
+) -> None:
+    modules = [TRANSFORMER, {"idx": 1, "name": "1", "path": "1_Dense", "type": dense_type}]
+    files = {"config_sentence_transformers.json": {"model_type": "SentenceTransformer", **settings}}
+    with pytest.raises(MetadataError, match="this is PyLate's ColBERT layout"):
+        read_st_folder(write(tmp_path, modules, files))

@@ -462,9 +462,9 @@ REFUSED = [
     Refused(
         "pylate-layout",
         build_pylate_layout,
-        "config_sentence_transformers.json says model_type 'ColBERT' (PyLate's layout, whose query and document "
-        "prefixes are inserted as tokens of their own) and poolserve serves only sentence-transformers 6's "
-        "MultiVectorEncoder layout of ColBERT models: re-save it with MultiVectorEncoder",
+        "this is PyLate's ColBERT layout (model_type 'ColBERT', query_prefix and document_prefix inserted as tokens "
+        "of their own, pylate modules) and poolserve serves only sentence-transformers 6's MultiVectorEncoder layout "
+        "of ColBERT models: re-save it with MultiVectorEncoder",
     ),
     Refused(
         "hf-colbert",
