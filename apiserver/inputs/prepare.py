@@ -84,6 +84,10 @@ def plan_items_request(
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
+    if dimensions and state.card.late_interaction is not None:
+        # MultiVectorEncoder has no truncate_dim: a cut token vector would be no vector its reference gives.
+        raise bad_request("`dimensions` is for single-vector models; this late-interaction model's token vectors "
+                          "come whole.", param="dimensions")  # fmt: skip
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
     refuse_options_of_another_kind(state.card, request, activation)

@@ -177,6 +177,8 @@ def check_multi_vector(client: httpx.Client, folder: Path) -> None:
     many = client.post("/v1/score", json={"queries": queries, "documents": DOCUMENTS})
     assert many.status_code == 200, many.text
     np.testing.assert_allclose([d["score"] for d in many.json()["data"]], pairwise, atol=1e-4, rtol=1e-5)
+    cut = client.post("/pooling", json={"input": TEXTS, "dimensions": 4})
+    assert cut.status_code == 400 and cut.json()["error"]["param"] == "dimensions", cut.text
     # No single vector to give: refused by name.
     refused = client.post("/v1/embeddings", json={"input": TEXTS})
     assert refused.status_code == 400 and "late-interaction (ColBERT)" in refused.text, refused.text
