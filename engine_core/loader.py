@@ -41,8 +41,11 @@ from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.multi_vector import (
     LATE_INTERACTION_TASKS,
     MultiVectorRunner,
+    is_stanford_colbert,
     late_interaction_spec,
-    refuse_original_colbert,
+    read_stanford_colbert,
+    register_prefix_tokens,
+    stanford_projection,
 )
 from engine_core.packed_encoder import packable
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, ModelRunner
@@ -153,7 +156,10 @@ def load_model(config: Config) -> LoadedModel:
         raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
-    refuse_original_colbert(model_config)
+    stanford = is_stanford_colbert(model_config, st)
+    if stanford:
+        st = read_stanford_colbert(folder)
+        register_prefix_tokens(tokenizer, st.prompts)
     dtype = select_dtype(config.dtype, device, model_config)
     kind = model_kind(model_config, st)
     check_own_code(model_config, kind, trust)
@@ -187,6 +193,8 @@ def load_model(config: Config) -> LoadedModel:
     model = load_weights(kind, model_folder, dtype, trust).to(device).eval()
     try:
         heads = build_heads(st.heads, device)
+        if stanford:
+            heads = stanford_projection(model_folder, int(text_config.hidden_size), device)
     except MetadataError as exc:
         raise not_exact(folder, exc) from exc
 

@@ -9,15 +9,20 @@ per-request step every per-token row gets (engine_core/postprocess.py).
 
 from __future__ import annotations
 
+import json
+import string
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from transformers import PretrainedConfig, PreTrainedTokenizerBase
+from transformers import AddedToken, PretrainedConfig, PreTrainedTokenizerBase
 
 from engine_core.folder_choices import LoadError
 from engine_core.runner import F32, Rows, to_device, to_numpy
-from engine_core.st_folder import LateInteractionFolder
+from engine_core.st_folder import DenseHead, LateInteractionFolder, StFolder
+from engine_core.st_heads import Dense, read_module_state
 from poolserve.protocol import TASK_POOL, TASK_SCORE, TASK_TOKEN_EMBED, TASK_TOKENIZE, LateInteraction, Task
 
 
@@ -89,14 +94,71 @@ class MultiVectorRunner:
 LATE_INTERACTION_TASKS: list[Task] = [TASK_TOKEN_EMBED, TASK_POOL, TASK_SCORE, TASK_TOKENIZE]
 
 
-def refuse_original_colbert(model_config: PretrainedConfig) -> None:
-    """Stanford's ColBERT folders (HF_ColBERT) keep their projection beside the encoder's weights, where
-    AutoModel would drop it and answer the encoder's states as if they were the model's vectors."""
-    if "HF_ColBERT" in (model_config.architectures or []):
-        raise LoadError(
-            "the original ColBERT layout (HF_ColBERT: its projection among the encoder's weights, its markers in "
-            "artifact.metadata) is not served yet; re-save it with sentence-transformers 6's MultiVectorEncoder."
-        )
+# Stanford's ColBERT (colbert-ai's HF_ColBERT) as sentence-transformers' MultiVectorEncoder loads it: its markers
+# and lengths from artifact.metadata, with these defaults where the file is absent or silent.
+STANFORD_MARKERS = {"query": "[unused0]", "document": "[unused1]"}
+STANFORD_QUERY_LENGTH = 32
+
+
+def is_stanford_colbert(model_config: PretrainedConfig, st: StFolder) -> bool:
+    return not st.has_modules and "HF_ColBERT" in (model_config.architectures or [])
+
+
+def read_stanford_colbert(folder: Path) -> StFolder:
+    """An HF_ColBERT folder as sentence-transformers reads it: prompts are its markers followed by a space, queries
+    expanded to query_maxlen unattended (attend_to_mask_tokens), documents cut at doc_maxlen and left without
+    punctuation (mask_punctuation, on unless the metadata turns it off); the projection is `linear.weight` among
+    the encoder's weights (stanford_projection), the vectors normalized."""
+    path = folder / "artifact.metadata"
+    try:
+        metadata: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"cannot read {path}: {exc}") from exc
+    markers = {
+        "query": str(metadata.get("query_token_id") or STANFORD_MARKERS["query"]),
+        "document": str(metadata.get("doc_token_id") or STANFORD_MARKERS["document"]),
+    }
+    late = LateInteractionFolder(
+        document_length=int(metadata.get("doc_maxlen") or 0),
+        expansion=int(metadata.get("query_maxlen") or STANFORD_QUERY_LENGTH),
+        attend_expansion=bool(metadata.get("attend_to_mask_tokens")),
+        skiplist_words=tuple(string.punctuation) if metadata.get("mask_punctuation", True) else (),
+    )
+    prompts = {role: marker + " " for role, marker in markers.items()}
+    return StFolder(prompts=prompts, normalize=True, late_interaction=late)
+
+
+def register_prefix_tokens(tokenizer: PreTrainedTokenizerBase, prompts: dict[str, str]) -> None:
+    """sentence-transformers' `_register_prefix_tokens` for a legacy checkpoint's markers: a marker the vocabulary
+    knows but the tokenizer splits (`[unused0]` -> `[`, `unused`, `##0`, `]`) becomes a special token of its own,
+    not normalized, as ColBERT inserted it when it trained. The API servers then tokenize with it too (the card's
+    tokenizer.json)."""
+    added = set(getattr(tokenizer, "added_tokens_encoder", None) or {})
+    vocab = tokenizer.get_vocab()
+    register: list[AddedToken] = []
+    for value in prompts.values():
+        if not value or not value.split():
+            continue
+        for prefix in (value, value.split(None, 1)[0]):
+            if prefix not in added and prefix not in vocab:
+                continue
+            if tokenizer.tokenize(prefix) != [prefix]:
+                register.append(AddedToken(prefix, normalized=False, special=True))
+            break
+    if register:
+        tokenizer.add_special_tokens({"additional_special_tokens": register})
+
+
+def stanford_projection(folder: Path, hidden_size: int, device: torch.device) -> torch.nn.Module:
+    """HF_ColBERT's projection: `linear.weight` of the folder's own weights, bias-free, as a token head."""
+    weights = read_module_state(folder)
+    weight = weights.get("linear.weight")
+    if weight is None or weight.ndim != 2 or weight.shape[1] != hidden_size:
+        raise LoadError(f"{folder} names HF_ColBERT but holds no linear.weight of {hidden_size} inputs.")
+    head = DenseHead(folder, hidden_size, int(weight.shape[0]), False, "torch.nn.modules.linear.Identity")
+    dense = Dense(head)
+    dense.linear.weight.data.copy_(weight)
+    return torch.nn.Sequential(dense).to(device=device, dtype=torch.float32).eval()
 
 
 def late_interaction_spec(

@@ -300,6 +300,24 @@ def build_colbert_floor_expansion(folder: Path) -> None:
     )  # fmt: skip
 
 
+def build_hf_colbert(folder: Path) -> None:
+    """Stanford's ColBERT (colbert-ir/colbertv2.0), written as colbert-ai saves it: HF_ColBERT's BERT under `bert.`
+    and its projection as `linear.weight` in one weights file, the config naming HF_ColBERT, and artifact.metadata
+    with its markers and lengths (colbert-ai is not installed here: the folder is written by hand)."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_bert(folder, 19)
+    state = {f"bert.{name}": tensor for name, tensor in load_file(str(folder / "model.safetensors")).items()}
+    state["linear.weight"] = torch.randn(16, HIDDEN, generator=torch.Generator().manual_seed(20))
+    save_file(state, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["HF_ColBERT"]
+    (folder / "config.json").write_text(json.dumps(config))
+    metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 12, "doc_maxlen": 40,
+                "attend_to_mask_tokens": False, "mask_punctuation": True}  # fmt: skip
+    (folder / "artifact.metadata").write_text(json.dumps(metadata))
+
+
 SERVED = [
     Served("st-mean-normalize", build_mean_normalize),
     Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
@@ -320,6 +338,7 @@ SERVED = [
     Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
     Served("colbert", build_colbert, reference="multi_vector"),
     Served("colbert-floor-expansion", build_colbert_floor_expansion, reference="multi_vector"),
+    Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
 ]
 
 
@@ -382,14 +401,6 @@ def build_pylate_layout(folder: Path) -> None:
     settings.update(model_type="ColBERT", query_prefix="[unused0]", document_prefix="[unused1]", query_length=12,
                     document_length=40, attend_to_expansion_tokens=False, skiplist_words=[], prompts={})  # fmt: skip
     (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
-
-
-def build_hf_colbert(folder: Path) -> None:
-    """Stanford's ColBERT (colbert-ir/colbertv2.0): a BERT whose config names HF_ColBERT, its projection beside it."""
-    tiny_bert(folder, 19)
-    config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["HF_ColBERT"]
-    (folder / "config.json").write_text(json.dumps(config))
 
 
 def build_foreign_activation(folder: Path) -> None:
@@ -465,12 +476,6 @@ REFUSED = [
         "this is PyLate's ColBERT layout (model_type 'ColBERT', query_prefix and document_prefix inserted as tokens "
         "of their own, pylate modules) and poolserve serves only sentence-transformers 6's MultiVectorEncoder layout "
         "of ColBERT models: re-save it with MultiVectorEncoder",
-    ),
-    Refused(
-        "hf-colbert",
-        build_hf_colbert,
-        "the original ColBERT layout (HF_ColBERT: its projection among the encoder's weights, its markers in "
-        "artifact.metadata) is not served yet; re-save it with sentence-transformers 6's MultiVectorEncoder.",
     ),
     Refused(
         "dense-foreign-activation",
