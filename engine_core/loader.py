@@ -159,7 +159,8 @@ def load_model(config: Config) -> LoadedModel:
     stanford = is_stanford_colbert(model_config, st)
     if stanford:
         st = read_stanford_colbert(folder)
-        register_prefix_tokens(tokenizer, st.prompts)
+    if st.legacy_prefixes:
+        register_prefix_tokens(tokenizer, st.legacy_prefixes)
     dtype = select_dtype(config.dtype, device, model_config)
     kind = model_kind(model_config, st)
     check_own_code(model_config, kind, trust)

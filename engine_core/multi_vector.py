@@ -125,10 +125,10 @@ def read_stanford_colbert(folder: Path) -> StFolder:
         skiplist_words=tuple(string.punctuation) if metadata.get("mask_punctuation", True) else (),
     )
     prompts = {role: marker + " " for role, marker in markers.items()}
-    return StFolder(prompts=prompts, normalize=True, late_interaction=late)
+    return StFolder(prompts=prompts, normalize=True, late_interaction=late, legacy_prefixes=tuple(prompts.values()))
 
 
-def register_prefix_tokens(tokenizer: PreTrainedTokenizerBase, prompts: dict[str, str]) -> None:
+def register_prefix_tokens(tokenizer: PreTrainedTokenizerBase, prefixes: Sequence[str]) -> None:
     """sentence-transformers' `_register_prefix_tokens` for a legacy checkpoint's markers: a marker the vocabulary
     knows but the tokenizer splits (`[unused0]` -> `[`, `unused`, `##0`, `]`) becomes a special token of its own,
     not normalized, as ColBERT inserted it when it trained. The API servers then tokenize with it too (the card's
@@ -136,7 +136,7 @@ def register_prefix_tokens(tokenizer: PreTrainedTokenizerBase, prompts: dict[str
     added = set(getattr(tokenizer, "added_tokens_encoder", None) or {})
     vocab = tokenizer.get_vocab()
     register: list[AddedToken] = []
-    for value in prompts.values():
+    for value in prefixes:
         if not value or not value.split():
             continue
         for prefix in (value, value.split(None, 1)[0]):

@@ -68,13 +68,9 @@ TRANSFORMER_TASKS = {
     CROSS_ENCODER: "sequence-classification",
     MULTI_VECTOR_ENCODER: "feature-extraction",
 }
-PYLATE_REFUSAL = (
-    "this is PyLate's ColBERT layout (model_type 'ColBERT', query_prefix and document_prefix inserted as tokens of "
-    "their own, pylate modules) and poolserve serves only sentence-transformers 6's MultiVectorEncoder layout of "
-    "ColBERT models: re-save it with MultiVectorEncoder"
-)
-MODEL_TYPE_REFUSALS = {"ColBERT": PYLATE_REFUSAL}
-# What marks a PyLate save whatever its model_type says: its settings, and its own modules.
+# What marks a PyLate save whatever its model_type says: its settings, and its own modules. One whose model_type
+# is 'ColBERT' is read by engine_core/pylate_folder.py; any other goes down paths of sentence-transformers
+# (converting a SentenceTransformer) that poolserve does not follow.
 PYLATE_SETTINGS = {"query_prefix", "document_prefix", "do_query_expansion", "attend_to_expansion_tokens"}
 TASK_REFUSALS = {
     "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
@@ -158,6 +154,9 @@ class StFolder:
     activation_fn: str | None = None
     # A MultiVectorEncoder (ColBERT): its heads and normalization work on every token's vector.
     late_interaction: LateInteractionFolder | None = None
+    # Markers a legacy ColBERT checkpoint (PyLate's, Stanford's) inserted as tokens of their own, which
+    # sentence-transformers registers as special tokens (engine_core/multi_vector.py).
+    legacy_prefixes: tuple[str, ...] = ()
 
 
 def read_json(path: Path) -> Any:
@@ -176,9 +175,11 @@ def read_st_folder(folder: Path) -> StFolder:
     model_type = str(settings.get("model_type") or SENTENCE_TRANSFORMER)
     modules: list[dict[str, Any]] = read_json(modules_path)
     if PYLATE_SETTINGS & set(settings) or any(str(m.get("type", "")).startswith("pylate.") for m in modules):
-        model_type = "ColBERT"  # served otherwise as a SentenceTransformer, it would lose its projection
-    if model_type in MODEL_TYPE_REFUSALS:
-        raise MetadataError(MODEL_TYPE_REFUSALS[model_type])
+        # Served as a SentenceTransformer, it would lose its projection.
+        raise MetadataError(
+            f"this folder holds PyLate's settings or modules under model_type {model_type!r}; poolserve serves "
+            "PyLate's layout where config_sentence_transformers.json says model_type 'ColBERT', as PyLate saves it"
+        )
     if model_type not in TRANSFORMER_TASKS:
         raise MetadataError(
             f"config_sentence_transformers.json says model_type {model_type!r}; poolserve serves "
@@ -366,7 +367,12 @@ def check_keys(config: dict[str, Any], known: set[str], module: dict[str, Any], 
     writes it back; any other key is an option poolserve lacks."""
     for key in ("module_input_name", "module_output_name"):
         value = config.get(key)
-        if works_on == TOKEN_EMBEDDINGS and value != TOKEN_EMBEDDINGS:
+        # An unnamed Dense input is token_embeddings in a MultiVectorEncoder (PyLate's and older saves name none).
+        if (
+            works_on == TOKEN_EMBEDDINGS
+            and value != TOKEN_EMBEDDINGS
+            and not (value is None and "in_features" in known)
+        ):
             raise MetadataError(
                 f"the {describe(module)} works on {value!r}; a MultiVectorEncoder's modules work on "
                 f"{TOKEN_EMBEDDINGS!r}, the only kind poolserve runs there"

@@ -208,10 +208,10 @@ def test_what_a_multi_vector_encoder_asks_beyond_poolserve_is_refused_in_one_sen
         ({}, "pylate.models.Dense.Dense"),
     ],
 )
-def test_a_pylate_save_is_refused_by_name_whatever_its_model_type_says(
+def test_a_pylate_save_under_another_model_type_than_colbert_is_refused_by_name(
     tmp_path: Path, settings: dict[str, Any], dense_type: str
 ) -> None:
     modules = [TRANSFORMER, {"idx": 1, "name": "1", "path": "1_Dense", "type": dense_type}]
     files = {"config_sentence_transformers.json": {"model_type": "SentenceTransformer", **settings}}
-    with pytest.raises(MetadataError, match="this is PyLate's ColBERT layout"):
+    with pytest.raises(MetadataError, match="PyLate's settings or modules under model_type 'SentenceTransformer'"):
         read_st_folder(write(tmp_path, modules, files))

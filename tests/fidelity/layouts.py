@@ -318,6 +318,55 @@ def build_hf_colbert(folder: Path) -> None:
     (folder / "artifact.metadata").write_text(json.dumps(metadata))
 
 
+def build_pylate(folder: Path, markers: tuple[str, str] = ("[Q] ", "[D] "), **settings: Any) -> None:
+    """PyLate's ColBERT, written as PyLate 1.x saves it (PyLate pins sentence-transformers 5.3 and transformers
+    <= 5.3, which this environment cannot hold): "[Q] " and "[D] " added to the tokenizer and the embeddings, a
+    Transformer and `pylate.models.Dense.Dense` in modules.json, and PyLate's settings in
+    config_sentence_transformers.json (model_type ColBERT, prefixes, lengths, expansion, skiplist)."""
+    import string
+
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BertModel
+
+    tiny_bert(folder, 21)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.add_tokens([marker for marker in markers if marker not in tokenizer.get_vocab()]):
+        model = BertModel.from_pretrained(folder)
+        model.resize_token_embeddings(len(tokenizer))
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    (folder / "1_Dense").mkdir()
+    dense_config = {"in_features": HIDDEN, "out_features": 16, "bias": False,
+                    "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(dense_config))
+    weight = torch.randn(16, HIDDEN, generator=torch.Generator().manual_seed(22))
+    save_file({"linear.weight": weight}, str(folder / "1_Dense" / "model.safetensors"))
+    defaults = {
+        "model_type": "ColBERT", "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim", "query_prefix": markers[0], "document_prefix": markers[1], "query_length": 12,
+        "document_length": 40, "attend_to_expansion_tokens": False, "skiplist_words": list(string.punctuation),
+        "do_query_expansion": True,
+    }  # fmt: skip
+    saved = {key: value for key, value in {**defaults, **settings}.items() if value is not None}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(saved))
+
+
+def build_pylate_stanford_markers(folder: Path) -> None:
+    """PyLate's save of a model with Stanford's markers (answerai-colbert-small's shape): "[unused0]" and
+    "[unused1]", which the vocabulary has but the tokenizer splits, expansion attended, and PyLate's defaults
+    for what it left unsaid (a 32-token query, the punctuation skiplist, the model's maximum for documents)."""
+    build_pylate(
+        folder, ("[unused0]", "[unused1]"), attend_to_expansion_tokens=True, query_length=None, document_length=None,
+        skiplist_words=None,
+    )  # fmt: skip
+
+
 SERVED = [
     Served("st-mean-normalize", build_mean_normalize),
     Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
@@ -339,6 +388,8 @@ SERVED = [
     Served("colbert", build_colbert, reference="multi_vector"),
     Served("colbert-floor-expansion", build_colbert_floor_expansion, reference="multi_vector"),
     Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
+    Served("pylate", build_pylate, reference="multi_vector"),
+    Served("pylate-stanford-markers", build_pylate_stanford_markers, reference="multi_vector"),
 ]
 
 
@@ -392,15 +443,8 @@ def build_token_dense(folder: Path) -> None:
     st_model(folder, transformer(folder), pooling("mean"), module)
 
 
-def build_pylate_layout(folder: Path) -> None:
-    """PyLate's own save (model_type ColBERT, query_prefix/document_prefix inserted as tokens, its Dense as
-    pylate.models.Dense.Dense), written as PyLate 1.x writes it (PyLate pins sentence-transformers 5.3, which
-    poolserve's environment cannot hold)."""
-    build_colbert(folder)
-    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
-    settings.update(model_type="ColBERT", query_prefix="[unused0]", document_prefix="[unused1]", query_length=12,
-                    document_length=40, attend_to_expansion_tokens=False, skiplist_words=[], prompts={})  # fmt: skip
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
+def build_pylate_other_model_type(folder: Path) -> None:
+    build_pylate(folder, model_type="SentenceTransformer")
 
 
 def build_foreign_activation(folder: Path) -> None:
@@ -471,11 +515,10 @@ REFUSED = [
         "vectors, as ColBERT's do); poolserve's heads work on the pooled sentence embedding",
     ),
     Refused(
-        "pylate-layout",
-        build_pylate_layout,
-        "this is PyLate's ColBERT layout (model_type 'ColBERT', query_prefix and document_prefix inserted as tokens "
-        "of their own, pylate modules) and poolserve serves only sentence-transformers 6's MultiVectorEncoder layout "
-        "of ColBERT models: re-save it with MultiVectorEncoder",
+        "pylate-other-model-type",
+        build_pylate_other_model_type,
+        "this folder holds PyLate's settings or modules under model_type 'SentenceTransformer'; poolserve serves "
+        "PyLate's layout where config_sentence_transformers.json says model_type 'ColBERT', as PyLate saves it",
     ),
     Refused(
         "dense-foreign-activation",
