@@ -18,6 +18,7 @@ from typing import Any
 from engine_core.st_folder import (
     LATE_SIMILARITIES,
     MULTI_VECTOR_ENCODER,
+    MULTI_VECTOR_KEYS,
     TOKEN_EMBEDDINGS,
     LateInteractionFolder,
     MetadataError,
@@ -60,6 +61,9 @@ def read_pylate_folder(folder: Path) -> StFolder:
                                 "modules) is not supported")  # fmt: skip
     transformer_folder = folder / str(modules[0].get("path", ""))
     transformer = read_transformer_config(transformer_folder, MULTI_VECTOR_ENCODER)
+    if MULTI_VECTOR_KEYS & set(transformer):
+        raise MetadataError("this PyLate model's sentence_bert_config.json sets query or document lengths of its own "
+                            "beside PyLate's settings, which poolserve does not merge")  # fmt: skip
     heads, _ = read_heads(folder, modules[1:], TOKEN_EMBEDDINGS)
     prefixes = {
         role: str(settings.get(key) or "")

@@ -71,7 +71,11 @@ TRANSFORMER_TASKS = {
 # What marks a PyLate save whatever its model_type says: its settings, and its own modules. One whose model_type
 # is 'ColBERT' is read by engine_core/pylate_folder.py; any other goes down paths of sentence-transformers
 # (converting a SentenceTransformer) that poolserve does not follow.
-PYLATE_SETTINGS = {"query_prefix", "document_prefix", "do_query_expansion", "attend_to_expansion_tokens"}
+# (sentence-transformers' own list: any of them makes MultiVectorEncoder translate PyLate's settings.)
+PYLATE_SETTINGS = {
+    "query_prefix", "document_prefix", "query_length", "document_length", "query_expansion", "do_query_expansion",
+    "attend_to_expansion_tokens", "attend_to_mask_tokens", "skiplist_words",
+}  # fmt: skip
 TASK_REFUSALS = {
     "fill-mask": "a Transformer with transformer_task 'fill-mask' (a sparse or MLM-head model) is not served yet",
     "text-generation": (
