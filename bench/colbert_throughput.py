@@ -1,16 +1,17 @@
 """A ColBERT served against its reference run one text at a time: documents per second.
 
-    python -m bench.colbert_throughput --seconds 10 --clients 16 --torch-threads 1
+    python -m bench.colbert_throughput --rounds 3 --seconds 5 --clients 16 --torch-threads 1
 
-The model is answerai-colbert-small's shape: the bundled MiniLM (6 layers, 384 wide) as the encoder, a random
+The model is a small ColBERT: the bundled MiniLM (6 layers, 384 wide) as the encoder, a random
 bias-free projection to 128, documents cut at 180 tokens without punctuation, normalized vectors, queries
 expanded to 32, saved by sentence-transformers' MultiVectorEncoder (cached in bench/.models). The baseline is
 what a user who skips serving and embeds as texts arrive gets: `MultiVectorEncoder.encode_document([text])`,
 one text a call (its own padding of one, no batching), in this process. The served figure is `launch --model
 <it> --api-server-count 1 --device cpu --dtype float32` answering `POST /pooling {"input": [text],
 "input_type": "document"}` (one document a request, as they arrive) to `--clients` concurrent clients. Both
-walk the corpus of workloads (a) and (b), with the same torch threads (`--torch-threads`; 0: torch's default).
-Prints one JSON object.
+walk the corpus of workloads (a) and (b), with the same torch threads (`--torch-threads`; 0: torch's default),
+in alternating rounds (reference, served, reference, ...) with the server up throughout, so that a shared
+machine's load falls on both alike. Prints one JSON object: each round, and the medians.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import string
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -62,11 +65,7 @@ def colbert_folder(cache: Path = DEFAULT_CACHE) -> Path:
     return folder
 
 
-def reference_one_at_a_time(folder: Path, texts: list[str], seconds: float) -> dict[str, float]:
-    from sentence_transformers import MultiVectorEncoder
-
-    model = MultiVectorEncoder(str(folder), device="cpu")
-    model.encode_document(texts[:4])  # warm up
+def reference_one_at_a_time(model: Any, texts: list[str], seconds: float) -> dict[str, float]:
     done = 0
     start = time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
@@ -95,7 +94,6 @@ async def served(url: str, texts: list[str], seconds: float, clients: int) -> di
 
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as session:
-        await client_round(session, texts)
         start = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(clients)))
         elapsed = time.perf_counter() - start
@@ -109,15 +107,16 @@ async def served(url: str, texts: list[str], seconds: float, clients: int) -> di
     }
 
 
-async def client_round(session: httpx.AsyncClient, texts: list[str]) -> None:
-    """Warm the server's shapes before measuring."""
-    for text in texts[:8]:
-        (await session.post("/pooling", json={"input": [text], "input_type": "document"})).raise_for_status()
+def warm_up(url: str, texts: list[str]) -> None:
+    with httpx.Client(base_url=url, timeout=60) as session:
+        for text in texts[:8]:
+            session.post("/pooling", json={"input": [text], "input_type": "document"}).raise_for_status()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=0)
@@ -125,20 +124,37 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     folder = colbert_folder()
     texts = corpus_sentences(args.seed)
-    baseline = reference_one_at_a_time(folder, texts, args.seconds)
-    server = start_poolserve(
-        ["--model", str(folder), "--api-server-count", "1", "--device", "cpu", "--dtype", "float32"]
-    )
+    threads: list[str] = []
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+        threads = ["--torch-threads", str(args.torch_threads)]
+    from sentence_transformers import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(folder), device="cpu")
+    model.encode_document(texts[:4])  # warm up
+    flags = ["--model", str(folder), "--api-server-count", "1", "--device", "cpu", "--dtype", "float32", *threads]
+    server = start_poolserve(flags)
+    rounds = []
     try:
-        serving = asyncio.run(served(server.url, texts, args.seconds, args.clients))
+        warm_up(server.url, texts)
+        for _ in range(args.rounds):
+            baseline = reference_one_at_a_time(model, texts, args.seconds)
+            serving = asyncio.run(served(server.url, texts, args.seconds, args.clients))
+            rounds.append({"reference_one_at_a_time": baseline, "served": serving})
     finally:
         server.stop()
+    reference = statistics.median(r["reference_one_at_a_time"]["documents_per_s"] for r in rounds)
+    serving_median = statistics.median(r["served"]["documents_per_s"] for r in rounds)
     result = {
         "model": str(folder),
-        "reference_one_at_a_time": baseline,
-        "served": {"clients": args.clients, **serving},
+        "clients": args.clients,
         "torch_threads": args.torch_threads or "default",
-        "served_over_reference": serving["documents_per_s"] / baseline["documents_per_s"],
+        "rounds": rounds,
+        "median_reference_documents_per_s": reference,
+        "median_served_documents_per_s": serving_median,
+        "served_over_reference": serving_median / reference,
     }
     text = json.dumps(result, indent=2)
     if args.out:
