@@ -17,7 +17,7 @@ import numpy as np
 
 from apiserver.inputs.items import Item
 from apiserver.inputs.job import EngineJob, build_job, check_prompt_survives
-from apiserver.inputs.text import Truncation, tokenize_texts
+from apiserver.inputs.text import Truncation, tokenize_texts, with_second_cut
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.prompts import Role, role_prompt
@@ -109,13 +109,8 @@ def plan_late_scores(
         seen = role_card(card, role)
         limit = role_limit(truncation, seen)
         prompt = role_prompt(card, role)
-        if role == "document" and second_tokens is not None:
-            # Cohere's max_tokens_per_doc: the document's own tokens, its prompt and special tokens beside them.
-            cut = second_tokens + tokenizer.special_tokens + (tokenizer.count_tokens(prompt) if prompt else 0)
-            if limit is not None:
-                limit = min(limit, cut)
-            elif cut < seen.max_model_len:  # a cut past the role's maximum changes nothing
-                limit = cut
+        if role == "document" and second_tokens is not None:  # Cohere's max_tokens_per_doc
+            limit = with_second_cut(limit, second_tokens, prompt, tokenizer, seen.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
         rows += tokenize_texts(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apiserver.inputs.job import EngineJob, check_prompt_survives
-from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
+from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts, with_second_cut
 from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
@@ -94,12 +94,7 @@ def plan_similarities(
         prompt, is_cut = group
         limit = truncation.limit
         if is_cut and second_tokens is not None:
-            cut = second_tokens + tokenizer.special_tokens + (tokenizer.count_tokens(prompt) if prompt else 0)
-            # A cut past the model's maximum changes nothing: the text is refused or truncated as without it.
-            if limit is not None:
-                limit = min(limit, cut)
-            elif cut < card.max_model_len:
-                limit = cut
+            limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
         texts = tokenize_texts(
