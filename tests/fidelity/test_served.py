@@ -156,6 +156,8 @@ def check_multi_vector(client: httpx.Client, folder: Path) -> None:
     # TEI's prompt_name: that prompt, the text in no role (as `encode(prompt_name=...)`).
     named = token_vectors(client, "/embed_all", {"inputs": TEXTS, "prompt_name": "query"})
     assert_same_tokens(named, model.encode(TEXTS, prompt_name="query"))
+    both = client.post("/embed_all", json={"inputs": TEXTS, "prompt_name": "query", "input_type": "query"})
+    assert both.status_code == 413 and "input_type" in both.text, both.text  # TEI's validation status
     # MaxSim of the query's vectors against each document's, on every scoring endpoint and shape.
     documents = [*DOCUMENTS, LONG]
     expected = model.similarity(model.encode_query([QUERY]), model.encode_document(documents))[0].numpy()
