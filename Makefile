@@ -25,11 +25,13 @@ BENCH_STAMP := $(VENV)/.bench-installed
 PEERS_VENV ?= bench/.peers-venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 INFINITY_SPEC ?= infinity-emb[server,torch]==0.0.78
+PYLATE_VENV ?= tests/.pylate-venv
+PYLATE_STAMP := $(PYLATE_VENV)/.installed
 
 export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: install serve test lint format typecheck bench bench-peers clean
+.PHONY: install serve test test-pylate lint format typecheck bench bench-peers clean
 
 install: $(STAMP)
 
@@ -78,6 +80,21 @@ $(PEERS_STAMP):
 	touch $(PEERS_STAMP)
 
 bench-peers: $(PEERS_STAMP)
+
+# PyLate, the reference of its ColBERT layout, pins sentence-transformers 5.3 and transformers <= 5.3: its own
+# virtualenv (torch pinned as above), its index dependencies (fast-plaid, fastkmeans) left out with --no-deps,
+# since encoding needs none of them. Not in `make test`: the install takes minutes.
+$(PYLATE_STAMP):
+	test -x $(PYLATE_VENV)/bin/python || $(PYTHON) -m venv $(PYLATE_VENV)
+	$(PYLATE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PYLATE_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "sentence-transformers==5.3.0" \
+		"transformers==5.3.0" datasets accelerate pandas ujson
+	$(PYLATE_VENV)/bin/python -m pip install --quiet --no-deps "pylate==1.6.0"
+	touch $(PYLATE_STAMP)
+
+# A ColBERT saved by PyLate, served, against PyLate's own encode and scores (tests/fidelity/test_pylate.py).
+test-pylate: $(STAMP) $(PYLATE_STAMP)
+	POOLSERVE_PYLATE_PYTHON=$(PYLATE_VENV)/bin/python $(BIN)/python -m pytest tests/fidelity/test_pylate.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

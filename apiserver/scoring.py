@@ -1,5 +1,6 @@
 """Scoring text pairs: a cross-encoder reads each pair; a bi-encoder embeds both sides and compares them with
-the model's similarity function (cosine unless its Sentence-Transformers files say otherwise)."""
+the model's similarity function (cosine unless its Sentence-Transformers files say otherwise); a late-interaction
+model scores a query's token vectors against a document's by MaxSim (apiserver/late_interaction.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy.typing as npt
 
 from apiserver.errors import bad_request
 from apiserver.inputs.job import EngineJob, check_prompt_survives
-from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts
+from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts, with_second_cut
+from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
@@ -45,6 +47,19 @@ def plan_scores(
     tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
     as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt. `instruction`: what
     a reranker's chat template puts before the pair (apiserver/pair_template.py)."""
+    check_instruction(card, instruction)
+    if card.late_interaction is not None:
+        # A query against a document, whatever `roles` say: MaxSim is asymmetric.
+        job, left, right = plan_late_scores(
+            pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens
+        )
+        spec = spec_of(card)
+
+        def late_scores(out: Rows | SparseRows) -> list[float]:
+            assert not isinstance(out, SparseRows)  # token vectors are dense
+            return maxsim_scores(job.token_outputs(out), left, right, spec)
+
+        return ScorePlan(job, late_scores)
     if card.pair_template:
         if second_tokens is not None:
             raise bad_request(
@@ -56,7 +71,6 @@ def plan_scores(
             pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget
         )
         return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
-    check_instruction(card, instruction)
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(
@@ -102,12 +116,7 @@ def plan_similarities(
         prompt, is_cut = group
         limit = truncation.limit
         if is_cut and second_tokens is not None:
-            cut = second_tokens + tokenizer.special_tokens + (tokenizer.count_tokens(prompt) if prompt else 0)
-            # A cut past the model's maximum changes nothing: the text is refused or truncated as without it.
-            if limit is not None:
-                limit = min(limit, cut)
-            elif cut < card.max_model_len:
-                limit = cut
+            limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
         texts = tokenize_texts(

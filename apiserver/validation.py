@@ -39,6 +39,13 @@ def check_model(requested: str | None, served: list[str]) -> None:
 
 
 def require_task(card: ModelCard, task: Task, endpoint: str) -> None:
+    if not card.supports(task) and card.late_interaction is not None:
+        raise bad_request(
+            f"{endpoint} needs a model that can {task}; this model is a late-interaction (ColBERT) model, with one "
+            "vector per token and no single embedding: ask /pooling (`token_embed`) or /embed_all for its token "
+            "vectors, /score or /rerank for its MaxSim scores.",
+            code="task_not_supported",
+        )
     if not card.supports(task):
         raise bad_request(
             f"{endpoint} needs a model that can {task}; this model ({card.architecture}, a {card.kind} model) "

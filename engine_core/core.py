@@ -20,6 +20,7 @@ from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
 from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS, engine_label
+from engine_core.multi_vector import MultiVectorRunner
 from engine_core.pass_cost import PassCostFit
 from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
@@ -115,8 +116,10 @@ class EngineCore:
         if request.is_image(index):
             return input_key(b"image", request.image(index))
         types = None if request.token_types is None else request.input_token_types(index)
-        # A text's token states and its pooled row are different outputs of the same ids.
-        return input_key(b"tokens" if request.per_token else b"text", request.input_ids(index), types)
+        # A text's token states and its pooled row are different outputs of the same ids; so are a late-interaction
+        # query's vectors (expanded) and a document's.
+        kind = b"query" if index < request.queries else b"tokens" if request.per_token else b"text"
+        return input_key(kind, request.input_ids(index), types)
 
     def take_answered_from_cache(self) -> StepOutputs | None:
         """The requests the cache answered whole since the last call; None when there were none."""
@@ -203,6 +206,8 @@ class EngineCore:
         type_rows = None
         if any(item.request.token_types is not None for item in batch):
             type_rows = [item.request.input_token_types(item.index) for item in batch]
+        if isinstance(self.runner, MultiVectorRunner):
+            return self.runner.run_token_vectors(rows, type_rows, [item.index < item.request.queries for item in batch])
         per_token = [item.request.per_token for item in batch]
         if any(per_token):
             return self.runner.run_texts_per_token(rows, type_rows, per_token)

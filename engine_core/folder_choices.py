@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, normalizers
 from transformers import PretrainedConfig
 
 from engine_core.pooling import FLAG_MODES
+from engine_core.pylate_folder import is_pylate_folder, read_pylate_folder
 from engine_core.st_folder import CROSS_ENCODER, MetadataError, StFolder, read_st_folder
 from poolserve.config import Config
 from poolserve.protocol import (
@@ -44,6 +45,8 @@ def not_exact(folder: Path, exc: MetadataError) -> LoadError:
 
 def read_folder(folder: Path) -> StFolder:
     try:
+        if is_pylate_folder(folder):
+            return read_pylate_folder(folder)
         return read_st_folder(folder)
     except MetadataError as exc:
         raise not_exact(folder, exc) from exc

@@ -41,6 +41,15 @@ from engine_core.folder_choices import (
     text_config_of,
 )
 from engine_core.image_config import ImageConfigError, read_image_processing
+from engine_core.multi_vector import (
+    LATE_INTERACTION_TASKS,
+    MultiVectorRunner,
+    is_stanford_colbert,
+    late_interaction_spec,
+    read_stanford_colbert,
+    register_prefix_tokens,
+    stanford_projection,
+)
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -161,6 +170,11 @@ def load_model(config: Config) -> LoadedModel:
         raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
+    stanford = is_stanford_colbert(model_config, st)
+    if stanford:
+        st = read_stanford_colbert(folder)
+    if st.legacy_prefixes:
+        register_prefix_tokens(tokenizer, st.legacy_prefixes)
     dtype = select_dtype(config.dtype, device, model_config)
     llm_reranker = is_llm_reranker(config, st, model_config)
     kind = model_kind(model_config, st, llm_reranker)
@@ -178,6 +192,12 @@ def load_model(config: Config) -> LoadedModel:
         if config.pooling != "auto":
             raise LoadError(f"--pooling {config.pooling} does not apply to a SPLADE model (its SpladePooling pools).")
         pooling = "splade"  # TEI's name for it (/info)
+    elif st.late_interaction is not None:
+        if config.pooling != "auto":
+            raise LoadError(f"--pooling {config.pooling} does not apply to a late-interaction model (a vector per "
+                            "token).")  # fmt: skip
+        normalize = st.normalize is True
+        pooling = "multi_vector"  # a vector per scored token (engine_core/multi_vector.py)
     elif kind != CLASSIFIER:
         modes = choose_pooling(config.pooling, st, model_config)
         # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
@@ -187,10 +207,18 @@ def load_model(config: Config) -> LoadedModel:
     max_model_len = choose_max_model_len(
         config.max_model_len, tokenizer.model_max_length, model_config, st.max_seq_length
     )
+    late = None
+    if st.late_interaction is not None:
+        positions = getattr(text_config, "max_position_embeddings", None)
+        late = late_interaction_spec(st.late_interaction, tokenizer, max_model_len, positions)
+        # A document_length (or query_length) past the tokenizer's maximum is what sentence-transformers cuts at.
+        max_model_len = max(max_model_len, late.query_length, late.document_length)
     image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
     model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
     try:
         heads = build_heads(st.heads, device)
+        if stanford:
+            heads = stanford_projection(model_folder, int(text_config.hidden_size), device)
     except MetadataError as exc:
         raise not_exact(folder, exc) from exc
 
@@ -204,7 +232,10 @@ def load_model(config: Config) -> LoadedModel:
         lowercase_first(backend)
 
     mlm_parts = split_mlm(model) if kind == SPARSE else None
-    packed = uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
+    # Packing computes real tokens only; an expanded query's added places are computed unattended.
+    packed = late is None and uses_token_packing(
+        config.token_packing, device, model if mlm_parts is None else mlm_parts[0]
+    )
 
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
         if scoring.logit_tokens is not None:
@@ -220,6 +251,8 @@ def load_model(config: Config) -> LoadedModel:
                 model, splade=st.splade, vocab_size=int(text_config.vocab_size), pad_token_id=pad_token_id,
                 device=device, packed=packed,
             )  # fmt: skip
+        if late is not None:
+            return MultiVectorRunner(model, spec=late, pad_token_id=pad_token_id, device=device, heads=heads)
         return EmbeddingRunner(
             model, pooling=modes, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
         )
@@ -260,7 +293,7 @@ def load_model(config: Config) -> LoadedModel:
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
         kind=kind,
-        tasks=tasks_of(kind, num_labels, renders_pairs=bool(scoring.template)),
+        tasks=LATE_INTERACTION_TASKS if late is not None else tasks_of(kind, num_labels, bool(scoring.template)),
         max_model_len=max_model_len,
         output_size=output_size,
         vocab_size=int(text_config.vocab_size),
@@ -285,6 +318,7 @@ def load_model(config: Config) -> LoadedModel:
         pair_template=scoring.template,
         template_tokens=scoring.special_tokens,
         max_active_dims=st.max_active_dims or 0,
+        late_interaction=late,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

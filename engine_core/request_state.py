@@ -35,9 +35,15 @@ class PendingRequest:
     priority: int = 0
     # Every token's state rather than one pooled row per input: `output` holds one row per token.
     per_token: bool = False
+    # A late-interaction model's inputs: how many of the first are queries, and each input's count of token
+    # vectors (LateInteraction.vector_count), which `output` holds in place of one row per token.
+    queries: int = 0
+    vector_counts: list[int] | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
+    # Where each input's rows start in `output` when it holds per-token rows.
+    row_offsets: npt.NDArray[np.int64] = field(init=False)
     # Each text input's length as a plain int, for the scheduler's per-input loop.
     costs: list[int] = field(init=False)
     # What the request weighs in the token budget and the admission limit.
@@ -65,7 +71,13 @@ class PendingRequest:
         self.count = self.texts + (0 if self.pixels is None else len(self.pixels))
         self.remaining = self.count
         self.costs = self.lengths.tolist()
-        self.total_cost = int(self.offsets[-1]) + (self.count - self.texts) * self.image_cost
+        self.row_offsets = self.offsets
+        if self.vector_counts is not None:
+            self.row_offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+            np.cumsum(self.vector_counts, out=self.row_offsets[1:])
+            # An expanded query runs at its expanded width.
+            self.costs[: self.queries] = self.vector_counts[: self.queries]
+        self.total_cost = sum(self.costs) + (self.count - self.texts) * self.image_cost
 
     @property
     def key(self) -> tuple[bytes, int]:
@@ -113,10 +125,10 @@ class PendingRequest:
         """Keep input `index`'s raw output row (per token: its rows, one per token); True when it was the
         last one missing."""
         if self.output is None:
-            height = int(self.offsets[-1]) if self.per_token else self.count
+            height = int(self.row_offsets[-1]) if self.per_token else self.count
             self.output = np.empty((height, row.shape[-1]), dtype=np.float32)
         if self.per_token:
-            self.output[self.offsets[index] : self.offsets[index + 1]] = row
+            self.output[self.row_offsets[index] : self.row_offsets[index + 1]] = row
         else:
             self.output[index] = row
         self.remaining -= 1
@@ -152,6 +164,18 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         raise InvalidRequest("a sparse model's rows have no leading dimensions to keep")
     if not 0 <= job.dimensions <= card.output_size:
         raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
+    late = card.late_interaction
+    vector_counts = None
+    if late is not None:
+        if not job.per_token:
+            raise InvalidRequest("a late-interaction model answers token vectors only (per_token)")
+        ends = np.cumsum(lengths)
+        vector_counts = [
+            late.vector_count(tokens[end - length : end], i < job.queries)
+            for i, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist(), strict=True))
+        ]
+    elif job.queries:
+        raise InvalidRequest("queries are for late-interaction models")
     return PendingRequest(
         identity=identity,
         id=request.id,
@@ -166,4 +190,6 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         is_suspect=request.is_suspect,
         priority=job.priority,
         per_token=job.per_token,
+        queries=job.queries,
+        vector_counts=vector_counts,
     )

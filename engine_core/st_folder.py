@@ -32,11 +32,17 @@ LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-# The model types poolserve serves: an embedder, a cross-encoder (a sequence classifier), and a sparse encoder.
+# The model types poolserve serves: an embedder, a cross-encoder (a sequence classifier), a sparse encoder, and a
+# late-interaction (ColBERT) model.
 SENTENCE_TRANSFORMER = "SentenceTransformer"
 CROSS_ENCODER = "CrossEncoder"
 SPARSE_ENCODER = "SparseEncoder"
+MULTI_VECTOR_ENCODER = "MultiVectorEncoder"
 SENTENCE_EMBEDDING = "sentence_embedding"
+TOKEN_EMBEDDINGS = "token_embeddings"
+LATE_SIMILARITIES = ("maxsim", "meanmaxsim")
+# A Transformer's options that only a MultiVectorEncoder reads (its queries' and documents' lengths, query expansion).
+MULTI_VECTOR_KEYS = {"query_length", "document_length", "query_expansion"}
 DEFAULT_DENSE_ACTIVATION = "torch.nn.modules.activation.Tanh"  # Dense's default when its config names none
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 
@@ -70,7 +76,16 @@ TRANSFORMER_TASKS = {
     SENTENCE_TRANSFORMER: "feature-extraction",
     CROSS_ENCODER: "sequence-classification",
     SPARSE_ENCODER: "fill-mask",
+    MULTI_VECTOR_ENCODER: "feature-extraction",
 }
+# What marks a PyLate save whatever its model_type says: its settings, and its own modules. One whose model_type
+# is 'ColBERT' is read by engine_core/pylate_folder.py; any other goes down paths of sentence-transformers
+# (converting a SentenceTransformer) that poolserve does not follow.
+# (sentence-transformers' own list: any of them makes MultiVectorEncoder translate PyLate's settings.)
+PYLATE_SETTINGS = {
+    "query_prefix", "document_prefix", "query_length", "document_length", "query_expansion", "do_query_expansion",
+    "attend_to_expansion_tokens", "attend_to_mask_tokens", "skiplist_words",
+}  # fmt: skip
 # A CrossEncoder over a causal language model (transformer_task text-generation) scores a pair from its logits.
 LLM_RERANKER_TASK = "text-generation"
 TASK_REFUSALS = {
@@ -123,6 +138,23 @@ class SpladeOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class LateInteractionFolder:
+    """What a MultiVectorEncoder's Transformer and MultiVectorMask say about queries and documents (0: unsaid)."""
+
+    query_length: int = 0
+    document_length: int = 0
+    # ColBERT's query expansion: the length queries are padded to (0: none), whether it is only a floor
+    # (strategy "min") or also the ceiling ("fixed"), whether the model attends to the added tokens, and
+    # which token they are (None: the tokenizer's mask token).
+    expansion: int = 0
+    expansion_is_fixed: bool = True
+    attend_expansion: bool = False
+    expansion_token: str | None = None
+    skiplist_words: tuple[str, ...] = ()
+    similarity: str = "maxsim"
+
+
+@dataclass(frozen=True, slots=True)
 class StFolder:
     """A folder's Sentence-Transformers description; `has_modules` False when it has none (a plain
     transformers folder), and then every field keeps its default."""
@@ -154,6 +186,11 @@ class StFolder:
     # A SparseEncoder's pooling (None for any other folder), and the most non-zero values it keeps per row.
     splade: SpladeOptions | None = None
     max_active_dims: int | None = None
+    # A MultiVectorEncoder (ColBERT): its heads and normalization work on every token's vector.
+    late_interaction: LateInteractionFolder | None = None
+    # Markers a legacy ColBERT checkpoint (PyLate's, Stanford's) inserted as tokens of their own, which
+    # sentence-transformers registers as special tokens (engine_core/multi_vector.py).
+    legacy_prefixes: tuple[str, ...] = ()
 
 
 def read_json(path: Path) -> Any:
@@ -170,12 +207,18 @@ def read_st_folder(folder: Path) -> StFolder:
     if not modules_path.is_file():
         return StFolder()
     model_type = str(settings.get("model_type") or SENTENCE_TRANSFORMER)
+    modules: list[dict[str, Any]] = read_json(modules_path)
+    if PYLATE_SETTINGS & set(settings) or any(str(m.get("type", "")).startswith("pylate.") for m in modules):
+        # Served as a SentenceTransformer, it would lose its projection.
+        raise MetadataError(
+            f"this folder holds PyLate's settings or modules under model_type {model_type!r}; poolserve serves "
+            "PyLate's layout where config_sentence_transformers.json says model_type 'ColBERT', as PyLate saves it"
+        )
     if model_type not in TRANSFORMER_TASKS:
         raise MetadataError(
             f"config_sentence_transformers.json says model_type {model_type!r}; poolserve serves "
-            f"{SENTENCE_TRANSFORMER}, {CROSS_ENCODER} and {SPARSE_ENCODER} folders"
+            f"{SENTENCE_TRANSFORMER}, {CROSS_ENCODER}, {SPARSE_ENCODER} and {MULTI_VECTOR_ENCODER} folders"
         )
-    modules: list[dict[str, Any]] = read_json(modules_path)
     if not modules:
         raise MetadataError("modules.json lists no modules")
     for module in modules:
@@ -190,7 +233,10 @@ def read_st_folder(folder: Path) -> StFolder:
     first, rest = modules[0], modules[1:]
     prompts, default_prompt_name = read_prompts(settings, model_type)
     # A SparseEncoder compares by the dot product unless its files name another function.
-    similarity = read_similarity(settings, "dot" if model_type == SPARSE_ENCODER else "cosine")
+    similarity = (
+        "cosine" if model_type == MULTI_VECTOR_ENCODER
+        else read_similarity(settings, "dot" if model_type == SPARSE_ENCODER else "cosine")
+    )  # fmt: skip
     if model_type == SPARSE_ENCODER:
         return read_sparse_encoder(
             folder, modules, settings, prompts=prompts, default_prompt_name=default_prompt_name, similarity=similarity
@@ -229,6 +275,10 @@ def read_st_folder(folder: Path) -> StFolder:
             **common, activation_fn=str(activation) if activation else None, logit_score=logit_score,
             renders_messages=None if modalities is None else "message" in modalities,
         )  # fmt: skip
+    if model_type == MULTI_VECTOR_ENCODER:
+        heads, normalize, skiplist = read_token_modules(folder, rest)
+        late = read_late_interaction(transformer, settings, skiplist)
+        return StFolder(**common, heads=heads, normalize=normalize, late_interaction=late)
     if not rest or module_class(rest[0]) != "Pooling":
         found = describe(rest[0]) if rest else "nothing"
         raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
@@ -302,10 +352,13 @@ def read_similarity(settings: dict[str, Any], default: Similarity = "cosine") ->
     return cast(Similarity, similarity)
 
 
-def read_heads(folder: Path, modules: list[dict[str, Any]]) -> tuple[tuple[Head, ...], bool]:
-    """The modules after pooling, and whether the last is a Normalize (then left out: it is the model's own
-    normalization, which a request may turn off)."""
-    heads = [head for module in modules if (head := read_head(folder, module)) is not None]
+def read_heads(
+    folder: Path, modules: list[dict[str, Any]], works_on: str = SENTENCE_EMBEDDING
+) -> tuple[tuple[Head, ...], bool]:
+    """The modules after pooling (or, with `works_on` token_embeddings, after a MultiVectorEncoder's
+    Transformer), and whether the last is a Normalize (then left out: it is the model's own normalization,
+    which a request may turn off)."""
+    heads = [head for module in modules if (head := read_head(folder, module, works_on)) is not None]
     normalize = bool(heads) and isinstance(heads[-1], NormalizeHead)
     if normalize:
         heads.pop()
@@ -333,6 +386,8 @@ def read_transformer_config(folder: Path, model_type: str) -> dict[str, Any]:
         elif key == "backend":
             if value != "torch":
                 raise MetadataError(f"sentence_bert_config.json asks for the {value!r} backend; poolserve runs torch")
+        elif key in MULTI_VECTOR_KEYS and model_type == MULTI_VECTOR_ENCODER:
+            continue
         elif key not in TRANSFORMER_KEYS:
             raise MetadataError(f"sentence_bert_config.json sets {key!r}, which poolserve does not apply")
     task = config.get("transformer_task")
@@ -372,7 +427,11 @@ def read_logit_score(folder: Path, modules: list[dict[str, Any]]) -> tuple[int, 
 
 # A SentenceTransformer always has these prompts, "" unless saved otherwise: so encode_query with no saved
 # "query" prompt uses none, rather than the default prompt.
-DEFAULT_PROMPTS = {SENTENCE_TRANSFORMER: {"query": "", "document": ""}, SPARSE_ENCODER: {"query": "", "document": ""}}
+DEFAULT_PROMPTS = {
+    SENTENCE_TRANSFORMER: {"query": "", "document": ""},
+    SPARSE_ENCODER: {"query": "", "document": ""},
+    MULTI_VECTOR_ENCODER: {"query": "", "document": ""},
+}
 
 
 def read_prompts(settings: dict[str, Any], model_type: str) -> tuple[dict[str, str], str | None]:
@@ -403,13 +462,15 @@ def read_pooling(folder: Path) -> tuple[tuple[str, ...], int | None]:
     return modes, int(dimension) if dimension else None
 
 
-def read_head(folder: Path, module: dict[str, Any]) -> Head | None:
+def read_head(folder: Path, module: dict[str, Any], works_on: str = SENTENCE_EMBEDDING) -> Head | None:
     """A module after Pooling; None for one that does nothing at inference (Dropout)."""
     name = module_class(module)
     path = folder / str(module.get("path", ""))
     if name == "Dense":
         config: dict[str, Any] = read_json(path / "config.json")
-        check_keys(config, {"in_features", "out_features", "bias", "activation_function", "use_residual"}, module)
+        check_keys(
+            config, {"in_features", "out_features", "bias", "activation_function", "use_residual"}, module, works_on
+        )
         return DenseHead(
             path,
             int(config["in_features"]),
@@ -420,23 +481,35 @@ def read_head(folder: Path, module: dict[str, Any]) -> Head | None:
         )
     if name == "LayerNorm":
         config = read_json(path / "config.json")
-        check_keys(config, {"dimension"}, module)
+        check_keys(config, {"dimension"}, module, works_on)
         return LayerNormHead(path, int(config["dimension"]))
     if name == "Normalize":
         config_path = path / "config.json"
         if path != folder and config_path.is_file():
-            check_keys(read_json(config_path), set(), module)
+            check_keys(read_json(config_path), set(), module, works_on)
         return NormalizeHead()
     if name == "Dropout":
         return None
-    raise MetadataError(f"the {describe(module)} is not supported after Pooling")
+    place = "after Pooling" if works_on == SENTENCE_EMBEDDING else "in a MultiVectorEncoder"
+    raise MetadataError(f"the {describe(module)} is not supported {place}")
 
 
-def check_keys(config: dict[str, Any], known: set[str], module: dict[str, Any]) -> None:
-    """A module reads sentence_embedding and writes it back; any other key is an option poolserve lacks."""
+def check_keys(config: dict[str, Any], known: set[str], module: dict[str, Any], works_on: str) -> None:
+    """A module reads `works_on` (the pooled sentence embedding, or a MultiVectorEncoder's token vectors) and
+    writes it back; any other key is an option poolserve lacks."""
     for key in ("module_input_name", "module_output_name"):
         value = config.get(key)
-        if value not in (None, SENTENCE_EMBEDDING):
+        # An unnamed Dense input is token_embeddings in a MultiVectorEncoder (PyLate's and older saves name none).
+        if (
+            works_on == TOKEN_EMBEDDINGS
+            and value != TOKEN_EMBEDDINGS
+            and not (value is None and "in_features" in known)
+        ):
+            raise MetadataError(
+                f"the {describe(module)} works on {value!r}; a MultiVectorEncoder's modules work on "
+                f"{TOKEN_EMBEDDINGS!r}, the only kind poolserve runs there"
+            )
+        if works_on == SENTENCE_EMBEDDING and value not in (None, SENTENCE_EMBEDDING):
             raise MetadataError(
                 f"the {describe(module)} works on {value!r} (per-token vectors, as ColBERT's do); poolserve's heads "
                 "work on the pooled sentence embedding"
@@ -444,3 +517,52 @@ def check_keys(config: dict[str, Any], known: set[str], module: dict[str, Any]) 
     unknown = sorted(set(config) - known - {"module_input_name", "module_output_name"})
     if unknown:
         raise MetadataError(f"the {describe(module)} sets {unknown}, which poolserve does not apply")
+
+
+def read_token_modules(folder: Path, modules: list[dict[str, Any]]) -> tuple[tuple[Head, ...], bool, tuple[str, ...]]:
+    """A MultiVectorEncoder's modules after its Transformer: the heads on every token's vector, whether the
+    last is a Normalize, and the words its one MultiVectorMask leaves out of documents."""
+    masks = [module for module in modules if module_class(module) == "MultiVectorMask"]
+    if len(masks) != 1:
+        raise MetadataError(f"this MultiVectorEncoder has {len(masks)} MultiVectorMask modules; poolserve runs one")
+    heads, normalize = read_heads(folder, [m for m in modules if m is not masks[0]], TOKEN_EMBEDDINGS)
+    config: dict[str, Any] = read_json(folder / str(masks[0].get("path", "")) / "config.json")
+    unknown = sorted(set(config) - {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"})
+    if unknown:
+        raise MetadataError(f"the {describe(masks[0])} sets {unknown}, which poolserve does not apply")
+    if list(config.get("skiplist_tasks") or ["document"]) != ["document"]:
+        raise MetadataError(
+            f"the {describe(masks[0])} applies its skiplist to {config['skiplist_tasks']}; poolserve applies one to "
+            "documents only (sentence-transformers' default)"
+        )
+    if config.get("keep_only_token_ids") is not None:
+        raise MetadataError(f"the {describe(masks[0])} keeps only some token ids (keep_only_token_ids), which "
+                            "poolserve does not apply")  # fmt: skip
+    return heads, normalize, tuple(str(word) for word in config.get("skiplist_words") or ())
+
+
+def read_late_interaction(
+    transformer: dict[str, Any], settings: dict[str, Any], skiplist: tuple[str, ...]
+) -> LateInteractionFolder:
+    """Queries' and documents' treatment from the Transformer's options, as sentence-transformers' Transformer
+    validates them."""
+    similarity = str(settings.get("similarity_fn_name") or "maxsim")
+    if similarity not in LATE_SIMILARITIES:
+        raise MetadataError(f"similarity_fn_name {similarity!r} is not one of {', '.join(LATE_SIMILARITIES)}")
+    query_length = int(transformer.get("query_length") or 0)
+    document_length = int(transformer.get("document_length") or 0)
+    expansion: dict[str, Any] | None = transformer.get("query_expansion")
+    if expansion is None:
+        return LateInteractionFolder(query_length, document_length, skiplist_words=skiplist, similarity=similarity)
+    unknown = sorted(set(expansion) - {"strategy", "attend", "token", "length"})
+    strategy, length = expansion.get("strategy"), expansion.get("length")
+    if unknown or strategy not in ("fixed", "min") or not isinstance(length, int) or length < 1:
+        raise MetadataError(f"query_expansion {expansion} is not one sentence-transformers accepts")
+    if query_length and query_length < length:
+        raise MetadataError(f"query_length {query_length} is below the query_expansion length {length}")
+    token = expansion.get("token")
+    return LateInteractionFolder(
+        query_length, document_length, expansion=length, expansion_is_fixed=strategy == "fixed",
+        attend_expansion=bool(expansion.get("attend", False)), expansion_token=None if token is None else str(token),
+        skiplist_words=skiplist, similarity=similarity,
+    )  # fmt: skip

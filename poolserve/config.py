@@ -106,7 +106,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         Flag(
             "model",
             "How token states become one vector. auto: the folder's Sentence-Transformers Pooling config, "
-            "else last-token for decoder models and mean for encoders (a SPLADE model takes only auto).",
+            "else last-token for decoder models and mean for encoders (a SPLADE model takes only auto; a "
+            "late-interaction model pools nothing: its vectors are per token).",
         ),
     ] = "auto"
     trust_remote_code: Annotated[bool, Flag("model", "Allow model code shipped in the folder.")] = False
@@ -476,7 +477,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "its linear layers skip the padding, and batches are filled to their caps instead of cut by length. "
             "auto: on the CPU (32 sentences as they arrive: 0.67 x the padded pass's time, equal outputs; "
             "docs/benchmarks.md); on: on CUDA too (not measured there); off: the model's own padded forward. "
-            "Other architectures always run padded.",
+            "Other architectures, and late-interaction (ColBERT) models, always run padded.",
         ),
     ] = "auto"
     max_batch_tokens: Annotated[

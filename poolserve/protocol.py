@@ -106,6 +106,37 @@ class ImageProcessing(msgspec.Struct, kw_only=True, frozen=True):
         return (self.resize_height, self.resize_width)
 
 
+# How a late-interaction model scores a query against a document (sentence-transformers' names).
+LateSimilarity = Literal["maxsim", "meanmaxsim"]
+
+
+class LateInteraction(msgspec.Struct, kw_only=True, frozen=True):
+    """A late-interaction (ColBERT) model: one projected vector per scored token, queries and documents
+    treated apart, as sentence-transformers' MultiVectorEncoder treats them.
+
+    A query's text is cut at `query_length` tokens (0: the model's maximum) and then, with `expansion`,
+    padded up to `expansion` tokens with `expansion_token_id` (ColBERT's query expansion): every position
+    of a query is scored, and the model attends to the added ones only with `attend_expansion`. A
+    document's text is cut at `document_length`; its tokens in `skiplist_ids` (punctuation, usually)
+    are left out of its vectors. A text with neither role is a document cut at the model's maximum."""
+
+    query_length: int = 0
+    document_length: int = 0
+    expansion: int = 0
+    attend_expansion: bool = False
+    expansion_token_id: int = 0
+    skiplist_ids: list[int] = msgspec.field(default_factory=list)
+    similarity: LateSimilarity = "maxsim"
+
+    def vector_count(self, ids: npt.NDArray[np.integer], is_query: bool) -> int:
+        """How many token vectors a text of these ids has: the one rule both ends cut a frame by."""
+        if is_query:
+            return max(len(ids), self.expansion)
+        if not self.skiplist_ids:
+            return len(ids)
+        return len(ids) - int(np.isin(ids, self.skiplist_ids).sum())
+
+
 class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     """What an API server needs to know of the model, told by the engine in its handshake."""
 
@@ -151,6 +182,8 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     template_tokens: dict[str, str] = msgspec.field(default_factory=dict)
     # Sparse models: the most non-zero values a row keeps (the folder's max_active_dims; 0: all of them).
     max_active_dims: int = 0
+    # A late-interaction model's query and document treatment; None for a model with one vector per input.
+    late_interaction: LateInteraction | None = None
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks
@@ -194,6 +227,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     is_suspect: bool = False
     priority: int = 0
     per_token: bool = False
+    queries: int = 0
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -217,6 +251,8 @@ class PoolJob:
     model's own choice; `activation` applies a classifier's activation to its logits. `priority`:
     lower runs sooner (engine_core/scheduler.py says how). `per_token`: every token's hidden state
     instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
+    `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
+    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them).
     """
 
     lengths: npt.NDArray[np.int64]
@@ -228,6 +264,7 @@ class PoolJob:
     activation: bool = True
     priority: int = 0
     per_token: bool = False
+    queries: int = 0
 
     @classmethod
     def from_rows(
@@ -241,6 +278,7 @@ class PoolJob:
         activation: bool = True,
         priority: int = 0,
         per_token: bool = False,
+        queries: int = 0,
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -250,7 +288,9 @@ class PoolJob:
         if type_rows is not None:
             token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
         pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
-        return cls(lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token)
+        return cls(
+            lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token, queries
+        )
 
     @property
     def images(self) -> int:
@@ -276,6 +316,7 @@ class PoolJob:
             is_suspect=is_suspect,
             priority=self.priority,
             per_token=self.per_token,
+            queries=self.queries,
         )
 
     def frames(self) -> list[Frame]:
@@ -319,6 +360,8 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         if height < 1 or width < 1 or memoryview(frames[-1]).nbytes != count * height * width * 3:
             raise ProtocolError(f"the pixel frame must hold {count} images of {height}x{width}x3 bytes")
         pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(count, height, width, 3)
+    if not 0 <= request.queries <= len(request.lengths):
+        raise ProtocolError("queries must be within 0..the number of text inputs")
     if not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
         raise ProtocolError(f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}")
     return PoolJob(
@@ -331,6 +374,7 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         request.activation,
         request.priority,
         request.per_token,
+        request.queries,
     )
 
 

@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="launch",
         description=(
-            "Serve a pooling model (embeddings, rerankers, classifiers, CLIP) over HTTP: N API-server "
+            "Serve a pooling model (embeddings, late-interaction ColBERT, rerankers, classifiers, CLIP) over HTTP: "
+            "N API-server "
             "processes share one listening socket and feed one engine-core process that owns the model "
             "and batches across all of them."
         ),

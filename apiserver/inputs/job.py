@@ -35,10 +35,18 @@ class EngineJob:
     priority: int = 0
     # Every token's state instead of one pooled row per input (TEI's /embed_all, vLLM's token_embed).
     per_token: bool = False
+    # A late-interaction model's: how many of the first inputs are queries, and each input's count of token
+    # vectors (apiserver/late_interaction.py), by which the engine's rows are cut.
+    queries: int = 0
+    vector_counts: list[int] | None = None
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(row) for row in self.rows)
+        """The tokens the model reads: an expanded query's expansion tokens too."""
+        tokens = sum(len(row) for row in self.rows)
+        if self.vector_counts is not None:
+            tokens += sum(self.vector_counts[i] - len(self.rows[i]) for i in range(self.queries))
+        return tokens
 
     def to_wire(self) -> PoolJob:
         """What the engine client sends: the rows and images as arrays, with the request's options."""
@@ -51,11 +59,14 @@ class EngineJob:
             activation=self.activation,
             priority=self.priority,
             per_token=self.per_token,
+            queries=self.queries,
         )
 
     def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
-        """A per-token job's rows (one per token of every input) cut into one tokens x dim array per input."""
-        cuts = np.cumsum([len(row) for row in self.rows])[:-1]
+        """A per-token job's rows (one per token of every input, or per token vector of a late-interaction
+        model's) cut into one tokens x dim array per input."""
+        counts = self.vector_counts if self.vector_counts is not None else [len(row) for row in self.rows]
+        cuts = np.cumsum(counts)[:-1]
         return np.split(rows, cuts)
 
 

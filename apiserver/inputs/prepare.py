@@ -15,8 +15,10 @@ from apiserver.errors import bad_request
 from apiserver.inputs.items import ImageSource, Item, request_items
 from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
 from apiserver.inputs.text import vllm_truncation
+from apiserver.late_interaction import token_vectors_job
 from apiserver.limits import check_image_count
 from apiserver.operation import JobBuilder, Plan
+from apiserver.prompts import Role
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
@@ -77,14 +79,20 @@ def plan_items_request(
     per_token: bool = False,
     normalize_default: bool | None = None,
     prompt: str | None = None,
+    role: Role | None = None,
 ) -> Plan[I]:
     """Validate a request that carries `input` or `messages` and plan its job. `activation`: the request's
     `activation` field where it has one (vLLM's older name for `use_activation`); `normalize_default`: the
     normalization when the request does not say (None: the model's own); `prompt`: what goes before each
-    text (None: the model's default prompt)."""
+    text (None: the model's default prompt, or on a late-interaction model the prompt of `role`, whose texts
+    are its queries or documents: apiserver/late_interaction.py)."""
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
+    if dimensions and state.card.late_interaction is not None:
+        # MultiVectorEncoder has no truncate_dim: a cut token vector would be no vector its reference gives.
+        raise bad_request("`dimensions` is for single-vector models; this late-interaction model's token vectors "
+                          "come whole.", param="dimensions")  # fmt: skip
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
     refuse_options_of_another_kind(state.card, request, activation)
@@ -93,6 +101,13 @@ def plan_items_request(
     activation = value_of(use_activation=request.use_activation, activation=activation)
 
     def build(load_image: Callable[[ImageSource], Pixels]) -> EngineJob:
+        if state.card.late_interaction is not None:
+            job = token_vectors_job(
+                items, state.card, state.tokenizer, role, truncation=truncation, budget=state.token_budget,
+                add_special_tokens=request.add_special_tokens, prompt=prompt,
+            )  # fmt: skip
+            job.normalize = normalize
+            return job
         job = build_job(
             items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image,
             direction=truncation.direction, budget=state.token_budget, add_special_tokens=request.add_special_tokens,

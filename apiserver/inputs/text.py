@@ -66,6 +66,18 @@ def check_room(limit: int | None, special_tokens: int, option: str) -> None:
         )
 
 
+def with_second_cut(
+    limit: int | None, second_tokens: int, prompt: str, tokenizer: TextTokenizer, max_model_len: int
+) -> int | None:
+    """A truncation limit with Cohere's `max_tokens_per_doc` applied: the document's own tokens, with its prompt and
+    special tokens beside them. A cut past the maximum changes nothing: the text is refused or truncated as
+    without it."""
+    cut = second_tokens + tokenizer.special_tokens + (tokenizer.count_tokens(prompt) if prompt else 0)
+    if limit is not None:
+        return min(limit, cut)
+    return cut if cut < max_model_len else None
+
+
 # Texts are tokenized this many at a time, so a request past its token budget stops at the chunk that passes it.
 CHUNK_INPUTS = 128
 

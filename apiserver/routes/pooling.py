@@ -9,6 +9,7 @@ import numpy as np
 from apiserver.errors import bad_request
 from apiserver.inputs.prepare import plan_items_request
 from apiserver.operation import Operation, Plan, Rows
+from apiserver.prompts import role_prompt
 from apiserver.responses import encode_json, encode_rows, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse, PoolingTask
@@ -40,8 +41,16 @@ def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
             "`encoding_format` base64 is for dense vectors; a sparse model's answer is its non-zero entries.",
             param="encoding_format",
         )
+    role = request.input_type
+    late = state.card.late_interaction is not None
+    # Voyage's input_type picks the role's prompt, as on /v1/embeddings; a late-interaction model treats the role.
+    prompt = role_prompt(state.card, role) if role is not None and not late else None
+    if task is None and late:
+        task = "token_embed"  # a late-interaction model's only output
     if task is None:
-        return plan_items_request(state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation)
+        return plan_items_request(
+            state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation, prompt=prompt
+        )
     if task in REFUSED:
         raise bad_request(
             f"`task` {task!r} is not supported: {REFUSED[task]}.", param="task", code="task_not_supported"
@@ -55,10 +64,11 @@ def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
             code="task_not_supported",
         )
     per_token = task == "token_embed"
-    # vLLM normalizes per-token states unless the request says not to.
+    # vLLM normalizes per-token states unless the request says not to; a late-interaction model's vectors are
+    # normalized as the model does (its Normalize module).
     return plan_items_request(
         state, request, task=needed, endpoint="/pooling", activation=request.activation, per_token=per_token,
-        normalize_default=True if per_token else None,
+        normalize_default=True if per_token and not late else None, prompt=prompt, role=role,
     )  # fmt: skip
 
 

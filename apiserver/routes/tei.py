@@ -12,9 +12,10 @@ from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import EngineJob, build_job
 from apiserver.inputs.text import tei_truncation, tokenize_pairs, tokenize_texts
+from apiserver.late_interaction import token_vectors_job
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
-from apiserver.prompts import named_prompt
+from apiserver.prompts import named_prompt, role_prompt
 from apiserver.responses import encode_json, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
@@ -39,6 +40,18 @@ def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state:
     prompt = named_prompt(state.card, request.prompt_name)
     items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
     truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
+    if isinstance(request, EmbedAllRequest) and state.card.late_interaction is not None:
+        role = request.input_type
+        if role is not None and request.prompt_name is not None:
+            raise bad_request("Send `input_type` or `prompt_name`, not both: the role picks its own prompt.",
+                              param="input_type")  # fmt: skip
+        return token_vectors_job(
+            items, state.card, state.tokenizer, role, truncation=truncation,
+            params=[f"inputs[{k}]" for k in range(len(items))], budget=state.token_budget,
+            prompt=None if request.prompt_name is None else prompt,
+        )  # fmt: skip
+    if isinstance(request, EmbedAllRequest) and request.input_type is not None:
+        prompt = role_prompt(state.card, request.input_type)
     return build_job(
         items,
         state.card,
@@ -68,10 +81,11 @@ EMBED = Operation(EmbedRequest, parse_embed, render_embed)
 
 
 def parse_embed_all(request: EmbedAllRequest, state: AppState) -> Plan[None]:
-    """Every token's last hidden state, as the model gives it: TEI's /embed_all neither pools nor normalizes."""
+    """Every token's last hidden state, as the model gives it: TEI's /embed_all neither pools nor normalizes. A
+    late-interaction model's token vectors are the model's own, normalized where its modules normalize them."""
     require_task(state.card, TASK_TOKEN_EMBED, "/embed_all")
     job = tei_job(request, state)
-    job.per_token, job.normalize = True, False
+    job.per_token, job.normalize = True, None if state.card.late_interaction is not None else False
     return Plan(None, job=job)
 
 

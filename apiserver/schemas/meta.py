@@ -18,6 +18,9 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     # embed, embed_sparse, token_embed, score, classify, pool, tokenize).
     kind: str = ""
     tasks: list[str] = msgspec.field(default_factory=list)
+    # What one input gives: "vector" (an embedding), "multi_vector" (a late-interaction model's token vectors),
+    # or "scores" (a classifier's or cross-encoder's).
+    output: str = "vector"
 
 
 class ModelList(msgspec.Struct, kw_only=True):

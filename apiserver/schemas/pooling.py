@@ -17,11 +17,15 @@ class PoolingRequest(ItemsRequest, kw_only=True):
     # Classifiers: apply the model's activation (sigmoid/softmax) to the logits (None: do). vLLM's
     # older name for `use_activation`.
     activation: bool | None = None
-    # None: the model's own output (a vector, a classifier's scores, or a sparse model's non-zero entries).
+    # None: the model's own output (a vector, a classifier's scores, a sparse model's non-zero entries, or a
+    # late-interaction model's token vectors).
     task: PoolingTask | None = None
     # A sparse model's pruning (docs/api.md, "Sparse models").
     sparse_top_k: SparseTopK | None = None
     sparse_threshold: SparseThreshold | None = None
+    # Voyage's name: the texts are queries or documents (the model's prompt for that role; on a late-interaction
+    # model, also its query expansion or document skiplist). None: as the model's `encode` treats a text.
+    input_type: Literal["query", "document"] | None = None
 
 
 class PoolingData(msgspec.Struct, kw_only=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from apiserver.schemas.common import Dimensions, Priority, SparseThreshold, SparseTopK, TruncationDirection
@@ -29,6 +31,8 @@ class EmbedAllRequest(msgspec.Struct, kw_only=True):
     truncation_direction: TruncationDirection = "Right"
     prompt_name: str | None = None
     priority: Priority = 0  # poolserve's, as vLLM names it
+    # poolserve's, Voyage's name: the texts are queries or documents (see /pooling).
+    input_type: Literal["query", "document"] | None = None
 
 
 class EmbedSparseRequest(EmbedAllRequest, kw_only=True):

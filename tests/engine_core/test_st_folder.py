@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from engine_core.st_folder import DenseHead, MetadataError, NormalizeHead, SpladeOptions, StFolder, read_st_folder
+from engine_core.st_folder import (
+    DenseHead,
+    LateInteractionFolder,
+    MetadataError,
+    NormalizeHead,
+    SpladeOptions,
+    StFolder,
+    read_st_folder,
+)
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
 POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
@@ -76,8 +84,7 @@ def test_a_normalize_between_heads_runs_as_a_head_and_only_a_trailing_one_is_the
         ),
         (
             {"config_sentence_transformers.json": {"model_type": "MultiVectorEncoder"}},
-            "config_sentence_transformers.json says model_type 'MultiVectorEncoder'; poolserve serves "
-            "SentenceTransformer, CrossEncoder and SparseEncoder folders",
+            "this MultiVectorEncoder has 0 MultiVectorMask modules; poolserve runs one",
         ),
         (
             {"config_sentence_transformers.json": {"prompts": {"query": "q: "}, "default_prompt_name": "passage"}},
@@ -182,3 +189,115 @@ def test_what_poolserve_cannot_run_of_a_sparse_encoder_is_refused_in_one_sentenc
     with pytest.raises(MetadataError) as refused:
         read_st_folder(write(tmp_path, modules, files))
     assert str(refused.value) == sentence
+
+
+MVE_TRANSFORMER = {
+    "idx": 0,
+    "name": "0",
+    "path": "",
+    "type": "sentence_transformers.base.modules.transformer.Transformer",
+}
+TOKEN_DENSE = {"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.base.modules.dense.Dense"}
+MASK = {
+    "idx": 2, "name": "2", "path": "2_MultiVectorMask",
+    "type": "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask",
+}  # fmt: skip
+TOKEN_NORMALIZE = {
+    "idx": 3,
+    "name": "3",
+    "path": "3_Normalize",
+    "type": "sentence_transformers.base.modules.normalize.Normalize",
+}
+ON_TOKENS = {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}
+DENSE_ON_TOKENS = {
+    "in_features": 4,
+    "out_features": 2,
+    "bias": False,
+    "activation_function": "torch.nn.modules.linear.Identity",
+    **ON_TOKENS,
+}
+
+
+def multi_vector_files(**changes: Any) -> dict[str, Any]:
+    files: dict[str, Any] = {
+        "config_sentence_transformers.json": {"model_type": "MultiVectorEncoder", "prompts": {"query": "[Q] "}},
+        "sentence_bert_config.json": {
+            "module_output_name": "token_embeddings", "document_length": 40,
+            "query_expansion": {"strategy": "fixed", "attend": False, "token": None, "length": 12},
+        },
+        "1_Dense/config.json": DENSE_ON_TOKENS,
+        "2_MultiVectorMask/config.json": {"skiplist_words": [".", "!"], "skiplist_tasks": ["document"],
+                                          "keep_only_token_ids": None},
+        "3_Normalize/config.json": ON_TOKENS,
+    }  # fmt: skip
+    for name, change in changes.items():
+        files[name] = {**files[name], **change}
+    return files
+
+
+def test_a_multi_vector_encoder_reads_its_token_heads_roles_and_skiplist(tmp_path: Path) -> None:
+    modules = [MVE_TRANSFORMER, TOKEN_DENSE, MASK, TOKEN_NORMALIZE]
+    st = read_st_folder(write(tmp_path, modules, multi_vector_files()))
+    assert st.heads == (DenseHead(tmp_path / "1_Dense", 4, 2, False, DENSE_ON_TOKENS["activation_function"]),)
+    assert st.normalize is True and st.prompts == {"query": "[Q] ", "document": ""}
+    assert st.late_interaction == LateInteractionFolder(
+        document_length=40, expansion=12, expansion_is_fixed=True, skiplist_words=(".", "!")
+    )
+
+
+@pytest.mark.parametrize(
+    ("modules", "changes", "sentence"),
+    [
+        (
+            [MVE_TRANSFORMER, TOKEN_DENSE, MASK],
+            {"2_MultiVectorMask/config.json": {"skiplist_tasks": ["query", "document"]}},
+            "the module 2_MultiVectorMask (sentence_transformers.multi_vector_encoder.modules.multi_vector_mask."
+            "MultiVectorMask) applies its skiplist to ['query', 'document']; poolserve applies one to documents only "
+            "(sentence-transformers' default)",
+        ),
+        (
+            [MVE_TRANSFORMER, TOKEN_DENSE, MASK],
+            {"2_MultiVectorMask/config.json": {"keep_only_token_ids": [7]}},
+            "the module 2_MultiVectorMask (sentence_transformers.multi_vector_encoder.modules.multi_vector_mask."
+            "MultiVectorMask) keeps only some token ids (keep_only_token_ids), which poolserve does not apply",
+        ),
+        (
+            [MVE_TRANSFORMER, TOKEN_DENSE, MASK],
+            {"1_Dense/config.json": {"module_input_name": "sentence_embedding"}},
+            "the module 1_Dense (sentence_transformers.base.modules.dense.Dense) works on 'sentence_embedding'; a "
+            "MultiVectorEncoder's modules work on 'token_embeddings', the only kind poolserve runs there",
+        ),
+        (
+            [MVE_TRANSFORMER, TOKEN_DENSE, MASK],
+            {"sentence_bert_config.json": {"query_expansion": {"strategy": "fixed", "length": 12}, "query_length": 8}},
+            "query_length 8 is below the query_expansion length 12",
+        ),
+        (
+            [MVE_TRANSFORMER, TOKEN_DENSE, MASK],
+            {"config_sentence_transformers.json": {"similarity_fn_name": "cosine"}},
+            "similarity_fn_name 'cosine' is not one of maxsim, meanmaxsim",
+        ),
+    ],
+)
+def test_what_a_multi_vector_encoder_asks_beyond_poolserve_is_refused_in_one_sentence(
+    tmp_path: Path, modules: list[dict[str, Any]], changes: dict[str, Any], sentence: str
+) -> None:
+    with pytest.raises(MetadataError) as refused:
+        read_st_folder(write(tmp_path, modules, multi_vector_files(**changes)))
+    assert str(refused.value) == sentence
+
+
+@pytest.mark.parametrize(
+    ("settings", "dense_type"),
+    [
+        ({"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32}, "sentence_transformers.models.Dense"),
+        ({}, "pylate.models.Dense.Dense"),
+    ],
+)
+def test_a_pylate_save_under_another_model_type_than_colbert_is_refused_by_name(
+    tmp_path: Path, settings: dict[str, Any], dense_type: str
+) -> None:
+    modules = [TRANSFORMER, {"idx": 1, "name": "1", "path": "1_Dense", "type": dense_type}]
+    files = {"config_sentence_transformers.json": {"model_type": "SentenceTransformer", **settings}}
+    with pytest.raises(MetadataError, match="PyLate's settings or modules under model_type 'SentenceTransformer'"):
+        read_st_folder(write(tmp_path, modules, files))

@@ -345,6 +345,123 @@ def build_splade_distilbert(folder: Path) -> None:
     SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
 
 
+# Late interaction (ColBERT) -----------------------------------------------------------------------------------
+
+
+def multi_vector_model(folder: Path, transformer_options: dict[str, Any], *heads: Any, **kwargs: Any) -> None:
+    """A MultiVectorEncoder saved by sentence-transformers 6: Transformer -> token heads -> MultiVectorMask ->
+    (Normalize), as its ColBERT models are built."""
+    from sentence_transformers import MultiVectorEncoder
+
+    MultiVectorEncoder(modules=[transformer(folder, 18, **transformer_options), *heads], device="cpu", **kwargs).save(
+        str(folder)
+    )
+
+
+def token_dense(in_features: int, out_features: int, activation: torch.nn.Module | None, **kwargs: Any) -> Any:
+    return dense(in_features, out_features, activation, module_input_name="token_embeddings", **kwargs)
+
+
+def multi_vector_mask(skiplist: list[str] | None) -> Any:
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    return MultiVectorMask(skiplist_words=skiplist)
+
+
+def build_colbert(folder: Path) -> None:
+    """ColBERT as PyLate trains it, in sentence-transformers 6's layout: [Q]/[D] markers, queries expanded to a
+    fixed 12 [MASK]-padded tokens the encoder does not attend to, documents cut at 40 tokens without punctuation,
+    a bias-free projection, normalized vectors, MaxSim."""
+    import string
+
+    from sentence_transformers.base.modules import Normalize
+
+    options = {"query_expansion": {"strategy": "fixed", "attend": False, "length": 12}, "document_length": 40}
+    multi_vector_model(
+        folder, options, token_dense(HIDDEN, 16, torch.nn.Identity(), bias=False),
+        multi_vector_mask(list(string.punctuation)), Normalize(module_input_name="token_embeddings"),
+        prompts={"query": "[Q] ", "document": "[D] "},
+    )  # fmt: skip
+
+
+def build_colbert_floor_expansion(folder: Path) -> None:
+    """The other knobs: expansion as a floor ("min") that the encoder attends to, a query_length above it, two
+    token heads (bias, Tanh), no skiplist, no Normalize, MeanMaxSim, and a default prompt for texts with no role."""
+    options = {"query_expansion": {"strategy": "min", "attend": True, "length": 8}, "query_length": 20}
+    multi_vector_model(
+        folder, options, token_dense(HIDDEN, 24, torch.nn.Tanh()), token_dense(24, 12, torch.nn.Identity()),
+        multi_vector_mask(None), prompts={"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT},
+        default_prompt_name="document", similarity_fn_name="meanmaxsim",
+    )  # fmt: skip
+
+
+def build_hf_colbert(folder: Path) -> None:
+    """Stanford's ColBERT (colbert-ir/colbertv2.0), written as colbert-ai saves it: HF_ColBERT's BERT under `bert.`
+    and its projection as `linear.weight` in one weights file, the config naming HF_ColBERT, and artifact.metadata
+    with its markers and lengths (colbert-ai is not installed here: the folder is written by hand)."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_bert(folder, 19)
+    state = {f"bert.{name}": tensor for name, tensor in load_file(str(folder / "model.safetensors")).items()}
+    state["linear.weight"] = torch.randn(16, HIDDEN, generator=torch.Generator().manual_seed(20))
+    save_file(state, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["HF_ColBERT"]
+    (folder / "config.json").write_text(json.dumps(config))
+    metadata = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 12, "doc_maxlen": 40,
+                "attend_to_mask_tokens": False, "mask_punctuation": True}  # fmt: skip
+    (folder / "artifact.metadata").write_text(json.dumps(metadata))
+
+
+def build_pylate(folder: Path, markers: tuple[str, str] = ("[Q] ", "[D] "), **settings: Any) -> None:
+    """PyLate's ColBERT, written as PyLate 1.x saves it (PyLate pins sentence-transformers 5.3 and transformers
+    <= 5.3, which this environment cannot hold): "[Q] " and "[D] " added to the tokenizer and the embeddings, a
+    Transformer and `pylate.models.Dense.Dense` in modules.json, and PyLate's settings in
+    config_sentence_transformers.json (model_type ColBERT, prefixes, lengths, expansion, skiplist)."""
+    import string
+
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BertModel
+
+    tiny_bert(folder, 21)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.add_tokens([marker for marker in markers if marker not in tokenizer.get_vocab()]):
+        model = BertModel.from_pretrained(folder)
+        model.resize_token_embeddings(len(tokenizer))
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    (folder / "1_Dense").mkdir()
+    dense_config = {"in_features": HIDDEN, "out_features": 16, "bias": False,
+                    "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
+    (folder / "1_Dense" / "config.json").write_text(json.dumps(dense_config))
+    weight = torch.randn(16, HIDDEN, generator=torch.Generator().manual_seed(22))
+    save_file({"linear.weight": weight}, str(folder / "1_Dense" / "model.safetensors"))
+    defaults = {
+        "model_type": "ColBERT", "prompts": {"query": "", "document": ""}, "default_prompt_name": None,
+        "similarity_fn_name": "MaxSim", "query_prefix": markers[0], "document_prefix": markers[1], "query_length": 12,
+        "document_length": 40, "attend_to_expansion_tokens": False, "skiplist_words": list(string.punctuation),
+        "do_query_expansion": True,
+    }  # fmt: skip
+    saved = {key: value for key, value in {**defaults, **settings}.items() if value is not None}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(saved))
+
+
+def build_pylate_stanford_markers(folder: Path) -> None:
+    """PyLate's save of a model with Stanford's markers (answerai-colbert-small's shape): "[unused0]" and
+    "[unused1]", which the vocabulary has but the tokenizer splits, expansion attended, and PyLate's defaults
+    for what it left unsaid (a 32-token query, the punctuation skiplist, the model's maximum for documents)."""
+    build_pylate(
+        folder, ("[unused0]", "[unused1]"), attend_to_expansion_tokens=True, query_length=None, document_length=None,
+        skiplist_words=None,
+    )  # fmt: skip
+
+
 SERVED = [
     Served("st-mean-normalize", build_mean_normalize),
     Served("st-dense-chain-prompts", build_dense_chain_with_prompts),
@@ -373,6 +490,11 @@ SERVED = [
     Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
     Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
     Served("splade-distilbert", build_splade_distilbert, reference="sparse"),
+    Served("colbert", build_colbert, reference="multi_vector"),
+    Served("colbert-floor-expansion", build_colbert_floor_expansion, reference="multi_vector"),
+    Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
+    Served("pylate", build_pylate, reference="multi_vector"),
+    Served("pylate-stanford-markers", build_pylate_stanford_markers, reference="multi_vector"),
 ]
 
 
@@ -449,6 +571,10 @@ def build_token_dense(folder: Path) -> None:
     """A projection of every token's vector (ColBERT's, as PyLate saves it), not of the pooled row."""
     module = dense(HIDDEN, 8, None, module_input_name="token_embeddings")
     st_model(folder, transformer(folder), pooling("mean"), module)
+
+
+def build_pylate_other_model_type(folder: Path) -> None:
+    build_pylate(folder, model_type="SentenceTransformer")
 
 
 def build_foreign_activation(folder: Path) -> None:
@@ -528,6 +654,12 @@ REFUSED = [
         build_token_dense,
         "the module 2_Dense (sentence_transformers.base.modules.dense.Dense) works on 'token_embeddings' (per-token "
         "vectors, as ColBERT's do); poolserve's heads work on the pooled sentence embedding",
+    ),
+    Refused(
+        "pylate-other-model-type",
+        build_pylate_other_model_type,
+        "this folder holds PyLate's settings or modules under model_type 'SentenceTransformer'; poolserve serves "
+        "PyLate's layout where config_sentence_transformers.json says model_type 'ColBERT', as PyLate saves it",
     ),
     Refused(
         "dense-foreign-activation",

@@ -1,9 +1,10 @@
 """Every served layout of docs/models.md, through the HTTP endpoints, equal to the reference library in float32.
 
-The reference is sentence-transformers 6 (SentenceTransformer, CrossEncoder, SparseEncoder) on the same folder:
-its `encode` with the default prompt, a named prompt, `encode_query` and `encode_document`; its `similarity`
-for /rerank by a bi-encoder; `CrossEncoder.predict` for a cross-encoder's scores; `SparseEncoder.encode` for a
-sparse model's vectors (the same non-zero indices, values within 1e-4) and its `max_active_dims` for pruning.
+The reference is sentence-transformers 6 (SentenceTransformer, CrossEncoder, SparseEncoder, MultiVectorEncoder)
+on the same folder: its `encode` with the default prompt, a named prompt, `encode_query` and `encode_document`;
+its `similarity` for /rerank by a bi-encoder and MaxSim by a late-interaction model; `CrossEncoder.predict` for
+a cross-encoder's scores; `SparseEncoder.encode` for a sparse model's vectors (the same non-zero indices, values
+within 1e-4) and its `max_active_dims` for pruning.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             check_llm_reranker(client, folder, card_code=layout.reference == "qwen3_card")
         elif layout.reference == "sparse":
             check_sparse_encoder(client, folder)
+        elif layout.reference == "multi_vector":
+            check_multi_vector(client, folder)
         else:
             check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
 
@@ -230,3 +233,75 @@ def check_sparse_encoder(client: httpx.Client, folder: Path) -> None:
     assert ranked.status_code == 200, ranked.text
     scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
     np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], expected, atol=1e-4, rtol=1e-5)
+
+
+def assert_same_tokens(served: list[F32], reference: list[Any]) -> None:
+    """Each input's token vectors: as many, each at cosine >= 0.9999 with the reference's."""
+    assert len(served) == len(reference)
+    for vectors, expected in zip(served, reference, strict=True):
+        assert_same(vectors, np.asarray(expected, dtype=np.float32))
+
+
+def token_vectors(client: httpx.Client, path: str, body: dict[str, Any]) -> list[F32]:
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    matrices = [item["data"] for item in answer["data"]] if path == "/pooling" else answer
+    return [np.asarray(matrix, dtype=np.float32) for matrix in matrices]
+
+
+def check_multi_vector(client: httpx.Client, folder: Path) -> None:
+    """A late-interaction model: token vectors of queries, documents and texts with no role, as the reference's
+    encode_query, encode_document and encode give them, and MaxSim scores as its similarity computes them. Over-long
+    texts are cut (the reference always cuts; poolserve when asked), a query's at its role's length."""
+    from sentence_transformers import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(folder), device="cpu")
+    texts = [*TEXTS, LONG]
+    references = {
+        None: model.encode(texts),
+        "query": model.encode_query(texts),
+        "document": model.encode_document(texts),
+    }
+    for role, reference in references.items():
+        typed = {} if role is None else {"input_type": role}
+        pooling = token_vectors(
+            client, "/pooling", {"input": texts, "task": "token_embed", "truncate_prompt_tokens": -1, **typed}
+        )
+        assert_same_tokens(pooling, reference)
+        # /pooling's own output on such a model is its token vectors.
+        assert_same_tokens(
+            token_vectors(client, "/pooling", {"input": texts, "truncate_prompt_tokens": -1, **typed}), reference
+        )
+        assert_same_tokens(token_vectors(client, "/embed_all", {"inputs": texts, "truncate": True, **typed}), reference)
+    # TEI's prompt_name: that prompt, the text in no role (as `encode(prompt_name=...)`).
+    named = token_vectors(client, "/embed_all", {"inputs": TEXTS, "prompt_name": "query"})
+    assert_same_tokens(named, model.encode(TEXTS, prompt_name="query"))
+    both = client.post("/embed_all", json={"inputs": TEXTS, "prompt_name": "query", "input_type": "query"})
+    assert both.status_code == 413 and "input_type" in both.text, both.text  # TEI's validation status
+    # MaxSim of the query's vectors against each document's, on every scoring endpoint and shape.
+    documents = [*DOCUMENTS, LONG]
+    expected = model.similarity(model.encode_query([QUERY]), model.encode_document(documents))[0].numpy()
+    ranked = client.post("/v1/rerank", json={"query": QUERY, "documents": documents, "truncate_prompt_tokens": -1})
+    assert ranked.status_code == 200, ranked.text
+    results = ranked.json()["results"]
+    assert [item["index"] for item in results] == np.argsort(-expected, kind="stable").tolist()
+    scores = {item["index"]: item["relevance_score"] for item in results}
+    np.testing.assert_allclose([scores[i] for i in range(len(documents))], expected, atol=1e-4, rtol=1e-5)
+    tei = client.post("/rerank", json={"query": QUERY, "texts": documents, "truncate": True})
+    assert tei.status_code == 200, tei.text
+    tei_scores = {item["index"]: item["score"] for item in tei.json()}
+    np.testing.assert_allclose([tei_scores[i] for i in range(len(documents))], expected, atol=1e-4, rtol=1e-5)
+    one_to_many = client.post("/score", json={"text_1": QUERY, "text_2": documents, "truncate_prompt_tokens": -1})
+    assert one_to_many.status_code == 200, one_to_many.text
+    np.testing.assert_allclose([d["score"] for d in one_to_many.json()["data"]], expected, atol=1e-4, rtol=1e-5)
+    queries = [QUERY, "cats and mats", QUERY]
+    pairwise = model.similarity_pairwise(model.encode_query(queries), model.encode_document(DOCUMENTS)).numpy()
+    many = client.post("/v1/score", json={"queries": queries, "documents": DOCUMENTS})
+    assert many.status_code == 200, many.text
+    np.testing.assert_allclose([d["score"] for d in many.json()["data"]], pairwise, atol=1e-4, rtol=1e-5)
+    cut = client.post("/pooling", json={"input": TEXTS, "dimensions": 4})
+    assert cut.status_code == 400 and cut.json()["error"]["param"] == "dimensions", cut.text
+    # No single vector to give: refused by name.
+    refused = client.post("/v1/embeddings", json={"input": TEXTS})
+    assert refused.status_code == 400 and "late-interaction (ColBERT)" in refused.text, refused.text

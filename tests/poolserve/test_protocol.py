@@ -15,6 +15,7 @@ from poolserve.protocol import (
     Frame,
     Hello,
     ImageProcessing,
+    LateInteraction,
     ModelCard,
     OutputRows,
     Outputs,
@@ -71,11 +72,12 @@ def assert_same_job(decoded: PoolJob, sent: PoolJob) -> None:
         assert (got is None) == (want is None)
         if got is not None:
             np.testing.assert_array_equal(got, want)
-    assert (decoded.dimensions, decoded.normalize, decoded.activation, decoded.priority) == (
+    assert (decoded.dimensions, decoded.normalize, decoded.activation, decoded.priority, decoded.queries) == (
         sent.dimensions,
         sent.normalize,
         sent.activation,
         sent.priority,
+        sent.queries,
     )
 
 
@@ -84,6 +86,7 @@ JOBS = {
     "pairs": PoolJob.from_rows([[101, 7, 102, 8, 102]], [[0, 0, 0, 1, 1]], normalize=False, activation=False),
     "images only": PoolJob.from_rows([], images=[image(1), image(2)], normalize=True),
     "texts and images": PoolJob.from_rows([[5]], images=[image(3)]),
+    "late-interaction queries and documents": PoolJob.from_rows([[101, 7, 102], [101, 102]], per_token=True, queries=1),
 }
 
 
@@ -244,6 +247,7 @@ def tokens(*ids: int) -> bytes:
         (PoolRequest(1, [2], token_types=True), [tokens(1, 2), tokens(0)], "token type frame"),
         (PoolRequest(1, [], images=1, image_height=4, image_width=3), [b"", b"\0" * 35], "4x3x3"),
         (PoolRequest(1, [], images=1), [b"", b""], "0x0x3"),
+        (PoolRequest(1, [1], queries=2), [tokens(1)], "queries must be within"),
     ],
 )
 def test_frames_that_do_not_match_their_header_are_a_clear_protocol_error(
@@ -345,3 +349,14 @@ def test_a_sparse_output_header_round_trips_and_a_dense_one_carries_no_counts() 
     frames = received(EngineWire().encode_outputs([(PooledOutput(1, 1, 2), np.zeros((1, 2), dtype=np.float32))]))
     msg = ClientWire().decode(frames)
     assert isinstance(msg, Outputs) and msg.outputs[0].nonzeros is None
+
+
+def test_a_late_interaction_text_has_a_vector_per_place_as_a_query_and_per_kept_token_as_a_document() -> None:
+    """The one rule both ends cut a reply's frame by: a query is expanded to its floor; a document loses its
+    skiplist tokens."""
+    late = LateInteraction(expansion=5, skiplist_ids=[1012, 999])
+    ids = np.asarray([101, 7, 1012, 8, 999, 102], dtype=np.int32)
+    assert late.vector_count(ids, is_query=True) == 6  # already past the floor
+    assert late.vector_count(ids[:3], is_query=True) == 5
+    assert late.vector_count(ids, is_query=False) == 4
+    assert LateInteraction().vector_count(ids, is_query=False) == 6
