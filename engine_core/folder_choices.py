@@ -11,7 +11,8 @@ from transformers import PretrainedConfig
 
 from engine_core.pooling import FLAG_MODES
 from engine_core.pylate_folder import is_pylate_folder, read_pylate_folder
-from engine_core.st_folder import CROSS_ENCODER, MetadataError, StFolder, read_st_folder
+from engine_core.st_folder import read_st_folder
+from engine_core.st_modules import CROSS_ENCODER, MetadataError, StFolder
 from poolserve.config import Config
 from poolserve.protocol import (
     CLASSIFIER,

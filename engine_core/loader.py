@@ -54,8 +54,8 @@ from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
 from engine_core.splade import SpladeRunner, split_mlm
-from engine_core.st_folder import MetadataError, StFolder
 from engine_core.st_heads import build_heads
+from engine_core.st_modules import MetadataError, StFolder
 from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
 from poolserve.config import Config, TokenPacking
 from poolserve.protocol import (

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from engine_core.folder_choices import LoadError, first_line, is_causal_lm
-from engine_core.st_folder import CROSS_ENCODER, StFolder
+from engine_core.st_modules import CROSS_ENCODER, StFolder
 from poolserve.config import Config
 
 # Stand-ins for a pair's two texts when a template is tried at start: each must come out of the render.

@@ -15,8 +15,8 @@ import string
 from pathlib import Path
 from typing import Any
 
-from engine_core.st_folder import (
-    LATE_SIMILARITIES,
+from engine_core.st_folder import read_prompts
+from engine_core.st_modules import (
     MULTI_VECTOR_ENCODER,
     MULTI_VECTOR_KEYS,
     TOKEN_EMBEDDINGS,
@@ -27,9 +27,9 @@ from engine_core.st_folder import (
     module_class,
     read_heads,
     read_json,
-    read_prompts,
     read_transformer_config,
 )
+from engine_core.st_multi_vector import LATE_SIMILARITIES
 
 PYLATE_MODEL_TYPE = "ColBERT"
 # sentence-transformers' alias for PyLate's one module (its `_CLASS_REF_ALIASES`).

@@ -21,7 +21,7 @@ import torch
 
 from engine_core.packed_encoder import packable, packed_last_hidden_state
 from engine_core.runner import Rows, TextBatch, to_numpy
-from engine_core.st_folder import SpladeOptions
+from engine_core.st_modules import SpladeOptions
 
 F32 = npt.NDArray[np.float32]
 # Tokens whose logits are held at once (x vocabulary x 4 bytes: 16 MB on a CPU, 500 MB on a GPU for BERT). On a

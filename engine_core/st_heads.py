@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine_core.st_folder import DenseHead, Head, LayerNormHead, MetadataError, NormalizeHead
+from engine_core.st_modules import DenseHead, Head, LayerNormHead, MetadataError, NormalizeHead
 
 
 class Dense(nn.Module):

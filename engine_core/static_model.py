@@ -17,8 +17,8 @@ import numpy.typing as npt
 import torch
 from tokenizers import Tokenizer
 
-from engine_core.st_folder import MetadataError
 from engine_core.st_heads import read_module_state
+from engine_core.st_modules import MetadataError
 
 F32 = npt.NDArray[np.float32]
 Rows = Sequence[npt.NDArray[np.int32]]

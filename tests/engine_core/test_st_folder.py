@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from engine_core.st_folder import (
+from engine_core.st_folder import read_st_folder
+from engine_core.st_modules import (
     DenseHead,
     LateInteractionFolder,
     MetadataError,
     NormalizeHead,
     SpladeOptions,
     StFolder,
-    read_st_folder,
 )
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
