@@ -7,6 +7,8 @@ metrics and /openapi.json as the built-in endpoints (docs/api.md, "Plugins").
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -48,6 +50,12 @@ class Plugin:
     response: Any = None
 
 
+logger = logging.getLogger("poolserve.api")
+
+# A plugin import taking longer than this is logged as still loading.
+SLOW_LOAD_S = 5.0
+
+
 class PluginError(Exception):
     """A plugin that cannot be served; the message names it and says why."""
 
@@ -58,10 +66,18 @@ def load_plugins(names: list[str]) -> list[Endpoint]:
     taken = {endpoint.path for endpoint in ENDPOINTS} | OTHER_PATHS
     endpoints = []
     for name in names:
+        logger.info("loading the plugin %r (%s)", name, found[name].value)
+        # A plugin whose import hangs would hold the boot until its timeout with nothing said: named meanwhile.
+        still_loading = threading.Timer(
+            SLOW_LOAD_S, logger.warning, ("the plugin %r is still loading after %.0fs", name, SLOW_LOAD_S)
+        )
+        still_loading.start()
         try:
             plugin = found[name].load()
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: a plugin that exits at import is named, not the process's exit
             raise PluginError(f"The plugin {name!r} ({found[name].value}) failed to load: {exc!r}.") from exc
+        finally:
+            still_loading.cancel()
         if not isinstance(plugin, Plugin) or not isinstance(plugin.operation, Operation):
             raise PluginError(f"The plugin {name!r} names {plugin!r}, not an apiserver.plugins.Plugin.")
         if not plugin.path.startswith("/") or plugin.path in taken:
