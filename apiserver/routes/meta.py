@@ -11,7 +11,7 @@ from apiserver.errors import error_response, style_of
 from apiserver.responses import json_response
 from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
 from apiserver.state import AppState
-from poolserve.protocol import CLASSIFIER, ModelCard
+from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard
 
 LIVE = b'{"status":"ok"}'
 
@@ -36,6 +36,8 @@ async def list_models(request: Request) -> Response:
 def output_of(card: ModelCard) -> str:
     if card.late_interaction is not None:
         return "multi_vector"
+    if card.kind == SPARSE:
+        return "sparse"
     return "scores" if card.kind == CLASSIFIER else "vector"
 
 

@@ -18,8 +18,8 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     # embed, embed_sparse, token_embed, score, classify, pool, tokenize).
     kind: str = ""
     tasks: list[str] = msgspec.field(default_factory=list)
-    # What one input gives: "vector" (an embedding), "multi_vector" (a late-interaction model's token vectors),
-    # or "scores" (a classifier's or cross-encoder's).
+    # What one input gives: "vector" (an embedding), "sparse" (a SPLADE model's non-zero entries), "multi_vector"
+    # (a late-interaction model's token vectors), or "scores" (a classifier's, cross-encoder's or LLM reranker's).
     output: str = "vector"
 
 

@@ -38,6 +38,7 @@ def test_a_sparse_model_says_so_and_refuses_a_dense_embedding(splade_server: Lau
 def check_says_sparse(client: httpx.Client) -> None:
     (model,) = client.get("/v1/models").json()["data"]
     assert model["kind"] == "sparse" and "embed_sparse" in model["tasks"] and "embed" not in model["tasks"]
+    assert model["output"] == "sparse"
     assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
     refused = client.post("/v1/embeddings", json={"input": "hello"})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "task_not_supported"
