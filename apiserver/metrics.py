@@ -21,6 +21,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from poolserve.metric_archive import folder_lock
+
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 LAG_SAMPLE_INTERVAL_S = 0.25
@@ -125,6 +127,12 @@ class ReadableFilesCollector:
         self.path = path
 
     def collect(self) -> Iterable[Metric]:
+        # Shared with other scrapes, exclusive of the supervisor folding a dead process's files into the archives
+        # (poolserve/metric_archive.py): no file is read both folded and unfolded.
+        with folder_lock(self.path, exclusive=False):
+            return self._collect()
+
+    def _collect(self) -> Iterable[Metric]:
         readable = []
         unreadable = 0
         for path in glob.glob(os.path.join(self.path, "*.db")):

@@ -177,6 +177,17 @@ class Supervisor:
             metrics.RESTARTS.labels(process=process)  # a series at 0 from the start, as Prometheus advises
         self.metrics = metrics
 
+    def _fold_metric_files(self, pid: int) -> None:
+        directory = os.environ.get(METRICS_DIR_ENV)
+        if not directory:
+            return
+        from poolserve.metric_archive import fold_dead_files
+
+        try:
+            fold_dead_files(directory, pid)
+        except OSError as exc:  # the metrics are the operator's view; a fold that fails must not stop serving
+            logger.warning("metrics: could not fold the files of dead pid %d: %s", pid, exc)
+
     def _await_ready(self, children: list[ChildProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not all(child.is_ready for child in children):
@@ -277,8 +288,10 @@ class Supervisor:
             if code is None:
                 continue
             self._forget(child)
-            # Its gauges stop counting; its counters and histograms stay in the totals.
+            # Its live gauges stop counting; its counters and histograms stay in the totals, folded into the
+            # archive files so the folder (and each scrape's work) does not grow with every restart.
             self.metrics.mark_process_dead(child.pid)
+            self._fold_metric_files(child.pid)
             if child.is_stopping:
                 logger.info("%s (pid %d) stopped", child.name, child.pid)
                 continue

@@ -161,6 +161,11 @@ def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_log
     waiting = [key for key in samples if key[0] == "poolserve_engine_requests_waiting"]
     assert waiting == [("poolserve_engine_requests_waiting", (("engine", "0"),))]
     assert len([key for key in samples if key[0] == "poolserve_model_info"]) == 1
+    # The dead engine's files are folded into the archives and gone: the folder does not grow with restarts
+    # (its counters stay in the totals, as the restart count above read through them shows).
+    folder = metrics_folder(server)
+    assert not list(folder.glob(f"*_{engine}.db")) and not list(folder.glob(f"*-{engine}.db"))
+    assert (folder / "counter_archive.db").exists()
 
 
 def test_json_logs_are_one_object_per_line(json_logged: LaunchedServer) -> None:
