@@ -187,6 +187,11 @@ class EngineClient:
             sum(pong.queued_tokens for pong in pongs),
         )
 
+    def silent_engines(self) -> list[int]:
+        if len(self.links) < 2:
+            return []
+        return [index for index, link in enumerate(self.links) if link.latest_pong() is None]
+
     def fail_waiting(self, reason: str) -> None:
         """Fail every request in flight now (the API server is stopping and no engine is there)."""
         self._fail_all(EngineUnavailable(reason))

@@ -34,3 +34,6 @@ class InProcessEngine:
 
     def latest_pong(self) -> Pong | None:
         return Pong(0)
+
+    def silent_engines(self) -> list[int]:
+        return []

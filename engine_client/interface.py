@@ -24,3 +24,8 @@ class PoolingEngine(Protocol):
     def latest_pong(self) -> Pong | None:
         """The engine's latest health answer, or None when it has not answered lately."""
         ...
+
+    def silent_engines(self) -> list[int]:
+        """With several engines, the indexes of those that have not answered lately (restarting, or out of
+        service), while others serve."""
+        ...

@@ -42,6 +42,9 @@ ENGINE_STOP_TIMEOUT_S = 10.0
 # Stopping: how long to wait for the API servers to stop accepting before the listening socket is shut
 # under them (_stop_listening); one whose event loop is blocked never says it has.
 STOP_ACCEPTING_WAIT_S = 2.0
+# With several engines, one that crashes more than its crash history allows is left stopped this long (then given
+# a fresh start) while the others serve, rather than the whole server giving up.
+OUT_OF_SERVICE_S = 300.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
@@ -299,6 +302,9 @@ class Supervisor:
                 message = child.boot_report.message if child.boot_report else "see its log above"
                 raise StartFailed(f"{child.name} failed to start again: {message}")
             crashes = self.crashes[child.name].record(now)
+            if crashes > self.crashes[child.name].limit and child.role == "engine" and self._others_serve(child):
+                self._take_out_of_service(child, crashes, code, now)
+                continue
             if crashes > self.crashes[child.name].limit:
                 raise GaveUp(
                     f"{child.name} stopped unexpectedly {crashes} times within "
@@ -324,6 +330,22 @@ class Supervisor:
                 self.rolling.remove(child.index)
             self.respawn_at[child.name] = now + delay
             self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
+
+    def _others_serve(self, engine: ChildProcess) -> bool:
+        """Whether another engine is up (started, not out of service) to serve while this one cannot."""
+        return any(other is not engine and other.poll() is None for other in self.engines.values())
+
+    def _take_out_of_service(self, child: ChildProcess, crashes: int, code: int, now: float) -> None:
+        """A crash-looping engine beside others that serve: it alone stops, for OUT_OF_SERVICE_S, then gets a
+        fresh start; the API servers send it nothing meanwhile (no link answers), so the service goes on."""
+        logger.error(
+            "%s (pid %d) %s: %d crashes within %.0fs; taken out of service for %.0fs while the other engines serve",
+            child.name, child.pid, child.describe_exit(code), crashes, self.crashes[child.name].window,
+            OUT_OF_SERVICE_S,
+        )  # fmt: skip
+        self.crashes[child.name] = CrashHistory()
+        self.respawn_at[child.name] = now + OUT_OF_SERVICE_S
+        self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=child.name).set(1)
 
     def _forget(self, child: ChildProcess) -> None:
         if child.pipe_fd >= 0:
@@ -377,6 +399,7 @@ class Supervisor:
             if slot in self.engine_slots:
                 index = self.engine_slots[slot]
                 self.engines[index] = self._spawn("engine", index)
+                self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=slot).set(0)
         for index in range(self.api_server_count):
             if index not in self.api_servers and f"api-{index}" not in self.respawn_at:
                 self.api_servers[index] = self._spawn("api", index)

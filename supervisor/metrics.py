@@ -20,4 +20,12 @@ API_SERVERS = Gauge(
     multiprocess_mode="livemostrecent",
 )
 
-__all__ = ["API_SERVERS", "RESTARTS", "mark_process_dead"]
+ENGINES_OUT_OF_SERVICE = Gauge(
+    "poolserve_engine_out_of_service",
+    "1 while an engine is taken out of service for crashing again and again (--engine-count > 1; the others "
+    "serve), else 0.",
+    ["engine"],
+    multiprocess_mode="livemostrecent",
+)
+
+__all__ = ["API_SERVERS", "ENGINES_OUT_OF_SERVICE", "RESTARTS", "mark_process_dead"]

@@ -68,4 +68,4 @@ async def ready(request: Request) -> Response:
     engine = EngineHealth(
         queued_inputs=pong.queued_inputs, queued_tokens=pong.queued_tokens, busy_seconds=round(pong.stalled_for, 3)
     )
-    return json_response(HealthResponse(status="ok", engine=engine))
+    return json_response(HealthResponse(status="ok", engine=engine, silent_engines=state.engine.silent_engines()))

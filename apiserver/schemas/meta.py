@@ -44,3 +44,5 @@ class EngineHealth(msgspec.Struct, kw_only=True):
 class HealthResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: str
     engine: EngineHealth | None = None
+    # With several engines: those not answering now (restarting, or out of service), while the others serve.
+    silent_engines: list[int] = msgspec.field(default_factory=list)

@@ -6,6 +6,7 @@ commit 66676f4)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -72,3 +73,40 @@ def test_a_killed_engine_s_requests_move_to_the_other_and_it_comes_back(two_engi
     assert load.failures == [], load.failures
     assert set(load.statuses) == {200}, load.statuses
     assert "lost engine 1; moving its" in server.stderr()
+
+
+def test_an_engine_that_crashes_again_and_again_is_taken_out_of_service_while_the_other_serves(
+    two_engines: LaunchedServer,
+) -> None:
+    """More crashes than the crash history allows, in one engine of two: that engine alone stops (named in the
+    log, /health/ready and the metrics) and the other serves on, where the whole server used to give up and
+    exit. Last in this module: engine-1 stays out of service for minutes."""
+    server = two_engines
+    survivor = engine_pids(server)["0"]
+    killed: list[int] = []
+
+    def new_engine() -> int | None:
+        """engine-1's process as soon as it exists (killed while it boots: no need to wait for its model)."""
+        fresh = [pid for pid in server.child_pid("engine_core") if pid != survivor and pid not in killed]
+        return fresh[0] if fresh else None
+
+    body = {"input": ["a sentence while one engine crash-loops"]}
+    with SteadyLoad(server.url, clients=2, body=body) as load:
+        # The crash history allows 5 within 60 s (the test above killed it once already).
+        while "taken out of service" not in server.stderr():
+            assert len(killed) < 8 and wait_until(new_engine, 30), server.log()
+            victim = new_engine()
+            assert victim is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            wait_until(lambda: "taken out of service" in server.stderr() or bool(new_engine()), 15)
+        done = sum(load.statuses.values())
+        load.wait_for(done + 10)
+    assert server.proc.poll() is None, server.log()
+    assert load.failures == [] and set(load.statuses) == {200}, (load.failures, load.statuses)
+    assert "1" not in engine_pids(server) and "0" in engine_pids(server)
+    with server.client() as client:
+        health = client.get("/health/ready")
+        assert health.status_code == 200 and health.json()["silent_engines"] == [1], health.text
+    assert value(scrape(server.url), "poolserve_engine_out_of_service", engine="engine-1") == 1
