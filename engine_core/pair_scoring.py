@@ -67,6 +67,12 @@ def is_llm_reranker(config: Config, st: StFolder, model_config: PretrainedConfig
                 f"--score-format applies to a causal language model (*ForCausalLM); this is a "
                 f"{(model_config.architectures or [model_config.model_type])[0]}."
             )
+        architecture = (model_config.architectures or [model_config.model_type])[0]
+        if any(marker in architecture for marker in ("LayerWise", "CostWise")):
+            raise LoadError(
+                f"{architecture} is one of FlagEmbedding's layer-wise or lightweight rerankers, scored from chosen "
+                "layers (and compressed tokens), which --score-format does not run."
+            )
         if st.has_modules:
             raise LoadError(
                 f"--score-format {config.score_format} reads a bare causal model's folder as its package does; this "

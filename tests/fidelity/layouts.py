@@ -633,7 +633,21 @@ REFUSED = [
         build_causal_lm,
         "Qwen3ForCausalLM is a causal language model with no Sentence-Transformers files saying how to use it: to "
         "serve it as a reranker scored from its logits, give --score-tokens (and --score-template unless its chat "
-        "template renders query/document pairs); as an embedder, --pooling last (or mean).",
+        "template renders query/document pairs), or --score-format for mxbai-rerank-v2 or bge-reranker-v2-gemma; as "
+        "an embedder, --pooling last (or mean).",
+    ),
+    Refused(
+        "score-format-on-a-cross-encoder",
+        cross_encoder_builder(torch.nn.Sigmoid()),
+        "--score-format applies to a causal language model (*ForCausalLM); this is a BertForSequenceClassification.",
+        flags={"score_format": "mxbai-rerank-v2"},
+    ),
+    Refused(
+        "score-format-on-a-logit-score-folder",
+        build_logit_score,
+        "--score-format mxbai-rerank-v2 reads a bare causal model's folder as its package does; this folder is a "
+        "Sentence-Transformers model, served as its own modules say: drop --score-format.",
+        flags={"score_format": "mxbai-rerank-v2"},
     ),
     Refused(
         "llm-reranker-chat-template-without-pair-roles",
