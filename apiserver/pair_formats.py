@@ -177,8 +177,8 @@ def tokenize_format_pairs(
             if truncation.limit is None and len(row) < whole:
                 raise bad_request(
                     f"`{params[i]}` has {whole} tokens as {name} reads it, more than its package keeps within the "
-                    f"model's maximum of {card.max_model_len} (the query at most {max_length * 3 // 4} tokens, the "
-                    f"pair {max_length}); shorten it or set `{truncation.option}`.",
+                    f"model's maximum of {card.max_model_len} (its query at most {max_length * 3 // 4} tokens); "
+                    f"shorten it or set `{truncation.option}`.",
                     param=params[i],
                     code="context_length_exceeded",
                 )
