@@ -16,6 +16,7 @@ from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts, wi
 from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
+from apiserver.pair_formats import tokenize_format_pairs
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
 from apiserver.prompts import Role, role_prompt
 from apiserver.tokenizer import TextTokenizer
@@ -60,16 +61,15 @@ def plan_scores(
             return maxsim_scores(job.token_outputs(out), left, right, spec)
 
         return ScorePlan(job, late_scores)
-    if card.pair_template:
+    if card.pair_template or card.pair_format:
         if second_tokens is not None:
             raise bad_request(
-                "`max_tokens_per_doc` is not supported for a reranker that renders its pairs through a chat template; "
-                "truncate instead.",
+                "`max_tokens_per_doc` is not supported for a reranker that reads its pairs through a prompt of its "
+                "own; truncate instead.",
                 param="max_tokens_per_doc",
             )
-        rows = tokenize_rendered_pairs(
-            pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget
-        )
+        tokenize = tokenize_format_pairs if card.pair_format else tokenize_rendered_pairs
+        rows = tokenize(pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget)
         return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option

@@ -106,6 +106,10 @@ class TextTokenizer:
             return [tokenizer.encode(texts[0], add_special_tokens=add_special_tokens).ids]
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a token as the vocabulary spells it (a special token's too); None for "" or one it lacks."""
+        return self._tokenizer.token_to_id(token) if token else None
+
     def encode_truncated(
         self, text: str, max_tokens: int, direction: Direction = "right", *, add_special_tokens: bool = True
     ) -> list[int]:

@@ -132,8 +132,8 @@ def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig)
         raise LoadError(
             f"{(model_config.architectures or ['?'])[0]} is a causal language model with no Sentence-Transformers "
             "files saying how to use it: to serve it as a reranker scored from its logits, give --score-tokens (and "
-            "--score-template unless its chat template renders query/document pairs); as an embedder, --pooling "
-            "last (or mean)."
+            "--score-template unless its chat template renders query/document pairs), or --score-format for "
+            "mxbai-rerank-v2 or bge-reranker-v2-gemma; as an embedder, --pooling last (or mean)."
         )
     is_decoder = model_config.model_type in DECODER_MODEL_TYPES
     return ("lasttoken",) if is_decoder else ("mean",)

@@ -180,8 +180,9 @@ def load_model(config: Config) -> LoadedModel:
     kind = model_kind(model_config, st, llm_reranker)
     auto = auto_class_name(kind, llm_reranker)
     check_own_code(model_config, auto, trust)
-    if kind != CLASSIFIER and (config.score_template or config.score_tokens):
-        raise LoadError(f"--score-template and --score-tokens apply to rerankers; this is a {kind} model.")
+    if kind != CLASSIFIER and (config.score_template or config.score_tokens or config.score_format != "none"):
+        raise LoadError(f"--score-template, --score-tokens and --score-format apply to rerankers; this is a {kind} "
+                        "model.")  # fmt: skip
     scoring = choose_pair_scoring(config, st, model_config, tokenizer) if kind == CLASSIFIER else PairScoring()
     text_config = text_config_of(model_config)
     # A classifier's head and CLIP's projection make the vector; the rest pool token states.
@@ -293,7 +294,9 @@ def load_model(config: Config) -> LoadedModel:
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
         kind=kind,
-        tasks=LATE_INTERACTION_TASKS if late is not None else tasks_of(kind, num_labels, bool(scoring.template)),
+        tasks=LATE_INTERACTION_TASKS
+        if late is not None
+        else tasks_of(kind, num_labels, bool(scoring.template or scoring.format)),
         max_model_len=max_model_len,
         output_size=output_size,
         vocab_size=int(text_config.vocab_size),
@@ -304,9 +307,11 @@ def load_model(config: Config) -> LoadedModel:
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
         labels=labels,
-        activation=classifier_activation(model_config, st, num_labels) if kind == CLASSIFIER else "none",
+        activation=scoring.activation
+        or (classifier_activation(model_config, st, num_labels) if kind == CLASSIFIER else "none"),
         # A template renders a pair as one text: no segments.
-        uses_token_types=int(getattr(text_config, "type_vocab_size", 0) or 0) > 1 and not scoring.template,
+        uses_token_types=int(getattr(text_config, "type_vocab_size", 0) or 0) > 1
+        and not (scoring.template or scoring.format),
         image=image,
         image_tokens=image_tokens,
         max_batch_tokens=max_batch_tokens,
@@ -319,6 +324,7 @@ def load_model(config: Config) -> LoadedModel:
         template_tokens=scoring.special_tokens,
         max_active_dims=st.max_active_dims or 0,
         late_interaction=late,
+        pair_format=scoring.format,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

@@ -7,7 +7,8 @@ sentence_bert_config.json says modality_config "message") renders each pair as t
 [{"role": "query", ...}, {"role": "document", ...}], after a {"role": "system", ...} one for a prompt; a
 CrossEncoder over a `*ForCausalLM` model is followed by a LogitScore module naming the (true, false) tokens:
 its score is logit(true) - logit(false), or logit(true) alone. Folders without those files (Qwen3-Reranker's,
-bge-reranker-v2-gemma's) are told the same two things by --score-template and --score-tokens.
+bge-reranker-v2-gemma's) are told the same two things by --score-template and --score-tokens, or read as their
+own package reads them with --score-format (apiserver/pair_formats.py): its score tokens and activation are here.
 """
 
 from __future__ import annotations
@@ -21,9 +22,20 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from engine_core.folder_choices import LoadError, first_line, is_causal_lm
 from engine_core.st_modules import CROSS_ENCODER, StFolder
 from poolserve.config import Config
+from poolserve.protocol import Activation
 
 # Stand-ins for a pair's two texts when a template is tried at start: each must come out of the render.
 PROBE_QUERY, PROBE_DOCUMENT = "poolserve probe query", "poolserve probe document"
+
+# --score-format's score tokens (as each package finds them: the first id of the text) and activation: the
+# activation-on score is what the package's default returns where that is a logit and its `normalize` a sigmoid
+# (FlagLLMReranker's normalize=True); MxbaiRerankV2's rank() and predict() return the logit, and its normalize
+# divides by a per-checkpoint estimate no folder holds, so it is served raw either way.
+FORMAT_TOKENS: dict[str, tuple[str, str | None]] = {
+    "mxbai-rerank-v2": ("1", "0"),
+    "bge-reranker-v2-gemma": ("Yes", None),
+}
+FORMAT_ACTIVATIONS: dict[str, Activation] = {"mxbai-rerank-v2": "none", "bge-reranker-v2-gemma": "sigmoid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +46,9 @@ class PairScoring:
     template: str = ""
     special_tokens: dict[str, str] = field(default_factory=dict)
     logit_tokens: tuple[int, int | None] | None = None
+    # --score-format's name ("": none), and the activation it calls for.
+    format: str = ""
+    activation: Activation | None = None
 
 
 def is_llm_reranker(config: Config, st: StFolder, model_config: PretrainedConfig) -> bool:
@@ -46,6 +61,24 @@ def is_llm_reranker(config: Config, st: StFolder, model_config: PretrainedConfig
         )
     if config.score_tokens and st.logit_score is not None:
         raise LoadError("--score-tokens replaces the folder's own LogitScore module; drop --score-tokens.")
+    if config.score_format != "none":
+        if not is_causal_lm(model_config):
+            raise LoadError(
+                f"--score-format applies to a causal language model (*ForCausalLM); this is a "
+                f"{(model_config.architectures or [model_config.model_type])[0]}."
+            )
+        architecture = (model_config.architectures or [model_config.model_type])[0]
+        if any(marker in architecture for marker in ("LayerWise", "CostWise")):
+            raise LoadError(
+                f"{architecture} is one of FlagEmbedding's layer-wise or lightweight rerankers, scored from chosen "
+                "layers (and compressed tokens), which --score-format does not run."
+            )
+        if st.has_modules:
+            raise LoadError(
+                f"--score-format {config.score_format} reads a bare causal model's folder as its package does; this "
+                "folder is a Sentence-Transformers model, served as its own modules say: drop --score-format."
+            )
+        return True
     return st.logit_score is not None or (bool(config.score_tokens) and is_causal_lm(model_config))
 
 
@@ -54,6 +87,8 @@ def choose_pair_scoring(
 ) -> PairScoring:
     """How the served reranker (a classifier) reads pairs; LoadError for what it cannot read exactly."""
     llm = is_llm_reranker(config, st, model_config)
+    if config.score_format != "none":
+        return format_scoring(config.score_format, tokenizer)
     template = read_template_flag(config.score_template) if config.score_template else ""
     if not template and renders_messages(st, tokenizer):
         template = str(tokenizer.chat_template)
@@ -113,3 +148,23 @@ def token_ids(tokenizer: PreTrainedTokenizerBase, tokens: list[str]) -> tuple[in
         raise LoadError(f"--score-tokens {' '.join(missing)} is not a token of the model's vocabulary.")
     ids = [int(vocab[token]) for token in tokens]
     return ids[0], ids[1] if len(ids) > 1 else None
+
+
+def format_scoring(name: str, tokenizer: PreTrainedTokenizerBase) -> PairScoring:
+    """--score-format's scoring: its package's tokens, each the first id of the text as the package looks it up
+    (tokenizer(text, add_special_tokens=False)["input_ids"][0])."""
+    ids: list[int | None] = []
+    for text in FORMAT_TOKENS[name]:
+        if text is None:
+            ids.append(None)
+            continue
+        encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not encoded:
+            raise LoadError(f"--score-format {name}: the tokenizer gives no token for {text!r}.")
+        ids.append(int(encoded[0]))
+    true_id, false_id = ids
+    assert true_id is not None
+    special = {str(key): str(value) for key, value in tokenizer.special_tokens_map.items() if isinstance(value, str)}
+    return PairScoring(
+        special_tokens=special, logit_tokens=(true_id, false_id), format=name, activation=FORMAT_ACTIVATIONS[name]
+    )

@@ -20,6 +20,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 TokenPacking = Literal["auto", "on", "off"]
 Pooling = Literal["auto", "mean", "cls", "last"]
+ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 AcceptBalance = Literal["connections", "requests", "both", "none"]
@@ -151,6 +152,18 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             metavar="FILE",
         ),
     ] = ""
+
+    score_format: Annotated[
+        ScoreFormat,
+        Flag(
+            "model",
+            "Serve a causal language model as a reranker exactly as its own package reads and scores a pair, which a "
+            "chat template cannot say (each part tokenized and cut apart): mxbai-rerank-v2 (the mxbai-rerank "
+            "package's MxbaiRerankV2: logit('1') - logit('0'), a request's instruction in its prompt) or "
+            "bge-reranker-v2-gemma (FlagEmbedding's FlagLLMReranker: the 'Yes' logit). Not with --score-tokens or "
+            "--score-template.",
+        ),
+    ] = "none"
 
     host: Annotated[
         str,
@@ -543,6 +556,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--max-queued-inputs", self.max_queued_inputs, 1, 1 << 30)
         check_range("--max-queued-tokens", self.max_queued_tokens, 1, 1 << 40)
         check_range("--cache-bytes", self.cache_bytes, 0, 1 << 40)
+        if self.score_format != "none" and (self.score_tokens or self.score_template):
+            raise ConfigError(
+                f"--score-format {self.score_format} says the prompt and the score tokens; drop --score-tokens and "
+                "--score-template."
+            )
         if len(self.score_tokens) > 2:
             raise ConfigError(f"--score-tokens has {len(self.score_tokens)} values; give one or two tokens.")
         if self.default_prompt_name and self.default_prompt:

@@ -184,6 +184,9 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     max_active_dims: int = 0
     # A late-interaction model's query and document treatment; None for a model with one vector per input.
     late_interaction: LateInteraction | None = None
+    # An LLM reranker whose pairs are read as its own package reads them (--score-format; apiserver/pair_formats.py):
+    # "mxbai-rerank-v2" or "bge-reranker-v2-gemma"; "": by pair_template, or as a pair.
+    pair_format: str = ""
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks

@@ -20,6 +20,7 @@ import torch
 
 from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
+from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
     build_one_token_logit_score,
@@ -43,7 +44,7 @@ class Served:
     build: Callable[[Path], None]
     # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross": CrossEncoder.predict; "llm": an
     # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code; "sparse":
-    # SparseEncoder.encode
+    # SparseEncoder.encode; "mxbai": the mxbai-rerank package; "gemma": FlagLLMReranker.compute_score (transcribed)
     reference: str = "encode"
     flags: dict[str, Any] = field(default_factory=dict)
     # Flags that name files the build writes beside the folder.
@@ -486,6 +487,8 @@ SERVED = [
     Served(
         "qwen3-reranker-card-flags", build_qwen3_reranker_card, reference="qwen3_card", folder_flags=qwen3_card_flags
     ),
+    Served("mxbai-rerank-v2-format", build_mxbai_rerank_v2, reference="mxbai", folder_flags=mxbai_flags),
+    Served("bge-reranker-v2-gemma-format", build_bge_reranker_v2_gemma, reference="gemma", folder_flags=gemma_flags),
     Served("splade-max", build_splade_max, reference="sparse"),
     Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
     Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
@@ -630,7 +633,21 @@ REFUSED = [
         build_causal_lm,
         "Qwen3ForCausalLM is a causal language model with no Sentence-Transformers files saying how to use it: to "
         "serve it as a reranker scored from its logits, give --score-tokens (and --score-template unless its chat "
-        "template renders query/document pairs); as an embedder, --pooling last (or mean).",
+        "template renders query/document pairs), or --score-format for mxbai-rerank-v2 or bge-reranker-v2-gemma; as "
+        "an embedder, --pooling last (or mean).",
+    ),
+    Refused(
+        "score-format-on-a-cross-encoder",
+        cross_encoder_builder(torch.nn.Sigmoid()),
+        "--score-format applies to a causal language model (*ForCausalLM); this is a BertForSequenceClassification.",
+        flags={"score_format": "mxbai-rerank-v2"},
+    ),
+    Refused(
+        "score-format-on-a-logit-score-folder",
+        build_logit_score,
+        "--score-format mxbai-rerank-v2 reads a bare causal model's folder as its package does; this folder is a "
+        "Sentence-Transformers model, served as its own modules say: drop --score-format.",
+        flags={"score_format": "mxbai-rerank-v2"},
     ),
     Refused(
         "llm-reranker-chat-template-without-pair-roles",

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.fidelity.format_layouts import GEMMA_PROMPT, gemma_scores, mxbai_scores
 from tests.fidelity.layouts import SERVED, Served
 from tests.fidelity.reranker_layouts import qwen3_card_scores
 from tests.fidelity.stack import load, serve_in_process
@@ -65,6 +66,10 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             check_cross_encoder(client, folder)
         elif layout.reference in ("llm", "qwen3_card"):
             check_llm_reranker(client, folder, card_code=layout.reference == "qwen3_card")
+        elif layout.reference == "mxbai":
+            check_mxbai_reranker(client, folder)
+        elif layout.reference == "gemma":
+            check_gemma_reranker(client, folder)
         elif layout.reference == "sparse":
             check_sparse_encoder(client, folder)
         elif layout.reference == "multi_vector":
@@ -174,6 +179,81 @@ def check_llm_reranker(client: httpx.Client, folder: Path, *, card_code: bool) -
     assert client.post("/rerank", json={"query": QUERY, "texts": [LONG_DOCUMENT]}).status_code == 413
     assert client.post("/classify", json={"input": ["a text"]}).status_code == 400
     assert client.post("/predict", json={"inputs": [["a query", "a document"]]}).status_code == 424
+
+
+LONG_QUERY = " ".join(["where are the servers and why"] * 60)
+
+
+def served_scores(client: httpx.Client, query: str, documents: list[str], **body: Any) -> list[float]:
+    ranked = client.post("/v1/rerank", json={"query": query, "documents": documents, **body})
+    assert ranked.status_code == 200, ranked.text
+    scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
+    return [scores[i] for i in range(len(scores))]
+
+
+def assert_same_scores(served: list[float], expected: list[float]) -> None:
+    np.testing.assert_allclose(served, expected, atol=1e-4, rtol=0)
+    assert np.argsort(served, kind="stable").tolist() == np.argsort(expected, kind="stable").tolist()
+
+
+def check_mxbai_reranker(client: httpx.Client, folder: Path) -> None:
+    """--score-format mxbai-rerank-v2 against the mxbai-rerank package's MxbaiRerankV2.predict: its logits (also
+    the activation-on score: rank() ranks by them), a request's instruction, a long document and a long query cut
+    as the package cuts them (the query to 3/4 of its max_length)."""
+    pairs = [(QUERY, document) for document in DOCUMENTS]
+    expected = mxbai_scores(folder, pairs)
+    assert_same_scores(served_scores(client, QUERY, DOCUMENTS), expected)
+    assert_same_scores(served_scores(client, QUERY, DOCUMENTS, use_activation=False), expected)
+    instructed = mxbai_scores(folder, pairs, INSTRUCTION)
+    assert_same_scores(served_scores(client, QUERY, DOCUMENTS, instruction=INSTRUCTION), instructed)
+    long_document = " ".join([LONG_DOCUMENT] * 3)
+    cut = mxbai_scores(folder, [(QUERY, long_document), (LONG_QUERY, DOCUMENTS[0]), (LONG_QUERY, long_document)])
+    tei = client.post(
+        "/rerank", json={"query": QUERY, "texts": [long_document, *DOCUMENTS], "truncate": True, "raw_scores": True}
+    )
+    assert tei.status_code == 200, tei.text
+    by_index = {item["index"]: item["score"] for item in tei.json()}
+    assert_same_scores([by_index[0]], cut[:1])
+    truncated = served_scores(client, LONG_QUERY, [DOCUMENTS[0], long_document], truncate_prompt_tokens=-1)
+    assert_same_scores(truncated, cut[1:])
+    score = client.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS, "instruction": INSTRUCTION})
+    assert score.status_code == 200, score.text
+    assert_same_scores([item["score"] for item in score.json()["data"]], instructed)
+    # Uncut, a pair the package would cut is refused; so are the cuts it does not make.
+    assert client.post("/rerank", json={"query": QUERY, "texts": [long_document]}).status_code == 413
+    assert client.post("/v1/rerank", json={"query": LONG_QUERY, "documents": ["x"]}).status_code == 400
+    left = {"query": QUERY, "texts": [long_document], "truncate": True, "truncation_direction": "Left"}
+    refused = client.post("/rerank", json=left)
+    assert refused.status_code == 413 and "from the right only" in refused.text, refused.text
+    per_doc = {"query": QUERY, "documents": DOCUMENTS, "max_tokens_per_doc": 4}
+    name = client.get("/v1/models").json()["data"][0]["id"]
+    assert client.post("/v2/rerank", json={**per_doc, "model": name}).status_code == 400
+
+
+def check_gemma_reranker(client: httpx.Client, folder: Path) -> None:
+    """--score-format bge-reranker-v2-gemma against FlagLLMReranker.compute_score (transcribed): its sigmoid
+    (normalize=True) with the activation, the "Yes" logit raw, a long document cut at the max_length that fills the
+    model's maximum; an instruction refused (its prompt has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tail = len(tokenizer("\n" + GEMMA_PROMPT, add_special_tokens=False)["input_ids"])
+    max_length = client.get("/info").json()["max_input_length"] - 2 * tail
+    pairs = [(QUERY, document) for document in DOCUMENTS]
+    raw = gemma_scores(folder, pairs, max_length=max_length)
+    assert_same_scores(served_scores(client, QUERY, DOCUMENTS, use_activation=False), raw)
+    normalized = gemma_scores(folder, pairs, max_length=max_length, normalize=True)
+    assert_same_scores(served_scores(client, QUERY, DOCUMENTS), normalized)
+    long_document = " ".join([LONG_DOCUMENT] * 3)
+    cut = gemma_scores(folder, [(QUERY, long_document), (LONG_QUERY, long_document)], max_length=max_length)
+    for query, expected in ((QUERY, cut[0]), (LONG_QUERY, cut[1])):
+        body = {"query": query, "texts": [long_document], "truncate": True, "raw_scores": True}
+        tei = client.post("/rerank", json=body)
+        assert tei.status_code == 200, tei.text
+        assert_same_scores([tei.json()[0]["score"]], [expected])
+    assert client.post("/rerank", json={"query": QUERY, "texts": [long_document]}).status_code == 413
+    refused = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, "instruction": INSTRUCTION})
+    assert refused.status_code == 400 and "instruction" in refused.text
 
 
 Entries = list[list[dict[str, Any]]]

@@ -29,3 +29,11 @@ def test_the_limit_read_is_this_process_s_soft_limit() -> None:
         pytest.skip("this process has no file-descriptor limit")
     with pytest.raises(ConfigError, match="ulimit -n"):
         Config(max_connections_per_server=open_files_limit())
+
+
+def test_a_score_format_takes_neither_score_tokens_nor_a_score_template() -> None:
+    Config(score_format="mxbai-rerank-v2")
+    with pytest.raises(ConfigError, match=r"^--score-format mxbai-rerank-v2 says the prompt and the score tokens"):
+        Config(score_format="mxbai-rerank-v2", score_tokens=["1", "0"])
+    with pytest.raises(ConfigError, match="drop --score-tokens and --score-template"):
+        Config(score_format="bge-reranker-v2-gemma", score_template="t.jinja")
