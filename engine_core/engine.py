@@ -1,7 +1,7 @@
 """The engine process's shell around EngineCore: the I/O thread, heartbeats, the flight recorder, and replies.
 
 The I/O thread owns the ROUTER socket; this loop takes what it queued, runs one step at a time
-(core.py, no I/O), and pushes each API server's replies back to that thread over an inproc socket.
+(core.py, no I/O), and queues each API server's replies for that thread, waking it over an inproc socket.
 """
 
 from __future__ import annotations
@@ -113,22 +113,28 @@ class EngineProcess:
 
     def _drain(self, block: bool) -> None:
         try:
-            item = self.io.inbox.get(timeout=IDLE_WAIT_S) if block else self.io.inbox.get_nowait()
+            items = self.io.inbox.get(timeout=IDLE_WAIT_S) if block else self.io.inbox.get_nowait()
             while True:
-                self._accept(item)
-                item = self.io.inbox.get_nowait()
+                self._accept(items)
+                items = self.io.inbox.get_nowait()
         except queue.Empty:
             return
 
-    def _accept(self, item: InboxItem) -> None:
-        if isinstance(item, PendingRequest):
-            self.core.add(item)
-        else:
-            identity, abort = item
-            self.core.abort(identity, abort.ids)
+    def _accept(self, items: list[InboxItem]) -> None:
+        add, abort = self.core.add, self.core.abort
+        for item in items:
+            if isinstance(item, PendingRequest):
+                add(item)
+            else:
+                identity, message = item
+                abort(identity, message.ids)
 
     def _reply(self, step: StepOutputs) -> None:
-        """One message per API server, with everything of its that this step finished or failed."""
-        for identity in step.servers:
+        """One message per API server, with everything of its that this step finished or failed; one wake-up
+        of the I/O thread for all of them."""
+        servers = step.servers
+        for identity in servers:
             frames = self._wire.encode_outputs(step.outputs.get(identity, []), step.failures.get(identity, []))
-            self._outbox.send_multipart([identity, *frames], copy=False)
+            self.io.replies.put([identity, *frames])
+        if servers:
+            self._outbox.send(b"")
