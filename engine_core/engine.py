@@ -49,6 +49,8 @@ class EngineProcess:
         self.recorder = recorder
         self._beat = beat
         self._last_beat = 0.0
+        # The gauges' last values: (requests waiting, requests running, inputs queued).
+        self._shown: tuple[int, int, int] | None = None
         # Set while a forward pass runs; the I/O thread reports how long it has run (a hang).
         self._step_started: float | None = None
         suspects = recorder.read_suspects()
@@ -106,10 +108,15 @@ class EngineProcess:
         if now - self._last_beat >= BEAT_INTERVAL_S:
             self._last_beat = now
             self._beat()
-        engine = engine_label()
-        REQUESTS_WAITING.labels(engine).set(self.core.waiting)
-        REQUESTS_RUNNING.labels(engine).set(self.core.running)
-        INPUTS_QUEUED.labels(engine).set(self.admission.inputs)
+        # Written only when they change: each write is a label look-up and a write to the metric file, and
+        # this runs every step.
+        shown = (self.core.waiting, self.core.running, self.admission.inputs)
+        if shown != self._shown:
+            self._shown = shown
+            engine = engine_label()
+            REQUESTS_WAITING.labels(engine).set(shown[0])
+            REQUESTS_RUNNING.labels(engine).set(shown[1])
+            INPUTS_QUEUED.labels(engine).set(shown[2])
 
     def _drain(self, block: bool) -> None:
         try:
