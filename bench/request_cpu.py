@@ -33,8 +33,11 @@ from bench.server_process import PoolserveProcess, ServerProcess, cmdline, proce
 
 BARE_READY = re.compile(r"bare app listening on http://(?P<host>[^:]+):(?P<port>\d+)")
 WORKLOADS = ("short", "batch16", "rerank8")
-# A simulated GPU is batched as a GPU is (engine_core/loader.py's CUDA defaults).
-GPU_CAPS = ["--max-batch-size", "256", "--max-batch-tokens", "32768"]
+# A simulated GPU is batched as a GPU is (engine_core/loader.py's CUDA defaults). Its host work (one gather,
+# the pooling) runs on one torch thread, as a GPU engine's host side does: on two threads of a busy 2-core host
+# the OpenMP workers waited for each other's time slices, and that wait was most of the engine's CPU (780 against
+# 136 µs a sentence, docs/benchmarks.md), a cost no GPU engine has.
+GPU_CAPS = ["--max-batch-size", "256", "--max-batch-tokens", "32768", "--torch-threads", "1"]
 
 
 def process_cpu(root: int) -> dict[str, float]:

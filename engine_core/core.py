@@ -19,7 +19,14 @@ import torch
 from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
-from engine_core.metrics import BATCH_INPUTS, BATCH_TOKENS, FORWARD_SECONDS, QUEUE_SECONDS, engine_label
+from engine_core.metrics import (
+    BATCH_INPUTS,
+    BATCH_TOKENS,
+    FORWARD_SECONDS,
+    QUEUE_SECONDS,
+    engine_label,
+    observe_all,
+)
 from engine_core.multi_vector import MultiVectorRunner
 from engine_core.pass_cost import PassCostFit
 from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
@@ -166,11 +173,9 @@ class EngineCore:
         """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
         started = time.monotonic()
         engine = engine_label()
-        queue_seconds = QUEUE_SECONDS.labels(engine)
-        for request in requests_of(batch):
-            if request.start(started):
-                self.running += 1
-                queue_seconds.observe(started - request.admitted_at)
+        waited = [started - request.admitted_at for request in requests_of(batch) if request.start(started)]
+        self.running += len(waited)
+        observe_all(QUEUE_SECONDS.labels(engine), waited)
         padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
         try:
             rows = self._forward(batch, padded)
@@ -219,7 +224,7 @@ class EngineCore:
         now = time.monotonic()
         # (a sparse model's rows are normalized after their max_active_dims: finish_rows)
         together = self.card.kind not in (CLASSIFIER, SPARSE)
-        normalized = normalize_together([r for r in finished if r.normalize and together])
+        normalized, are_finite = normalize_together([r for r in finished if r.normalize and together])
         for request in finished:
             self._requests.pop(request.key, None)
             self._release(request)
@@ -227,6 +232,8 @@ class EngineCore:
             rows = normalized.get(id(request))
             if rows is not None:
                 vectors = truncate_dimensions(rows, request.dimensions, renormalize=True)
+                # Truncating finite normalized rows and normalizing them again keeps them finite.
+                is_finite = are_finite or bool(np.isfinite(vectors).all())
             else:
                 vectors = finish_rows(
                     request.output,
@@ -235,7 +242,8 @@ class EngineCore:
                     activation=request.activation,
                     dimensions=request.dimensions,
                 )
-            if not np.isfinite(vectors).all():
+                is_finite = bool(np.isfinite(vectors).all())
+            if not is_finite:
                 # JSON has no NaN: it would reach the client as null, or as a plausible row beside it.
                 rows_at = sorted({int(i) for i in np.nonzero(~np.isfinite(vectors))[0]})
                 logger.error("request %s: the model computed non-finite values for its rows %s", request.id, rows_at)
@@ -280,16 +288,23 @@ class EngineCore:
                 self.running -= 1
 
 
-def normalize_together(requests: list[PendingRequest]) -> dict[int, F32]:
+def normalize_together(requests: list[PendingRequest]) -> tuple[dict[int, F32], bool]:
     """The requests' rows L2-normalized in one pass over all of them (what finish_rows does to each,
-    at one numpy call for the step rather than several per request), by id(request)."""
+    at one numpy call for the step rather than several per request), by id(request); and whether every
+    value of them is finite (one check for the step; only when one is not are the requests checked each)."""
     if not requests:
-        return {}
+        return {}, True
     outputs = [request.output for request in requests]
     assert all(output is not None for output in outputs)
     stacked = l2_normalize(np.concatenate(outputs))  # type: ignore[arg-type]
-    ends = np.cumsum([len(output) for output in outputs])  # type: ignore[arg-type]
-    return {id(request): rows for request, rows in zip(requests, np.split(stacked, ends[:-1]), strict=True)}
+    # Plain slices: np.split costs several times more per piece, and most pieces are one row.
+    rows: dict[int, F32] = {}
+    start = 0
+    for request, output in zip(requests, outputs, strict=True):
+        end = start + len(output)  # type: ignore[arg-type]
+        rows[id(request)] = stacked[start:end]
+        start = end
+    return rows, bool(np.isfinite(stacked).all())
 
 
 def requests_of(batch: list[WorkItem]) -> list[PendingRequest]:

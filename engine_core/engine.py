@@ -1,7 +1,7 @@
 """The engine process's shell around EngineCore: the I/O thread, heartbeats, the flight recorder, and replies.
 
 The I/O thread owns the ROUTER socket; this loop takes what it queued, runs one step at a time
-(core.py, no I/O), and pushes each API server's replies back to that thread over an inproc socket.
+(core.py, no I/O), and queues each API server's replies for that thread, waking it over an inproc socket.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class EngineProcess:
         self.recorder = recorder
         self._beat = beat
         self._last_beat = 0.0
+        # The gauges' last values: (requests waiting, requests running, inputs queued).
+        self._shown: tuple[int, int, int] | None = None
         # Set while a forward pass runs; the I/O thread reports how long it has run (a hang).
         self._step_started: float | None = None
         suspects = recorder.read_suspects()
@@ -106,29 +108,40 @@ class EngineProcess:
         if now - self._last_beat >= BEAT_INTERVAL_S:
             self._last_beat = now
             self._beat()
-        engine = engine_label()
-        REQUESTS_WAITING.labels(engine).set(self.core.waiting)
-        REQUESTS_RUNNING.labels(engine).set(self.core.running)
-        INPUTS_QUEUED.labels(engine).set(self.admission.inputs)
+        # Written only when they change: each write is a label look-up and a write to the metric file, and
+        # this runs every step.
+        shown = (self.core.waiting, self.core.running, self.admission.inputs)
+        if shown != self._shown:
+            self._shown = shown
+            engine = engine_label()
+            REQUESTS_WAITING.labels(engine).set(shown[0])
+            REQUESTS_RUNNING.labels(engine).set(shown[1])
+            INPUTS_QUEUED.labels(engine).set(shown[2])
 
     def _drain(self, block: bool) -> None:
         try:
-            item = self.io.inbox.get(timeout=IDLE_WAIT_S) if block else self.io.inbox.get_nowait()
+            items = self.io.inbox.get(timeout=IDLE_WAIT_S) if block else self.io.inbox.get_nowait()
             while True:
-                self._accept(item)
-                item = self.io.inbox.get_nowait()
+                self._accept(items)
+                items = self.io.inbox.get_nowait()
         except queue.Empty:
             return
 
-    def _accept(self, item: InboxItem) -> None:
-        if isinstance(item, PendingRequest):
-            self.core.add(item)
-        else:
-            identity, abort = item
-            self.core.abort(identity, abort.ids)
+    def _accept(self, items: list[InboxItem]) -> None:
+        add, abort = self.core.add, self.core.abort
+        for item in items:
+            if isinstance(item, PendingRequest):
+                add(item)
+            else:
+                identity, message = item
+                abort(identity, message.ids)
 
     def _reply(self, step: StepOutputs) -> None:
-        """One message per API server, with everything of its that this step finished or failed."""
-        for identity in step.servers:
+        """One message per API server, with everything of its that this step finished or failed; one wake-up
+        of the I/O thread for all of them."""
+        servers = step.servers
+        for identity in servers:
             frames = self._wire.encode_outputs(step.outputs.get(identity, []), step.failures.get(identity, []))
-            self._outbox.send_multipart([identity, *frames], copy=False)
+            self.io.replies.put([identity, *frames])
+        if servers:
+            self._outbox.send(b"")

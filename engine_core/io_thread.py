@@ -3,7 +3,9 @@
 It decodes what arrives (dropping anything malformed with a log line, never crashing), answers
 handshakes and pings itself so that they never wait behind a forward pass, hands requests to the
 scheduler thread through a queue, and forwards the scheduler's replies back out. ZeroMQ sockets
-are not thread-safe, so replies reach this thread over an inproc PUSH/PULL pair.
+are not thread-safe, so replies reach this thread through a queue too, with a one-frame wake-up over an
+inproc PUSH/PULL pair: passing the reply's frames over that pair cost the scheduler thread a Python send
+per frame (one per finished request), and this thread a receive per frame.
 """
 
 from __future__ import annotations
@@ -38,9 +40,15 @@ from poolserve.protocol import (
 logger = logging.getLogger("poolserve.engine")
 
 OUTBOX_ENDPOINT = "inproc://engine-outbox"
+# An int, not zmq.SNDMORE: `SNDMORE | flags`, as send_multipart computes it for every frame, is an enum operation
+# in Python, and a reply has a frame per finished request.
+MORE = int(zmq.SNDMORE)
 
 # What the scheduler thread receives: a request to run, or (identity, Abort).
 InboxItem = PendingRequest | tuple[bytes, Abort]
+# The inbox takes what one pass over the socket read, in order, as one list (at most this many): a put per
+# request woke the scheduler thread, and handed it the GIL, once per request.
+INBOX_BATCH = 256
 
 
 class EngineIO:
@@ -56,7 +64,10 @@ class EngineIO:
     ):
         self.card = card
         self.admission = admission
-        self.inbox: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[list[InboxItem]] = queue.SimpleQueue()
+        self._arrived: list[InboxItem] = []
+        # Replies from the scheduler thread, each [identity, *frames]; put before the wake-up is sent.
+        self.replies: queue.SimpleQueue[list[Frame]] = queue.SimpleQueue()
         self._wire = EngineWire()
         self._suspects = suspects
         self._stalled_for = stalled_for
@@ -90,24 +101,41 @@ class EngineIO:
                 self._receive()
 
     def _forward_outputs(self) -> None:
+        """Every reply queued so far. A wake-up read here may belong to a reply sent out already by the
+        previous call: the queue is what counts, and each reply is queued before its wake-up is sent."""
         while True:
             try:
-                frames = self._outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+                self._outbox.recv(zmq.NOBLOCK)
             except zmq.Again:
+                break
+        while True:
+            try:
+                frames = self.replies.get_nowait()
+            except queue.Empty:
                 return
-            self._router.send_multipart(frames, copy=False)
+            send_frames(self._router, frames)
 
     def _receive(self) -> None:
-        while True:
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                self._handle(frames)
-            except Exception:
-                # Whatever a peer sends must not take the engine down.
-                logger.exception("dropped a message the engine could not handle")
+        try:
+            while True:
+                try:
+                    frames = self._router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                try:
+                    self._handle(frames)
+                except Exception:
+                    # Whatever a peer sends must not take the engine down.
+                    logger.exception("dropped a message the engine could not handle")
+                if len(self._arrived) >= INBOX_BATCH:
+                    self._pass_on()
+        finally:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        if self._arrived:
+            self.inbox.put(self._arrived)
+            self._arrived = []
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -128,7 +156,7 @@ class EngineIO:
             case PoolRequest():
                 self._admit(identity, msg, frames[2:])
             case Abort():
-                self.inbox.put((identity, msg))
+                self._arrived.append((identity, msg))
             case Ping():
                 admission = self.admission
                 self._send(
@@ -163,10 +191,19 @@ class EngineIO:
                 ERROR_OVERLOADED,
             )
             return
-        self.inbox.put(request)
+        self._arrived.append(request)
 
     def _refuse(self, identity: bytes, request_id: int, error: str, code: ErrorCode) -> None:
         self._send(identity, self._wire.encode_outputs([], [RequestFailed(request_id, code, error)]))
 
     def _send(self, identity: bytes, frames: list[Frame]) -> None:
-        self._router.send_multipart([identity, *frames])
+        send_frames(self._router, [identity, *frames])
+
+
+def send_frames(socket: zmq.Socket[bytes], frames: list[Frame]) -> None:
+    """send_multipart without its per-frame type checks and enum arithmetic. copy=False: pyzmq copies a frame
+    under its copy threshold (64 kB) anyway and sends a larger one (a long per-token answer) without a copy."""
+    send = socket.send
+    for frame in frames[:-1]:
+        send(frame, MORE, copy=False)
+    send(frames[-1], 0, copy=False)

@@ -48,10 +48,11 @@ class TextBatch:
         count = len(rows)
         lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=count)
         width = int(lengths.max())
-        input_ids = np.full((count, width), pad_token_id, dtype=np.int64)
-        for i, row in enumerate(rows):
-            input_ids[i, : len(row)] = row
         mask = np.arange(width)[None, :] < lengths[:, None]
+        # The mask's true cells, row by row, are where the concatenated rows go: one copy for the batch
+        # rather than a slice assignment per row.
+        input_ids = np.full((count, width), pad_token_id, dtype=np.int64)
+        input_ids[mask] = np.concatenate(rows)
         self.input_ids = to_device(input_ids, device)
         self.mask = to_device(mask, device)
         self.attention_mask = self.mask.long()
@@ -59,8 +60,7 @@ class TextBatch:
         self.token_type_ids: torch.Tensor | None = None
         if type_rows is not None:
             token_types = np.zeros((count, width), dtype=np.int64)
-            for i, row in enumerate(type_rows):
-                token_types[i, : len(row)] = row
+            token_types[mask] = np.concatenate(type_rows)
             self.token_type_ids = to_device(token_types, device)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:

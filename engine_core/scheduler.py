@@ -215,8 +215,18 @@ class Scheduler:
         where the runner packs tokens: its padding costs (nearly) nothing, so every cut only adds a pass."""
         if self.packed or self.batch_overhead_tokens >= self.max_batch_tokens:
             return self._fill(items)
-        lengths = np.fromiter((item.length for item in items), dtype=np.float64, count=len(items))
         count = len(items)
+        widths = [item.length for item in items]
+        longest, total = max(widths), sum(widths)
+        # One batch of them all, where it fits the caps and its padding costs less than a pass: any cut into two
+        # or more costs another pass and saves at most that padding, so one batch is the program's answer, found
+        # without the program (a Python loop of numpy calls per input).
+        if count <= self.max_batch_size and (
+            count == 1
+            or (count * longest <= self.max_batch_tokens and count * longest - total < self.batch_overhead_tokens)
+        ):
+            return [items]
+        lengths = np.array(widths, dtype=np.float64)
         best = np.zeros(count + 1)
         cut = np.zeros(count + 1, dtype=np.int64)
         for end in range(1, count + 1):

@@ -36,6 +36,9 @@ def test_normalize_none_is_the_models_own_choice(sent: bool | None, normalize: b
         (PoolRequest(1, [300]), [tokens(*[1] * 300)], "lengths"),
         (PoolRequest(1, [2]), [tokens(1, 30522)], "token ids"),
         (PoolRequest(1, [2]), [tokens(1, -5)], "token ids"),
+        # past the length where ids are checked on a list rather than by numpy (request_state.SHORT_ARRAY)
+        (PoolRequest(1, [200]), [tokens(*[1] * 199, 30522)], "token ids"),
+        (PoolRequest(1, [200]), [tokens(-5, *[1] * 199)], "token ids"),
         (PoolRequest(1, [1], 385), [tokens(1)], "dimensions"),
         (PoolRequest(1, [1], -3), [tokens(1)], "dimensions"),
         (PoolRequest(1, [1], token_types=True), [tokens(1), tokens(0)], "no token types"),

@@ -185,6 +185,24 @@ def test_batches_are_the_cheapest_cut_of_the_window(seed: int) -> None:
     assert cost == pytest.approx(brute_force_cost(lengths, overhead, 4, 150))
 
 
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("margin", [-1.0, 0.0, 1.0])
+def test_a_window_whose_padding_costs_about_a_pass_is_cut_as_cheaply_as_any_cut(seed: int, margin: float) -> None:
+    """Around the point where one batch's padding costs what a pass costs (where the scheduler stops
+    keeping the window whole without running its program), the cut is still the cheapest."""
+    rng = np.random.default_rng(seed)
+    lengths = sorted(int(n) for n in rng.integers(1, 30, size=int(rng.integers(2, 9))))
+    overhead = len(lengths) * lengths[-1] - sum(lengths) + margin
+    scheduler = Scheduler(max_batch_tokens=400, max_batch_size=8, batch_overhead_tokens=overhead)
+    scheduler.add(make_request(0, lengths))
+    batches = scheduler.next_batches()
+    assert sorted(item.length for b in batches for item in b) == lengths
+    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
+    assert cost == pytest.approx(brute_force_cost(lengths, overhead, 8, 400))
+    if margin > 0:
+        assert len(batches) == 1
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_a_pass_worth_a_whole_batch_gets_the_fewest_batches_within_the_caps(seed: int) -> None:
     """Where a pass costs at least a batch's token budget (a GPU bound by its launches), the window
