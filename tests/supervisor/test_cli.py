@@ -280,6 +280,7 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
     choices = {action.dest: action.choices for action in build_parser()._actions if action.choices}
     assert choices == {
         "pooling": ("auto", "mean", "cls", "last"),
+        "score_format": ("none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"),
         "accept_balance": ("connections", "requests", "both", "none"),
         "device": ("auto", "cpu", "cuda"),
         "dtype": ("auto", "float32", "float16", "bfloat16"),
