@@ -26,7 +26,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from apiserver.errors import bad_request
 from apiserver.inputs.text import CHUNK_INPUTS, Truncation, check_room, too_long
 from apiserver.limits import TokenBudget
-from apiserver.pair_formats import check_format_instruction
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import ModelCard
 
@@ -126,9 +125,6 @@ def template_tail(template: PairTemplate, instruction: str | None, tokenizer: Te
 
 def check_instruction(card: ModelCard, instruction: str | None) -> None:
     if instruction is None:
-        return
-    if card.pair_format:
-        check_format_instruction(card, instruction)
         return
     if not card.pair_template:
         raise bad_request(

@@ -48,7 +48,18 @@ def plan_scores(
     tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
     as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt. `instruction`: what
     a reranker's chat template puts before the pair (apiserver/pair_template.py)."""
-    check_instruction(card, instruction)
+    if card.pair_template or card.pair_format:
+        if second_tokens is not None:
+            raise bad_request(
+                "`max_tokens_per_doc` is not supported for a reranker that reads its pairs through a prompt of its "
+                "own; truncate instead.",
+                param="max_tokens_per_doc",
+            )
+        # Each reader checks the instruction against its own prompt.
+        tokenize = tokenize_format_pairs if card.pair_format else tokenize_rendered_pairs
+        rows = tokenize(pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget)
+        return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
+    check_instruction(card, instruction)  # a model that reads a pair as it is takes none
     if card.late_interaction is not None:
         # A query against a document, whatever `roles` say: MaxSim is asymmetric.
         job, left, right = plan_late_scores(
@@ -61,16 +72,6 @@ def plan_scores(
             return maxsim_scores(job.token_outputs(out), left, right, spec)
 
         return ScorePlan(job, late_scores)
-    if card.pair_template or card.pair_format:
-        if second_tokens is not None:
-            raise bad_request(
-                "`max_tokens_per_doc` is not supported for a reranker that reads its pairs through a prompt of its "
-                "own; truncate instead.",
-                param="max_tokens_per_doc",
-            )
-        tokenize = tokenize_format_pairs if card.pair_format else tokenize_rendered_pairs
-        rows = tokenize(pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget)
-        return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(
