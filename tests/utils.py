@@ -7,11 +7,13 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.server_process import REPO, PoolserveProcess, wait_until
+from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
 
 # For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at
 # cosine 0.9999 or 1e-5: `--dtype auto` serves bfloat16 on a CPU with native bf16 (engine_core/cpu_precision.py),
@@ -113,3 +115,15 @@ def scrape(url: str) -> Samples:
 def value(samples: Samples, name: str, **labels: str) -> float:
     """The sample `name` with exactly these labels; 0 when the scrape has none."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def reranker_card(
+    hf_tokenizer: Any, max_model_len: int, architecture: str = "Qwen3ForCausalLM", **fields: Any
+) -> ModelCard:
+    """An LLM reranker's card over a transformers tokenizer; `fields`: its pair_template or pair_format."""
+    return ModelCard(
+        path="x", architecture=architecture, kind=CLASSIFIER, tasks=[TASK_SCORE], max_model_len=max_model_len,
+        output_size=1, vocab_size=len(hf_tokenizer), pooling="none", normalize=False, pad_token_id=0,
+        tokenizer_json=hf_tokenizer.backend_tokenizer.to_str(), device="cpu", dtype="float32",
+        template_tokens=dict(hf_tokenizer.special_tokens_map), **fields,
+    )  # fmt: skip

@@ -12,8 +12,8 @@ from apiserver.errors import ApiError
 from apiserver.inputs.text import Truncation
 from apiserver.pair_formats import GEMMA, MXBAI, Parts, join_parts, package_max_length, tokenize_format_pairs
 from apiserver.tokenizer import TextTokenizer
-from bench.llm_reranker import bpe_tokenizer
-from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
+from poolserve.protocol import ModelCard
+from tests.utils import reranker_card
 
 PARTS = Parts(head=(900, 901), sep=(10,), tail=(10, 950, 951, 952))
 
@@ -48,18 +48,8 @@ def test_gemma_cuts_the_passage_to_max_length_then_the_pair_to_max_length_and_th
     assert join_parts(GEMMA, [1], [2], max_length, parts) == [2, 1, 10, 2, 10, 950, 951]
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
-
-
 def card_for(hf_tokenizer: Any, name: str, max_model_len: int = 256) -> ModelCard:
-    return ModelCard(
-        path="x", architecture="Qwen2ForCausalLM", kind=CLASSIFIER, tasks=[TASK_SCORE], max_model_len=max_model_len,
-        output_size=1, vocab_size=len(hf_tokenizer), pooling="none", normalize=False, pad_token_id=0,
-        tokenizer_json=hf_tokenizer.backend_tokenizer.to_str(), device="cpu", dtype="float32",
-        template_tokens=dict(hf_tokenizer.special_tokens_map), pair_format=name,
-    )  # fmt: skip
+    return reranker_card(hf_tokenizer, max_model_len, "Qwen2ForCausalLM", pair_format=name)
 
 
 def tokenize(hf_tokenizer: Any, name: str, pairs: list[tuple[str, str]], **kwargs: Any) -> list[list[int]]:

@@ -13,8 +13,9 @@ from apiserver.inputs.text import Truncation
 from apiserver.pair_template import template_of, template_tail, tokenize_rendered_pairs
 from apiserver.scoring import plan_scores
 from apiserver.tokenizer import TextTokenizer
-from bench.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE, bpe_tokenizer
-from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
+from bench.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE
+from poolserve.protocol import ModelCard
+from tests.utils import reranker_card
 
 # Jinja the way chat templates use it: a loop, a namespace, tojson, raise_exception, a special token variable.
 BUSY_TEMPLATE = (
@@ -31,18 +32,8 @@ BUSY_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
-
-
 def card_for(hf_tokenizer: Any, template: str, max_model_len: int = 64) -> ModelCard:
-    return ModelCard(
-        path="x", architecture="Qwen3ForCausalLM", kind=CLASSIFIER, tasks=[TASK_SCORE], max_model_len=max_model_len,
-        output_size=1, vocab_size=len(hf_tokenizer), pooling="none", normalize=False, pad_token_id=0,
-        tokenizer_json=hf_tokenizer.backend_tokenizer.to_str(), device="cpu", dtype="float32",
-        pair_template=template, template_tokens=dict(hf_tokenizer.special_tokens_map),
-    )  # fmt: skip
+    return reranker_card(hf_tokenizer, max_model_len, pair_template=template)
 
 
 @pytest.mark.parametrize("template", [QWEN3_TEMPLATE, BUSY_TEMPLATE], ids=["qwen3-reranker", "jinja-features"])
