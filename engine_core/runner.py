@@ -42,13 +42,17 @@ def to_device(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
 
 
 class TextBatch:
-    """Rows of token ids right-padded into tensors on the model's device."""
+    """Rows of token ids right-padded into tensors on the model's device (left-padded with `left`, as a causal
+    model scored at its last position is)."""
 
-    def __init__(self, rows: Rows, type_rows: Rows | None, pad_token_id: int, device: torch.device):
+    def __init__(
+        self, rows: Rows, type_rows: Rows | None, pad_token_id: int, device: torch.device, *, left: bool = False
+    ):
         count = len(rows)
         lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=count)
         width = int(lengths.max())
-        mask = np.arange(width)[None, :] < lengths[:, None]
+        places = np.arange(width)[None, :]
+        mask = places >= (width - lengths)[:, None] if left else places < lengths[:, None]
         # The mask's true cells, row by row, are where the concatenated rows go: one copy for the batch
         # rather than a slice assignment per row.
         input_ids = np.full((count, width), pad_token_id, dtype=np.int64)
@@ -168,14 +172,10 @@ class LogitScoreRunner:
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
-            width = max(len(row) for row in rows)
-            input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
-            mask = np.zeros((len(rows), width), dtype=np.int64)
-            for i, row in enumerate(rows):
-                input_ids[i, width - len(row) :] = row
-                mask[i, width - len(row) :] = 1
-            ids, attention_mask = to_device(input_ids, self.device), to_device(mask, self.device)
-            logits = self.model(input_ids=ids, attention_mask=attention_mask, logits_to_keep=1).logits[:, -1]
+            batch = TextBatch(rows, None, self.pad_token_id, self.device, left=True)
+            logits = self.model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=1
+            ).logits[:, -1]
             scores = logits[:, self.true_token]
             if self.false_token is not None:
                 scores = scores - logits[:, self.false_token]
