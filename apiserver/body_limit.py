@@ -99,6 +99,7 @@ class BodySizeLimit:
             return message
 
         try:
-            await self.app(scope, receive_within_limits, send)
+            # A declared length was judged above and bounds what the parser delivers: only a chunked body is counted.
+            await self.app(scope, receive_within_limits if is_chunked else receive, send)
         finally:
             self.budget.release(reserved)

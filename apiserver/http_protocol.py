@@ -59,6 +59,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from apiserver.client_gone import client_left
 from apiserver.errors import BODY_TIMED_OUT, OPENAI, ErrorStyle, error_bytes, style_of
 from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import CONNECTIONS_RECYCLED, CONNECTIONS_TIMED_OUT
@@ -172,6 +173,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.arm_read_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            client_left(cycle.scope)  # a request waiting on the engine drops its work (apiserver/client_gone.py)
         super().connection_lost(exc)
         for timer in (self.read_timer, self.send_timer):
             if timer is not None:
@@ -230,6 +234,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self.clock.request_read()
         super().on_message_complete()
+        # All of the request is in: read on (a body past uvicorn's high-water mark left reading paused), so a
+        # client that leaves while its answer is computed is seen at once (apiserver/client_gone.py). uvicorn's
+        # receive() does the same for a route waiting on it; a request pipelined behind this one pauses it again.
+        if self.flow.read_paused:
+            self.flow.resume_reading()
 
     # Read timeouts -----------------------------------------------------------------------------
 

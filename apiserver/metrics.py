@@ -10,10 +10,12 @@ file and process, and shown in poolserve_metric_files_unreadable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import glob
 import logging
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -149,6 +151,14 @@ class ReadableFilesCollector:
             readable.append(path)
         METRIC_FILES_UNREADABLE.set(unreadable)
         return MultiProcessCollector.merge(readable, accumulate=True)  # type: ignore[no-any-return,no-untyped-call]
+
+
+@functools.cache
+def series(metric: Any, *values: str) -> Any:
+    """`metric`'s child for these label values (in the metric's label order), looked up once per process:
+    `labels()` builds and checks the key each call (~3 µs, several times a request). Only for label values
+    from a small fixed set (endpoints, status codes, server indexes)."""
+    return metric.labels(*values)
 
 
 def registry() -> CollectorRegistry:

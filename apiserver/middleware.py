@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle, error_response
 from apiserver.fair_accept import ServerLoad
-from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS
+from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS, series
 
 MAX_REQUEST_ID_LENGTH = 128
 # OpenAI's `user` in the access log: ids are short; a long one is cut, not logged whole.
@@ -49,6 +49,7 @@ class RequestTelemetry:
         self.load = load
         self.server = str(server_index)
         self.server_header = (b"x-poolserve-server", self.server.encode())
+        self.served = SERVER_REQUESTS.labels(server=self.server)
         self.endpoints = frozenset(endpoints)
         self.access_log = access_log
         self.error_styles = dict(error_styles or {})
@@ -61,7 +62,7 @@ class RequestTelemetry:
         started = time.monotonic()
         request_id = next((value for name, value in scope["headers"] if name == b"x-request-id"), b"")
         if not is_sane_request_id(request_id):
-            request_id = uuid.uuid4().hex.encode()
+            request_id = os.urandom(16).hex().encode()  # uuid4().hex's 32 hex digits, without the UUID object
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
         state["started"] = started
@@ -78,9 +79,9 @@ class RequestTelemetry:
             elapsed = time.monotonic() - started
             path = scope["path"]
             endpoint = path if path in self.endpoints else "other"
-            REQUESTS.labels(endpoint=endpoint, status=str(status)).inc()
-            REQUEST_SECONDS.labels(endpoint=endpoint).observe(elapsed)
-            SERVER_REQUESTS.labels(server=self.server).inc()
+            series(REQUESTS, endpoint, str(status)).inc()
+            series(REQUEST_SECONDS, endpoint).observe(elapsed)
+            self.served.inc()
             if self.access_log:
                 access_logger.info(
                     "request_id=%s method=%s path=%s status=%d duration_ms=%.1f tokens=%d%s",

@@ -10,10 +10,9 @@ decoding images) and rendering (encoding the answer) are timed apart: `x-tokeniz
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -22,10 +21,11 @@ from prometheus_client import Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
+from apiserver import client_gone
 from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorStyle
 from apiserver.inputs.job import EngineJob
 from apiserver.limits import check_image_count, check_job, check_priority
-from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS
+from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS, series
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
 from apiserver.state import AppState
 from apiserver.validation import decode_body
@@ -66,8 +66,11 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     if style is not None:  # what fails from here on (the engine, a timeout) answers in the body's style
         setattr(request.state, ERROR_STYLE, style)
     if inspect.isawaitable(parsed):
-        with timed(request, PARSING):
+        started = time.perf_counter()
+        try:
             parsed = await parsed
+        finally:
+            add_time(request, PARSING, time.perf_counter() - started)
     plan: Plan[Any] = parsed
     user = getattr(decoded, "user", None)
     if user is not None:  # OpenAI's end-user id: the access log shows it beside the request id
@@ -117,19 +120,17 @@ async def off_loop(
     """Run synchronous work of about `size` bytes on the preprocessing pool (or inline when small), its
     time added up by `timer`."""
     state: AppState = request.app.state.poolserve
-    with timed(request, timer):
-        return await state.preprocess.run(size, fn, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def timed(request: Request, timer: Timer) -> Iterator[None]:
     started = time.perf_counter()
     try:
-        yield
+        return await state.preprocess.run(size, fn, *args, **kwargs)
     finally:
-        elapsed = time.perf_counter() - started
-        setattr(request.state, timer.field, getattr(request.state, timer.field, 0.0) + elapsed)
-        timer.histogram.labels(endpoint=request.scope["path"]).observe(elapsed)
+        add_time(request, timer, time.perf_counter() - started)
+
+
+def add_time(request: Request, timer: Timer, elapsed: float) -> None:
+    state = request.scope["state"]
+    state[timer.field] = state.get(timer.field, 0.0) + elapsed
+    series(timer.histogram, request.scope["path"]).observe(elapsed)
 
 
 async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJob | None:
@@ -147,40 +148,39 @@ async def run_job(request: Request, job: EngineJob) -> Rows | SparseRows:
     """The job's output rows, one per request input, in the request's order.
 
     The engine drops the work (an Abort) when the client disconnects or the request's deadline
-    passes first: nobody would read the answer."""
+    passes first: nobody would read the answer. Both cancel this task while it waits
+    (apiserver/client_gone.py, asyncio.timeout)."""
     state: AppState = request.app.state.poolserve
     check_job(job, state.config, state.card)
-    work = asyncio.ensure_future(state.engine.pool(job.to_wire()))
-    disconnect = asyncio.ensure_future(wait_for_disconnect(request))
     timeout = state.config.request_timeout
     remaining = timeout - (time.monotonic() - request.state.started) if timeout else None
+    scope_state = request.scope["state"]
+    if not client_gone.watch(scope_state):
+        raise ClientDisconnected
     try:
-        done, _ = await asyncio.wait((work, disconnect), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        disconnect.cancel()
-    if work not in done:
-        work.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await work
-        if disconnect in done:
-            raise ClientDisconnected
+        async with asyncio.timeout(remaining):
+            result = await state.engine.pool(job.to_wire())
+    except TimeoutError:
         raise ApiError(
             504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"
-        )
-    result = work.result()
+        ) from None
+    except asyncio.CancelledError:
+        if not client_gone.is_gone(scope_state):
+            raise
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        raise ClientDisconnected from None
+    finally:
+        client_gone.unwatch(scope_state)
     request.state.queue_s, request.state.inference_s = result.queue_time, result.inference_time
     request.state.tokens = job.prompt_tokens
     request.state.cached = result.cached
-    PROMPT_TOKENS.labels(endpoint=request.scope["path"]).inc(job.prompt_tokens)
+    path = request.scope["path"]
+    series(PROMPT_TOKENS, path).inc(job.prompt_tokens)
     if job.images:
-        IMAGES.labels(endpoint=request.scope["path"]).inc(len(job.images))
+        series(IMAGES, path).inc(len(job.images))
     rows = result.vectors
     if isinstance(rows, SparseRows):  # a sparse model takes texts only: its rows are in the request's order
         return rows
     return rows if job.order is None else rows[job.order]
-
-
-async def wait_for_disconnect(request: Request) -> None:
-    """Returns when the client goes away; the body was read already, so only http.disconnect can come."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -162,6 +163,10 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     while not server.started and not serving.done():
         await asyncio.sleep(0.005)
     if server.started:
+        # What start-up built (modules, the app, the tokenizer's wrappers) lives as long as the process: moved out
+        # of the collector's reach, so a full collection walks what requests made, not ~60,000 long-lived objects
+        # (~10 ms each time, a few dozen µs a request under load).
+        gc.freeze()
         report_boot(spec, BootReport(status="ready"))
     guards = [
         asyncio.create_task(beat(spec)),

@@ -66,9 +66,13 @@ def batch_inputs(url: str) -> tuple[float, float]:
     return total, count
 
 
-def measure(url: str, root: int, workload: str, *, clients: int, seconds: float, warmup: float) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--workload", workload, "--concurrency",
-            str(clients), "--duration", str(seconds), "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
+def measure(
+    url: str, root: int, workload: str, *, clients: int, seconds: float, warmup: float, generator: str
+) -> dict[str, Any]:
+    argv = [sys.executable, "-m", f"bench.{generator}", "--url", url, "--workload", workload, "--concurrency",
+            str(clients), "--duration", str(seconds), "--warmup", str(warmup)]  # fmt: skip
+    if generator == "loadgen":
+        argv += ["--prober-interval", "0"]
     loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     time.sleep(warmup + 0.5)  # loadgen's own start-up (~0.5 s) and warm-up
     before, started = process_cpu(root), time.monotonic()
@@ -113,6 +117,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--api-servers", type=int, default=1)
     parser.add_argument("--no-bare", action="store_true", help="skip the bare frontend's floor")
+    parser.add_argument(
+        "--generator",
+        choices=["loadgen", "wrk_load"],
+        default="loadgen",
+        help="the load: bench.loadgen (Python, ~150 µs a request of its own) or bench.wrk_load (Debian's wrk)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     workloads = args.workloads.split(",")
@@ -127,7 +137,13 @@ def main() -> None:
         server.wait_ready(300)
         for workload in workloads:
             figures = measure(
-                server.url, server.pid, workload, clients=args.clients, seconds=args.seconds, warmup=args.warmup
+                server.url,
+                server.pid,
+                workload,
+                clients=args.clients,
+                seconds=args.seconds,
+                warmup=args.warmup,
+                generator=args.generator,
             )
             row = {"target": f"poolserve {args.model}", **figures}
             print(json.dumps(row), flush=True)
@@ -139,7 +155,13 @@ def main() -> None:
         try:
             for workload in workloads:
                 figures = measure(
-                    url, bare.pid, workload, clients=args.clients, seconds=args.seconds, warmup=args.warmup
+                    url,
+                    bare.pid,
+                    workload,
+                    clients=args.clients,
+                    seconds=args.seconds,
+                    warmup=args.warmup,
+                    generator=args.generator,
                 )
                 row = {"target": "bare app", **figures}
                 print(json.dumps(row), flush=True)
