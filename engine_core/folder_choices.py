@@ -136,7 +136,7 @@ def image_text_padding(model_config: PretrainedConfig, tokenizer_max: int, paddi
 def vision_tokens(model_config: PretrainedConfig) -> int:
     """What one image costs in the token budget: its patches, and CLIP's class token (SigLIP has none)."""
     vision = model_config.vision_config
-    patches = (vision.image_size // vision.patch_size) ** 2
+    patches = (int(vision.image_size) // int(vision.patch_size)) ** 2
     return patches + 1 if model_config.model_type == "clip" else patches
 
 

@@ -226,9 +226,7 @@ class ClipRunner:
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
-            batch = TextBatch(
-                rows, None, self.pad_token_id, self.device, left=self.pad_left, width=self.text_padding
-            )
+            batch = TextBatch(rows, None, self.pad_token_id, self.device, left=self.pad_left, width=self.text_padding)
             features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
             return to_numpy(features.pooler_output)
 

@@ -83,7 +83,10 @@ def build_siglip_sentencepiece(folder: Path) -> None:
     from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel
 
     torch.manual_seed(20)
-    text = {"vocab_size": 32000, "max_position_embeddings": TEXT_LENGTH, **TINY}
+    text = {
+        "vocab_size": 32000, "max_position_embeddings": TEXT_LENGTH, "pad_token_id": 1, "eos_token_id": 1,
+        "bos_token_id": None, **TINY,
+    }  # fmt: skip
     vision = {"image_size": IMAGE_SIZE, "patch_size": 8, **TINY}
     SiglipModel(SiglipConfig(text_config=text, vision_config=vision)).eval().save_pretrained(folder)
     SiglipImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(folder)

@@ -20,13 +20,13 @@ import torch
 
 from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
+from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.image_text_layouts import (
     build_siglip,
     build_siglip2_naflex,
     build_siglip_left_padded,
     build_siglip_sentencepiece,
 )
-from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
     build_one_token_logit_score,
