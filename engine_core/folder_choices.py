@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tokenizers import Tokenizer, normalizers
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from engine_core.pooling import FLAG_MODES
 from engine_core.pylate_folder import is_pylate_folder, read_pylate_folder
@@ -123,14 +124,28 @@ def check_siglip_tokenizer(folder: Path, model_config: PretrainedConfig) -> None
         raise LoadError(SIGLIP_SENTENCEPIECE)
 
 
-def image_text_padding(model_config: PretrainedConfig, tokenizer_max: int, padding_side: str) -> tuple[int, bool]:
-    """How an image-text model's texts are padded: (width, on the left). SigLIP was trained on texts padded to
-    its maximum length and its text tower reads the last position, padding or not, so its texts are padded as
-    its card pads them (`padding="max_length"`: the tokenizer's maximum within the text tower's positions, on
-    the tokenizer's padding side), whatever --max-model-len; CLIP's only to the longest text of a batch."""
+class TextPadding(NamedTuple):
+    """How an image-text model's texts are padded: to `width` tokens (0: the batch's longest), on the left or the
+    right, the text tower given the attention mask or not."""
+
+    width: int = 0
+    left: bool = False
+    masked: bool = True
+
+
+def image_text_padding(model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> TextPadding:
+    """SigLIP was trained on texts padded to its maximum length and its text tower reads the last position, padding
+    or not, so its texts are padded as its card pads them (`padding="max_length"`: to the tokenizer's maximum within
+    the text tower's positions, whatever --max-model-len, on the tokenizer's padding side), the mask given to the
+    model only if the tokenizer returns one (a tokenizer whose model_input_names lack it has the padding attended).
+    CLIP's texts are padded to the longest of a batch."""
     if model_config.model_type != "siglip":
-        return 0, False
-    return choose_max_model_len(0, tokenizer_max, model_config, None), padding_side == "left"
+        return TextPadding()
+    return TextPadding(
+        width=choose_max_model_len(0, tokenizer.model_max_length, model_config, None),
+        left=tokenizer.padding_side == "left",
+        masked="attention_mask" in tokenizer.model_input_names,
+    )
 
 
 def vision_tokens(model_config: PretrainedConfig) -> int:

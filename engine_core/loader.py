@@ -220,7 +220,7 @@ def load_model(config: Config) -> LoadedModel:
         # A document_length (or query_length) past the tokenizer's maximum is what sentence-transformers cuts at.
         max_model_len = max(max_model_len, late.query_length, late.document_length)
     image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
-    text_padding, pad_left = image_text_padding(model_config, tokenizer.model_max_length, tokenizer.padding_side)
+    padding = image_text_padding(model_config, tokenizer)
     model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
     try:
         heads = build_heads(st.heads, device)
@@ -253,7 +253,7 @@ def load_model(config: Config) -> LoadedModel:
             assert image is not None
             return ClipRunner(
                 model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image,
-                text_padding=text_padding, pad_left=pad_left,
+                text_padding=padding.width, pad_left=padding.left, text_mask=padding.masked,
             )  # fmt: skip
         if kind == SPARSE:
             assert st.splade is not None

@@ -200,7 +200,8 @@ class ClipRunner:
     """Text and image towers projected into one space (CLIP's and SigLIP's get_text_features /
     get_image_features). `text_padding`: every text padded to this many tokens on the tokenizer's side
     (`pad_left`), as SigLIP's texts are (`padding="max_length"`): its text tower reads the last position,
-    padding or not, so the padding is part of the input; CLIP's pads only to the batch's longest text."""
+    padding or not, so the padding is part of the input; CLIP's pads only to the batch's longest text.
+    `text_mask`: whether the text tower is given the attention mask (not where the tokenizer returns none)."""
 
     def __init__(
         self,
@@ -212,6 +213,7 @@ class ClipRunner:
         image: ImageProcessing,
         text_padding: int = 0,
         pad_left: bool = False,
+        text_mask: bool = True,
     ):
         self.model = model
         self.pad_token_id = pad_token_id
@@ -220,6 +222,7 @@ class ClipRunner:
         self.image = image
         self.text_padding = text_padding
         self.pad_left = pad_left
+        self.text_mask = text_mask
 
     def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
@@ -227,7 +230,8 @@ class ClipRunner:
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
             batch = TextBatch(rows, None, self.pad_token_id, self.device, left=self.pad_left, width=self.text_padding)
-            features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            mask = batch.attention_mask if self.text_mask else None
+            features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=mask)
             return to_numpy(features.pooler_output)
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:

@@ -76,6 +76,15 @@ def build_siglip_left_padded(folder: Path) -> None:
     build_siglip(folder, padding_side="left", seed=19)
 
 
+def build_siglip_unmasked(folder: Path) -> None:
+    """The same, its tokenizer_config.json's model_input_names without `attention_mask` (as SigLIP's processor
+    returned its texts before transformers 5): the text tower is given no mask, so it attends to the padding."""
+    build_siglip(folder, seed=22)
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "model_input_names": ["input_ids"]}, indent=2))
+
+
 def build_siglip_sentencepiece(folder: Path) -> None:
     """SigLIP 1 as google's checkpoints ship it: SiglipModel and SiglipTokenizer's files (spiece.model, which
     only the sentencepiece package writes, is absent here: the folder is refused on the tokenizer class its

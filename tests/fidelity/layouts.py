@@ -26,6 +26,7 @@ from tests.fidelity.image_text_layouts import (
     build_siglip2_naflex,
     build_siglip_left_padded,
     build_siglip_sentencepiece,
+    build_siglip_unmasked,
 )
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
@@ -507,6 +508,7 @@ SERVED = [
     Served("pylate-stanford-markers", build_pylate_stanford_markers, reference="multi_vector"),
     Served("siglip", build_siglip, reference="image_text"),
     Served("siglip-left-padded", build_siglip_left_padded, reference="image_text"),
+    Served("siglip-unmasked", build_siglip_unmasked, reference="image_text"),
 ]
 
 
