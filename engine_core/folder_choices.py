@@ -3,11 +3,13 @@ maximum length, activation and precision, and what is refused (LoadError: one se
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tokenizers import Tokenizer, normalizers
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from engine_core.pooling import FLAG_MODES
 from engine_core.pylate_folder import is_pylate_folder, read_pylate_folder
@@ -31,7 +33,19 @@ from poolserve.protocol import (
     Task,
 )
 
-SIGMOID_IMAGE_TEXT = {"siglip", "siglip2"}
+# Text and image towers projected into one space, served as CLIP is: CLIP, and SigLIP (SigLIP 1, and SigLIP 2's
+# fixed-resolution checkpoints, which are saved as SigLIP).
+IMAGE_TEXT_MODEL_TYPES = {"clip", "siglip"}
+SIGLIP2_NAFLEX = (
+    "siglip2 (SigLIP 2 NaFlex, whose Siglip2ImageProcessor resizes each image to a patch grid of its own aspect "
+    "ratio and masks the patches it pads) is not served, as poolserve sends every image of a model at one size; "
+    "SigLIP 2's fixed-resolution checkpoints (model_type siglip) are."
+)
+SIGLIP_SENTENCEPIECE = (
+    "SiglipTokenizer (SigLIP's SentencePiece tokenizer, which lowercases and strips punctuation before it splits) "
+    "has no fast tokenizer (tokenizer.json) that tokenizes as it does, and the API servers run only fast tokenizers; "
+    "a SigLIP folder whose tokenizer is fast (SigLIP 2's fixed-resolution checkpoints) is served."
+)
 DECODER_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"}
 
 
@@ -61,13 +75,13 @@ def model_kind(model_config: PretrainedConfig, st: StFolder, llm_reranker: bool 
     A language model scored from its logits (`llm_reranker`: engine_core/pair_scoring.py) is a classifier too."""
     if llm_reranker:
         return CLASSIFIER
-    if model_config.model_type == "clip":
+    if model_config.model_type in IMAGE_TEXT_MODEL_TYPES:
+        if not getattr(model_config.vision_config, "vision_use_head", True):
+            raise LoadError("this SigLIP's vision tower has no pooling head (vision_use_head is false), so it gives "
+                            "no image embedding.")  # fmt: skip
         return CLIP
-    if model_config.model_type in SIGMOID_IMAGE_TEXT:
-        raise LoadError(
-            f"{model_config.model_type} (sigmoid-trained image-text towers with their own processors) is not served "
-            "yet."
-        )
+    if model_config.model_type == "siglip2":
+        raise LoadError(SIGLIP2_NAFLEX)
     is_classifier = any(arch.endswith("ForSequenceClassification") for arch in (model_config.architectures or []))
     if st.splade is not None:
         return SPARSE
@@ -97,6 +111,48 @@ def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> No
         raise LoadError(
             f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
         )
+
+
+def check_siglip_tokenizer(folder: Path, model_config: PretrainedConfig) -> None:
+    """A SigLIP folder whose tokenizer is SigLIP's own (the class its tokenizer_config.json names, else the one
+    transformers picks for model_type siglip) is refused before transformers tries to load it."""
+    if model_config.model_type != "siglip":
+        return
+    path = folder / "tokenizer_config.json"
+    declared = json.loads(path.read_text()).get("tokenizer_class") if path.is_file() else None
+    if str(declared or "SiglipTokenizer").removesuffix("Fast") == "SiglipTokenizer":
+        raise LoadError(SIGLIP_SENTENCEPIECE)
+
+
+class TextPadding(NamedTuple):
+    """How an image-text model's texts are padded: to `width` tokens (0: the batch's longest), on the left or the
+    right, the text tower given the attention mask or not."""
+
+    width: int = 0
+    left: bool = False
+    masked: bool = True
+
+
+def image_text_padding(model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> TextPadding:
+    """SigLIP was trained on texts padded to its maximum length and its text tower reads the last position, padding
+    or not, so its texts are padded as its card pads them (`padding="max_length"`: to the tokenizer's maximum within
+    the text tower's positions, whatever --max-model-len, on the tokenizer's padding side), the mask given to the
+    model only if the tokenizer returns one (a tokenizer whose model_input_names lack it has the padding attended).
+    CLIP's texts are padded to the longest of a batch."""
+    if model_config.model_type != "siglip":
+        return TextPadding()
+    return TextPadding(
+        width=choose_max_model_len(0, tokenizer.model_max_length, model_config, None),
+        left=tokenizer.padding_side == "left",
+        masked="attention_mask" in tokenizer.model_input_names,
+    )
+
+
+def vision_tokens(model_config: PretrainedConfig) -> int:
+    """What one image costs in the token budget: its patches, and CLIP's class token (SigLIP has none)."""
+    vision = model_config.vision_config
+    patches = (int(vision.image_size) // int(vision.patch_size)) ** 2
+    return patches + 1 if model_config.model_type == "clip" else patches
 
 
 def text_config_of(model_config: PretrainedConfig) -> PretrainedConfig:

@@ -27,11 +27,13 @@ from engine_core.folder_choices import (
     LoadError,
     auto_class_name,
     check_own_code,
+    check_siglip_tokenizer,
     choose_max_model_len,
     choose_pooling,
     choose_prompts,
     classifier_activation,
     first_line,
+    image_text_padding,
     lowercase_first,
     model_kind,
     not_exact,
@@ -39,6 +41,7 @@ from engine_core.folder_choices import (
     select_dtype,
     tasks_of,
     text_config_of,
+    vision_tokens,
 )
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.multi_vector import (
@@ -125,8 +128,7 @@ def load_image_processing(folder: Path, model_config: PretrainedConfig) -> tuple
         raise LoadError(f"cannot use the image preprocessing in {folder}: {exc}") from exc
     if image is None:
         raise LoadError(f"{folder} holds an image model but no preprocessor_config.json.")
-    vision = model_config.vision_config
-    return image, (vision.image_size // vision.patch_size) ** 2 + 1
+    return image, vision_tokens(model_config)
 
 
 AUTO_CLASSES = {
@@ -165,7 +167,10 @@ def load_model(config: Config) -> LoadedModel:
     model_folder = st.transformer_folder or folder
     try:
         model_config = AutoConfig.from_pretrained(model_folder, trust_remote_code=trust)
+        check_siglip_tokenizer(model_folder, model_config)
         tokenizer = AutoTokenizer.from_pretrained(model_folder, trust_remote_code=trust)
+    except LoadError:
+        raise
     except Exception as exc:
         raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
@@ -215,6 +220,7 @@ def load_model(config: Config) -> LoadedModel:
         # A document_length (or query_length) past the tokenizer's maximum is what sentence-transformers cuts at.
         max_model_len = max(max_model_len, late.query_length, late.document_length)
     image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
+    padding = image_text_padding(model_config, tokenizer)
     model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
     try:
         heads = build_heads(st.heads, device)
@@ -245,7 +251,10 @@ def load_model(config: Config) -> LoadedModel:
             return ClassifierRunner(model, pad_token_id=pad_token_id, device=device, packed=packed)
         if kind == CLIP:
             assert image is not None
-            return ClipRunner(model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image)
+            return ClipRunner(
+                model, pad_token_id=pad_token_id, device=device, dtype=dtype, image=image,
+                text_padding=padding.width, pad_left=padding.left, text_mask=padding.masked,
+            )  # fmt: skip
         if kind == SPARSE:
             assert st.splade is not None
             return SpladeRunner(

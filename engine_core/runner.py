@@ -43,14 +43,22 @@ def to_device(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
 
 class TextBatch:
     """Rows of token ids right-padded into tensors on the model's device (left-padded with `left`, as a causal
-    model scored at its last position is)."""
+    model scored at its last position is), to the longest row or to `width` when that is longer (SigLIP's
+    padding to its maximum length)."""
 
     def __init__(
-        self, rows: Rows, type_rows: Rows | None, pad_token_id: int, device: torch.device, *, left: bool = False
+        self,
+        rows: Rows,
+        type_rows: Rows | None,
+        pad_token_id: int,
+        device: torch.device,
+        *,
+        left: bool = False,
+        width: int = 0,
     ):
         count = len(rows)
         lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=count)
-        width = int(lengths.max())
+        width = max(int(lengths.max()), width)
         places = np.arange(width)[None, :]
         mask = places >= (width - lengths)[:, None] if left else places < lengths[:, None]
         # The mask's true cells, row by row, are where the concatenated rows go: one copy for the batch
@@ -189,7 +197,11 @@ class LogitScoreRunner:
 
 
 class ClipRunner:
-    """Text and image towers projected into one space (CLIP's get_text_features / get_image_features)."""
+    """Text and image towers projected into one space (CLIP's and SigLIP's get_text_features /
+    get_image_features). `text_padding`: every text padded to this many tokens on the tokenizer's side
+    (`pad_left`), as SigLIP's texts are (`padding="max_length"`): its text tower reads the last position,
+    padding or not, so the padding is part of the input; CLIP's pads only to the batch's longest text.
+    `text_mask`: whether the text tower is given the attention mask (not where the tokenizer returns none)."""
 
     def __init__(
         self,
@@ -199,20 +211,27 @@ class ClipRunner:
         device: torch.device,
         dtype: torch.dtype,
         image: ImageProcessing,
+        text_padding: int = 0,
+        pad_left: bool = False,
+        text_mask: bool = True,
     ):
         self.model = model
         self.pad_token_id = pad_token_id
         self.device = device
         self.dtype = dtype
         self.image = image
+        self.text_padding = text_padding
+        self.pad_left = pad_left
+        self.text_mask = text_mask
 
     def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         with torch.inference_mode():
-            batch = TextBatch(rows, None, self.pad_token_id, self.device)
-            features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            batch = TextBatch(rows, None, self.pad_token_id, self.device, left=self.pad_left, width=self.text_padding)
+            mask = batch.attention_mask if self.text_mask else None
+            features = self.model.get_text_features(input_ids=batch.input_ids, attention_mask=mask)
             return to_numpy(features.pooler_output)
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:

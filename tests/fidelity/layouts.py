@@ -21,6 +21,13 @@ import torch
 from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
 from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
+from tests.fidelity.image_text_layouts import (
+    build_siglip,
+    build_siglip2_naflex,
+    build_siglip_left_padded,
+    build_siglip_sentencepiece,
+    build_siglip_unmasked,
+)
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
     build_one_token_logit_score,
@@ -44,7 +51,8 @@ class Served:
     build: Callable[[Path], None]
     # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross": CrossEncoder.predict; "llm": an
     # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code; "sparse":
-    # SparseEncoder.encode; "mxbai": the mxbai-rerank package; "gemma": FlagLLMReranker.compute_score (transcribed)
+    # SparseEncoder.encode; "mxbai": the mxbai-rerank package; "gemma": FlagLLMReranker.compute_score (transcribed);
+    # "image_text": transformers' get_text_features / get_image_features through the folder's AutoProcessor
     reference: str = "encode"
     flags: dict[str, Any] = field(default_factory=dict)
     # Flags that name files the build writes beside the folder.
@@ -498,6 +506,9 @@ SERVED = [
     Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
     Served("pylate", build_pylate, reference="multi_vector"),
     Served("pylate-stanford-markers", build_pylate_stanford_markers, reference="multi_vector"),
+    Served("siglip", build_siglip, reference="image_text"),
+    Served("siglip-left-padded", build_siglip_left_padded, reference="image_text"),
+    Served("siglip-unmasked", build_siglip_unmasked, reference="image_text"),
 ]
 
 
@@ -605,16 +616,6 @@ def build_own_code(folder: Path) -> None:
     path.write_text(json.dumps(config))
 
 
-def build_siglip(folder: Path) -> None:
-    from transformers import AutoTokenizer, SiglipConfig, SiglipModel
-
-    torch.manual_seed(18)
-    text = {"vocab_size": 30522, "max_position_embeddings": 64, **TINY}
-    config = SiglipConfig(text_config=text, vision_config={"image_size": 32, "patch_size": 8, **TINY})
-    SiglipModel(config).eval().save_pretrained(folder)
-    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
-
-
 REFUSED = [
     Refused("router", build_router, "a Router module (separate query and document paths) is not supported"),
     Refused(
@@ -690,9 +691,18 @@ REFUSED = [
         "--trust-remote-code to run it.",
     ),
     Refused(
-        "siglip",
-        build_siglip,
-        "siglip (sigmoid-trained image-text towers with their own processors) is not served yet.",
+        "siglip-sentencepiece-tokenizer",
+        build_siglip_sentencepiece,
+        "SiglipTokenizer (SigLIP's SentencePiece tokenizer, which lowercases and strips punctuation before it splits) "
+        "has no fast tokenizer (tokenizer.json) that tokenizes as it does, and the API servers run only fast "
+        "tokenizers; a SigLIP folder whose tokenizer is fast (SigLIP 2's fixed-resolution checkpoints) is served.",
+    ),
+    Refused(
+        "siglip2-naflex",
+        build_siglip2_naflex,
+        "siglip2 (SigLIP 2 NaFlex, whose Siglip2ImageProcessor resizes each image to a patch grid of its own aspect "
+        "ratio and masks the patches it pads) is not served, as poolserve sends every image of a model at one size; "
+        "SigLIP 2's fixed-resolution checkpoints (model_type siglip) are.",
     ),
     Refused(
         "transformer-tokenizer-args",

@@ -74,6 +74,8 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             check_sparse_encoder(client, folder)
         elif layout.reference == "multi_vector":
             check_multi_vector(client, folder)
+        elif layout.reference == "image_text":
+            check_image_text(client, folder)
         else:
             check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
 
@@ -111,6 +113,27 @@ def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> N
     prompt = model.prompts.get(model.default_prompt_name or "", "")
     # (a Transformer gives a batch of rows; a StaticEmbedding, one row of every text's ids end to end)
     assert usage == sum(model.tokenize([prompt + text])["input_ids"].shape[-1] for text in TEXTS)
+
+
+def check_image_text(client: httpx.Client, folder: Path) -> None:
+    """SigLIP: texts (one cut at its 64 tokens) and images, apart and in one request, raw (`normalize: false`) and
+    normalized (its default, as CLIP's), equal to get_text_features / get_image_features on what transformers'
+    processor makes of them; `usage` counts the texts' own tokens, not their padding."""
+    from tests.e2e.test_clip import data_url, encode, make_image
+    from tests.fidelity.image_text_layouts import ImageTextReference
+
+    reference = ImageTextReference(folder)
+    texts = [*TEXTS, LONG]
+    assert_same(embeddings(client, {"input": texts, "normalize": False}), reference.texts(texts))
+    assert_same(embeddings(client, {"input": texts}), reference.texts(texts, normalized=True))
+    images = [make_image(64, 48, 1), make_image(30, 90, 2), make_image(32, 32, 3, "L"), make_image(17, 5, 4, "RGBA")]
+    sources = [{"image": data_url(encode(image))} for image in images]
+    assert_same(embeddings(client, {"input": sources, "normalize": False}), reference.images(images))
+    mixed = embeddings(client, {"input": [TEXTS[0], sources[0], TEXTS[1], sources[1]]})
+    rows = [reference.texts(TEXTS[:2], normalized=True), reference.images(images[:2], normalized=True)]
+    assert_same(mixed, np.stack([rows[0][0], rows[1][0], rows[0][1], rows[1][1]]))
+    usage = client.post("/v1/embeddings", json={"input": TEXTS}).json()["usage"]["prompt_tokens"]
+    assert usage == sum(len(reference.processor.tokenizer(text)["input_ids"]) for text in TEXTS)
 
 
 def check_cross_encoder(client: httpx.Client, folder: Path) -> None:
