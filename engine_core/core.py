@@ -295,7 +295,9 @@ class EngineCore:
         assert len(parts) == request.count
         rows = finish_sparse_rows(parts, self.card.vocab_size, normalize=request.normalize)
         if not np.isfinite(rows.values).all():
-            rows_at = sorted({int(i) for i in np.repeat(np.arange(rows.count), rows.nonzeros)[~np.isfinite(rows.values)]})
+            rows_at = sorted(
+                {int(i) for i in np.repeat(np.arange(rows.count), rows.nonzeros)[~np.isfinite(rows.values)]}
+            )
             step.failures[request.identity].append(self._non_finite(request, rows_at))
             return
         started = request.started_at or request.admitted_at

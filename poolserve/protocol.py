@@ -210,6 +210,20 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
         return task in self.tasks
 
     @property
+    def output(self) -> Output:
+        """The model's own output: what an input gives when a request asks for no other."""
+        if self.is_late_interaction:
+            return OUTPUT_MULTI_VECTOR
+        if self.kind == SPARSE:
+            return OUTPUT_SPARSE
+        return OUTPUT_SCORES if self.kind == CLASSIFIER else OUTPUT_VECTOR
+
+    @property
+    def outputs(self) -> list[Output]:
+        """Every output a request may ask for, the model's own first."""
+        return [self.output, *self.extra_outputs]
+
+    @property
     def is_late_interaction(self) -> bool:
         """Whether the model's own output is token vectors (a ColBERT model), not one of its extra outputs."""
         return self.late_interaction is not None and OUTPUT_MULTI_VECTOR not in self.extra_outputs
@@ -324,7 +338,17 @@ class PoolJob:
             token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
         pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
         return cls(
-            lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token, queries, sparse
+            lengths,
+            tokens,
+            token_types,
+            pixels,
+            dimensions,
+            normalize,
+            activation,
+            priority,
+            per_token,
+            queries,
+            sparse,
         )
 
     @property
