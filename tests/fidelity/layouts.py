@@ -20,6 +20,7 @@ import torch
 
 from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
+from tests.fidelity.bge_m3_layouts import build_bge_m3
 from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
@@ -44,7 +45,8 @@ class Served:
     build: Callable[[Path], None]
     # "encode": SentenceTransformer.encode; "one_by_one": each text alone; "cross": CrossEncoder.predict; "llm": an
     # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code; "sparse":
-    # SparseEncoder.encode; "mxbai": the mxbai-rerank package; "gemma": FlagLLMReranker.compute_score (transcribed)
+    # SparseEncoder.encode; "mxbai": the mxbai-rerank package; "gemma": FlagLLMReranker.compute_score (transcribed);
+    # "bge_m3": FlagEmbedding's BGEM3FlagModel
     reference: str = "encode"
     flags: dict[str, Any] = field(default_factory=dict)
     # Flags that name files the build writes beside the folder.
@@ -498,6 +500,7 @@ SERVED = [
     Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
     Served("pylate", build_pylate, reference="multi_vector"),
     Served("pylate-stanford-markers", build_pylate_stanford_markers, reference="multi_vector"),
+    Served("bge-m3", build_bge_m3, reference="bge_m3"),
 ]
 
 
