@@ -53,7 +53,7 @@ def refuse_options_of_another_kind(
     asks for sparse vectors."""
     if (card.kind == SPARSE or sparse) and request.dimensions is not None:
         raise bad_request(
-            "`dimensions` keeps a dense vector's leading values; the vectors asked for here are sparse (vocabulary-wide).",
+            "`dimensions` keeps a dense vector's leading values; the vectors asked for are sparse (vocabulary-wide).",
             param="dimensions",
         )
     if card.kind == CLASSIFIER:
