@@ -108,6 +108,9 @@ def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> N
     scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
     expected = model.similarity(reference([QUERY], "encode_query"), reference(DOCUMENTS, "encode_document"))[0]
     np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], expected.numpy(), atol=1e-5, rtol=1e-4)
+    # An output the model does not have (bge-m3's) is refused by name.
+    other = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, "output": "sparse"})
+    assert other.status_code == 400 and other.json()["error"]["param"] == "output", other.text
     # usage counts every token the model read, the prompt's included.
     usage = client.post("/v1/embeddings", json={"input": TEXTS, "truncate_prompt_tokens": -1}).json()["usage"]
     usage = usage["prompt_tokens"]
