@@ -119,8 +119,12 @@ class M3Runner(EmbeddingRunner):
                 for i in range(len(rows)):
                     if not (per_token[i] or sparse[i]):
                         outputs[i] = pooled[i]
-            for i in (i for i in range(len(rows)) if per_token[i]):
-                outputs[i] = to_numpy(self.m3.colbert(hidden[i, 1 : len(rows[i])]))
+            colbert = [i for i in range(len(rows)) if per_token[i]]
+            if colbert:
+                # One projection and one copy to the host for the batch's token vectors, cut per input after.
+                vectors = to_numpy(self.m3.colbert(hidden[colbert, 1:]))
+                for k, i in enumerate(colbert):
+                    outputs[i] = vectors[k, : len(rows[i]) - 1]
             lexical = [i for i in range(len(rows)) if sparse[i]]
             if lexical:
                 weights = to_numpy(torch.relu(self.m3.sparse(hidden[lexical])).squeeze(-1))
