@@ -4,6 +4,7 @@ sparse through the request's state and the cache (tests/fidelity holds them to B
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import msgspec
@@ -120,16 +121,23 @@ def test_a_sparse_output_is_refused_where_the_model_has_none_or_with_token_vecto
         check_request(b"api-0", job.header(1), job, dense_only)
 
 
+def copy_without(folder: Path, target: Path, *left_out: str) -> Path:
+    """The folder but the files and folders named."""
+    shutil.copytree(folder, target, ignore=lambda _, names: [name for name in names if name in left_out])
+    return target
+
+
 def test_one_head_file_alone_serves_the_dense_embedder(tmp_path: Path, loaded: LoadedModel) -> None:
-    folder = Path(loaded.card.path)
-    alone = tmp_path / "one-head"
-    alone.mkdir()
-    for path in folder.iterdir():
-        if path.is_file() and path.name != "sparse_linear.pt":
-            (alone / path.name).write_bytes(path.read_bytes())
-        elif path.is_dir():
-            (alone / path.name).mkdir()
-            for inner in path.iterdir():
-                (alone / path.name / inner.name).write_bytes(inner.read_bytes())
+    alone = copy_without(Path(loaded.card.path), tmp_path / "one-head", "sparse_linear.pt")
     card = load_model(Config(model=str(alone), device="cpu", dtype="float32")).card
     assert card.outputs == ["vector"] and card.late_interaction is None and "embed_sparse" not in card.tasks
+
+
+def test_without_sentence_transformers_files_the_dense_vector_is_bgem3flagmodels_own_cls(
+    tmp_path: Path, loaded: LoadedModel
+) -> None:
+    st_files = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling",
+                "2_Normalize")  # fmt: skip
+    bare = copy_without(Path(loaded.card.path), tmp_path / "bare", *st_files)
+    card = load_model(Config(model=str(bare), device="cpu", dtype="float32")).card
+    assert (card.pooling, card.normalize, card.outputs) == ("cls", True, ["vector", "sparse", "multi_vector"])
