@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 # An unpinned torch pulls GBs of CUDA wheels on these machines: pin it, install it first.
 TORCH_SPEC ?= torch==2.13.0
+# bge-m3's reference (tests/fidelity/bge_m3_layouts.py), without the dependencies it needs only to train or evaluate.
+FLAGEMBEDDING_SPEC ?= FlagEmbedding==1.4.2
 HOST ?= 127.0.0.1
 PORT ?= 8000
 API_SERVERS ?= 2
@@ -40,6 +42,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps "$(FLAGEMBEDDING_SPEC)"
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -129,6 +129,9 @@ def maxsim_scores(matrices: list[Rows], left: list[int], right: list[int], spec:
     scores = []
     for q, d in zip(left, right, strict=True):
         query, document = matrices[q], matrices[d]
+        if not (len(query) and len(document)):  # a text with no vector (one token, bge-m3's CLS alone) matches nothing
+            scores.append(0.0)
+            continue
         best = (query @ document.T).max(axis=1)
         score = best.sum(dtype=np.float32)
         scores.append(float(score / len(query) if spec.similarity == "meanmaxsim" else score))

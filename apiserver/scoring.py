@@ -20,7 +20,16 @@ from apiserver.pair_formats import tokenize_format_pairs
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
 from apiserver.prompts import Role, role_prompt
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import CLASSIFIER, ModelCard, Similarity, SparseRows
+from poolserve.protocol import (
+    CLASSIFIER,
+    OUTPUT_MULTI_VECTOR,
+    OUTPUT_SPARSE,
+    SPARSE,
+    ModelCard,
+    Output,
+    Similarity,
+    SparseRows,
+)
 
 
 @dataclass(slots=True)
@@ -43,11 +52,18 @@ def plan_scores(
     second_tokens: int | None = None,
     roles: tuple[Role | None, Role | None] = (None, None),
     instruction: str | None = None,
+    output: Output | None = None,
 ) -> ScorePlan:
     """`second_tokens` (Cohere's `max_tokens_per_doc`): each pair's second text is cut to that many
     tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
     as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt. `instruction`: what
-    a reranker's chat template puts before the pair (apiserver/pair_template.py)."""
+    a reranker's chat template puts before the pair (apiserver/pair_template.py). `output`: which of the model's
+    outputs scores the pairs (None: its own): bge-m3's lexical weights by their dot product, its ColBERT vectors by
+    MaxSim."""
+    if output is not None and output not in card.outputs:
+        raise bad_request(
+            f"`output` is {output!r}; this model's outputs are {', '.join(map(repr, card.outputs))}.", param="output"
+        )
     if card.pair_template or card.pair_format:
         if second_tokens is not None:
             raise bad_request(
@@ -60,7 +76,7 @@ def plan_scores(
         rows = tokenize(pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget)
         return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
     check_instruction(card, instruction)  # a model that reads a pair as it is takes none
-    if card.late_interaction is not None:
+    if card.is_late_interaction or output == OUTPUT_MULTI_VECTOR:
         # A query against a document, whatever `roles` say: MaxSim is asymmetric.
         job, left, right = plan_late_scores(
             pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens
@@ -81,8 +97,9 @@ def plan_scores(
         job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
         return ScorePlan(job, first_column)
     return plan_similarities(
-        pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens, roles=roles
-    )
+        pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens, roles=roles,
+        sparse=output == OUTPUT_SPARSE and card.kind != SPARSE,
+    )  # fmt: skip
 
 
 def plan_similarities(
@@ -95,10 +112,12 @@ def plan_similarities(
     budget: TokenBudget | None,
     second_tokens: int | None,
     roles: tuple[Role | None, Role | None],
+    sparse: bool = False,
 ) -> ScorePlan:
     """A bi-encoder's scores: embed each distinct text once (after its side's prompt) and compare the two
     sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
-    prompts differ or the second side is cut."""
+    prompts differ or the second side is cut. `sparse`: compare the model's sparse output (bge-m3's lexical
+    weights) by the dot product, as BGEM3FlagModel.compute_lexical_matching_score does."""
     prompts = (role_prompt(card, roles[0]), role_prompt(card, roles[1]))
     # A text's key: its prompt, whether it is cut (second_tokens), and itself.
     position: dict[tuple[str, bool, str], int] = {}
@@ -127,14 +146,15 @@ def plan_similarities(
         for key, row in zip(keys, texts, strict=True):
             text_rows[position[key]] = row
     left, right = np.asarray(sides[0]), np.asarray(sides[1])
-    compare = SIMILARITIES[card.similarity]
+    compare = SIMILARITIES["dot" if sparse else card.similarity]
 
     def scores(vectors: Rows | SparseRows) -> list[float]:
         if isinstance(vectors, SparseRows):
             return compare_sparse(vectors, left, right, compare)
         return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
-    return ScorePlan(EngineJob(rows=text_rows, normalize=normalize_for(card)), scores)
+    job = EngineJob(rows=text_rows, normalize=None if sparse else normalize_for(card), sparse=sparse)
+    return ScorePlan(job, scores)
 
 
 def first_column(out: Rows | SparseRows) -> list[float]:

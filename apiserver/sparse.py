@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import bad_request
-from poolserve.protocol import SPARSE, ModelCard, SparseRows
+from poolserve.protocol import ModelCard, SparseRows
 
 I32 = npt.NDArray[np.int32]
 F32 = npt.NDArray[np.float32]
@@ -29,12 +29,14 @@ def pruned(rows: SparseRows, top_k: int | None, threshold: float | None) -> Iter
         yield indices, values
 
 
-def refuse_pruning_of_dense(card: ModelCard, top_k: int | None, threshold: float | None) -> None:
-    """Pruning means nothing to a dense vector: asked of another model kind, it is refused by name."""
-    if card.kind == SPARSE:
+def refuse_pruning_of_dense(card: ModelCard, top_k: int | None, threshold: float | None, *, sparse: bool) -> None:
+    """Pruning means nothing to a dense vector: asked of a request whose answer is not sparse (`sparse`: a SPLADE
+    model's, or bge-m3's lexical weights), it is refused by name."""
+    if sparse:
         return
     for name, value in (("sparse_top_k", top_k), ("sparse_threshold", threshold)):
         if value is not None:
-            raise bad_request(
-                f"`{name}` prunes a sparse model's vectors; this model is a {card.kind} model.", param=name
+            what = (
+                "this request asks for its dense output" if card.has_sparse_output else f"this is a {card.kind} model"
             )
+            raise bad_request(f"`{name}` prunes sparse vectors; {what}.", param=name)

@@ -39,7 +39,7 @@ def check_model(requested: str | None, served: list[str]) -> None:
 
 
 def require_task(card: ModelCard, task: Task, endpoint: str) -> None:
-    if not card.supports(task) and card.late_interaction is not None:
+    if not card.supports(task) and card.is_late_interaction:
         raise bad_request(
             f"{endpoint} needs a model that can {task}; this model is a late-interaction (ColBERT) model, with one "
             "vector per token and no single embedding: ask /pooling (`token_embed`) or /embed_all for its token "

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import torch
 
 from engine_core.admission import AdmissionLimit
+from engine_core.bge_m3 import M3Runner
 from engine_core.embedding_cache import EmbeddingCache, input_key
 from engine_core.loader import LoadedModel
 from engine_core.metrics import (
@@ -29,8 +30,9 @@ from engine_core.metrics import (
 )
 from engine_core.multi_vector import MultiVectorRunner
 from engine_core.pass_cost import PassCostFit
-from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
+from engine_core.postprocess import finish_rows, finish_sparse_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
+from engine_core.runner import SparseRow
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
 from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, OutputRows, PooledOutput, RequestFailed, SparseRows
@@ -123,9 +125,14 @@ class EngineCore:
         if request.is_image(index):
             return input_key(b"image", request.image(index))
         types = None if request.token_types is None else request.input_token_types(index)
-        # A text's token states and its pooled row are different outputs of the same ids; so are a late-interaction
-        # query's vectors (expanded) and a document's.
-        kind = b"query" if index < request.queries else b"tokens" if request.per_token else b"text"
+        # A text's token states, its pooled row and its sparse row are different outputs of the same ids; so are a
+        # late-interaction query's vectors (expanded) and a document's.
+        kind = (
+            b"query" if index < request.queries
+            else b"tokens" if request.per_token
+            else b"sparse" if request.sparse
+            else b"text"
+        )  # fmt: skip
         return input_key(kind, request.input_ids(index), types)
 
     def take_answered_from_cache(self) -> StepOutputs | None:
@@ -201,7 +208,7 @@ class EngineCore:
         ]
         return self._finish(finished)
 
-    def _forward(self, batch: list[WorkItem], padded: int) -> F32 | list[F32]:
+    def _forward(self, batch: list[WorkItem], padded: int) -> F32 | list[F32] | list[F32 | SparseRow]:
         """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts.
         `padded`: the batch's tokens, padding included, which sets the pass's torch threads."""
         self.threads.apply(padded, is_urgent=any(item.request.priority < 0 for item in batch))
@@ -214,6 +221,8 @@ class EngineCore:
         if isinstance(self.runner, MultiVectorRunner):
             return self.runner.run_token_vectors(rows, type_rows, [item.index < item.request.queries for item in batch])
         per_token = [item.request.per_token for item in batch]
+        if isinstance(self.runner, M3Runner):
+            return self.runner.run_outputs(rows, type_rows, per_token, [item.request.sparse for item in batch])
         if any(per_token):
             return self.runner.run_texts_per_token(rows, type_rows, per_token)
         return self.runner.run_texts(rows, type_rows)
@@ -224,10 +233,15 @@ class EngineCore:
         now = time.monotonic()
         # (a sparse model's rows are normalized after their max_active_dims: finish_rows)
         together = self.card.kind not in (CLASSIFIER, SPARSE)
-        normalized, are_finite = normalize_together([r for r in finished if r.normalize and together])
+        normalized, are_finite = normalize_together(
+            [r for r in finished if r.normalize and together and r.sparse_rows is None]
+        )
         for request in finished:
             self._requests.pop(request.key, None)
             self._release(request)
+            if request.sparse_rows is not None:
+                self._finish_sparse(request, step, now)
+                continue
             assert request.output is not None
             rows = normalized.get(id(request))
             if rows is not None:
@@ -244,14 +258,8 @@ class EngineCore:
                 )
                 is_finite = bool(np.isfinite(vectors).all())
             if not is_finite:
-                # JSON has no NaN: it would reach the client as null, or as a plausible row beside it.
                 rows_at = sorted({int(i) for i in np.nonzero(~np.isfinite(vectors))[0]})
-                logger.error("request %s: the model computed non-finite values for its rows %s", request.id, rows_at)
-                message = (
-                    f"the model computed non-finite values (NaN or infinity) for this request (output rows {rows_at}); "
-                    f"it runs in {self.card.dtype} here (--dtype)"
-                )
-                step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, message))
+                step.failures[request.identity].append(self._non_finite(request, rows_at))
                 continue
             started = request.started_at or request.admitted_at
             answer: OutputRows = vectors
@@ -270,6 +278,34 @@ class EngineCore:
             )
             step.outputs[request.identity].append((out, answer))
         return step
+
+    def _non_finite(self, request: PendingRequest, rows_at: list[int]) -> RequestFailed:
+        # JSON has no NaN: it would reach the client as null, or as a plausible row beside it.
+        logger.error("request %s: the model computed non-finite values for its rows %s", request.id, rows_at)
+        message = (
+            f"the model computed non-finite values (NaN or infinity) for this request (output rows {rows_at}); "
+            f"it runs in {self.card.dtype} here (--dtype)"
+        )
+        return RequestFailed(request.id, ERROR_MODEL, message)
+
+    def _finish_sparse(self, request: PendingRequest, step: StepOutputs, now: float) -> None:
+        """A request for the model's sparse output (bge-m3's lexical weights), its rows kept sparse throughout."""
+        assert request.sparse_rows is not None
+        parts = [part for part in request.sparse_rows if part is not None]
+        assert len(parts) == request.count
+        rows = finish_sparse_rows(parts, self.card.vocab_size, normalize=request.normalize)
+        if not np.isfinite(rows.values).all():
+            rows_at = sorted(
+                {int(i) for i in np.repeat(np.arange(rows.count), rows.nonzeros)[~np.isfinite(rows.values)]}
+            )
+            step.failures[request.identity].append(self._non_finite(request, rows_at))
+            return
+        started = request.started_at or request.admitted_at
+        out = PooledOutput(
+            request.id, rows.count, rows.dim, queue_time=started - request.admitted_at, inference_time=now - started,
+            cached=request.cached, nonzeros=rows.nonzeros.tolist(),
+        )  # fmt: skip
+        step.outputs[request.identity].append((out, rows))
 
     def _fail(self, failed: list[PendingRequest], error: str) -> StepOutputs:
         step = StepOutputs()

@@ -5,8 +5,9 @@ finishing (normalize, `dimensions`, activation: engine_core/postprocess.py), so 
 differ only in those share an entry and each still gets its own finishing. The key is a hash of
 what determines that row in this engine: the token ids and token type ids of a text, or an image's
 pixels after the API server's resize and crop, tagged by what was asked of it (a text's pooled row, or
-its per-token states: a length x hidden array, cached as one entry) (the model, its pooling and its dtype are fixed for
-the engine's life; a restarted engine starts empty). Least recently used entries go first.
+its per-token states: a length x hidden array, cached as one entry; or its sparse row's entries) (the model, its
+pooling and its dtype are fixed for the engine's life; a restarted engine starts empty). Least recently used entries
+go first.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from engine_core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, engine_label
+from engine_core.runner import SparseRow
 
 F32 = npt.NDArray[np.float32]
+Row = F32 | SparseRow
 # What an entry costs besides its row: the key, the OrderedDict's node, the array header.
 ENTRY_OVERHEAD_BYTES = 200
 
@@ -42,12 +45,12 @@ class EmbeddingCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._rows: OrderedDict[bytes, F32] = OrderedDict()
+        self._rows: OrderedDict[bytes, Row] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def get(self, key: bytes) -> F32 | None:
+    def get(self, key: bytes) -> Row | None:
         row = self._rows.get(key)
         if row is None:
             CACHE_MISSES.labels(engine_label()).inc()
@@ -56,12 +59,15 @@ class EmbeddingCache:
         CACHE_HITS.labels(engine_label()).inc()
         return row
 
-    def put(self, key: bytes, row: F32) -> None:
+    def put(self, key: bytes, row: Row) -> None:
         cost = row.nbytes + ENTRY_OVERHEAD_BYTES
         if cost > self.max_bytes or key in self._rows:
             return
         # A copy: the row given is a view of a batch's output, which would otherwise stay alive whole.
-        self._rows[key] = np.array(row, dtype=np.float32)
+        if isinstance(row, SparseRow):
+            self._rows[key] = SparseRow(row.indices.copy(), row.values.copy())
+        else:
+            self._rows[key] = np.array(row, dtype=np.float32)
         self.bytes += cost
         while self.bytes > self.max_bytes:
             _, evicted = self._rows.popitem(last=False)

@@ -22,6 +22,16 @@ from transformers import (
     PretrainedConfig,
 )
 
+from engine_core.bge_m3 import (
+    COLBERT_HEAD,
+    M3_OUTPUTS,
+    SPARSE_HEAD,
+    M3Runner,
+    has_m3_heads,
+    m3_spec,
+    read_m3_heads,
+    unused_token_ids,
+)
 from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype, has_native_bf16, measure_agreement
 from engine_core.folder_choices import (
     LoadError,
@@ -67,6 +77,7 @@ from poolserve.protocol import (
     EMBEDDING,
     SPARSE,
     TASK_EMBED,
+    TASK_EMBED_SPARSE,
     TASK_POOL,
     TASK_SCORE,
     TASK_TOKENIZE,
@@ -190,6 +201,7 @@ def load_model(config: Config) -> LoadedModel:
                         "model.")  # fmt: skip
     scoring = choose_pair_scoring(config, st, model_config, tokenizer) if kind == CLASSIFIER else PairScoring()
     text_config = text_config_of(model_config)
+    m3 = is_bge_m3(folder, kind, st) and not stanford
     # A classifier's head and CLIP's projection make the vector; the rest pool token states.
     modes: tuple[str, ...] = ()
     pooling = "none"
@@ -205,7 +217,9 @@ def load_model(config: Config) -> LoadedModel:
         normalize = st.normalize is True
         pooling = "multi_vector"  # a vector per scored token (engine_core/multi_vector.py)
     elif kind != CLASSIFIER:
-        modes = choose_pooling(config.pooling, st, model_config)
+        # bge-m3 without Sentence-Transformers files: BGEM3FlagModel's own dense vector, the CLS token's, normalized.
+        m3_cls = m3 and not st.pooling and config.pooling == "auto"
+        modes = ("cls",) if m3_cls else choose_pooling(config.pooling, st, model_config)
         # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
         normalize = True if st.normalize is None else st.normalize
         pooling = "projection" if kind == CLIP else "+".join(modes)
@@ -219,6 +233,8 @@ def load_model(config: Config) -> LoadedModel:
         late = late_interaction_spec(st.late_interaction, tokenizer, max_model_len, positions)
         # A document_length (or query_length) past the tokenizer's maximum is what sentence-transformers cuts at.
         max_model_len = max(max_model_len, late.query_length, late.document_length)
+    elif m3:
+        late = m3_spec(max_model_len)
     image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
     padding = image_text_padding(model_config, tokenizer)
     model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
@@ -228,6 +244,7 @@ def load_model(config: Config) -> LoadedModel:
             heads = stanford_projection(model_folder, int(text_config.hidden_size), device)
     except MetadataError as exc:
         raise not_exact(folder, exc) from exc
+    m3_heads = read_m3_heads(folder, int(text_config.hidden_size), device) if m3 else None
 
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
@@ -240,7 +257,7 @@ def load_model(config: Config) -> LoadedModel:
 
     mlm_parts = split_mlm(model) if kind == SPARSE else None
     # Packing computes real tokens only; an expanded query's added places are computed unattended.
-    packed = late is None and uses_token_packing(
+    packed = (late is None or m3) and uses_token_packing(
         config.token_packing, device, model if mlm_parts is None else mlm_parts[0]
     )
 
@@ -261,6 +278,11 @@ def load_model(config: Config) -> LoadedModel:
                 model, splade=st.splade, vocab_size=int(text_config.vocab_size), pad_token_id=pad_token_id,
                 device=device, packed=packed,
             )  # fmt: skip
+        if m3_heads is not None:
+            return M3Runner(
+                model, m3=m3_heads, unused_ids=unused_token_ids(tokenizer), pooling=modes, pad_token_id=pad_token_id,
+                device=device, packed=packed, heads=heads,
+            )  # fmt: skip
         if late is not None:
             return MultiVectorRunner(model, spec=late, pad_token_id=pad_token_id, device=device, heads=heads)
         return EmbeddingRunner(
@@ -269,8 +291,8 @@ def load_model(config: Config) -> LoadedModel:
 
     runner = build_runner(model, dtype)
     # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
-    # agreement of cosines measures; it stays float32, as classifiers do.
-    if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE:
+    # agreement of cosines measures; it stays float32, as classifiers do (and so does bge-m3, for its lexical weights).
+    if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE and not m3:
         probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
         converted = False
 
@@ -298,14 +320,18 @@ def load_model(config: Config) -> LoadedModel:
 
     max_batch_tokens, max_batch_size = batch_caps(config, device, max(max_model_len, image_tokens))
     num_labels = 0 if kind != CLASSIFIER else 1 if llm_reranker else int(model_config.num_labels)
+    tasks = (
+        LATE_INTERACTION_TASKS if late is not None and not m3
+        else tasks_of(kind, num_labels, bool(scoring.template or scoring.format))
+    )  # fmt: skip
+    if m3:
+        tasks = [*tasks, TASK_EMBED_SPARSE]
     labels = ["LABEL_0"] if llm_reranker else [str(model_config.id2label[i]) for i in range(num_labels)]
     card = ModelCard(
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
         kind=kind,
-        tasks=LATE_INTERACTION_TASKS
-        if late is not None
-        else tasks_of(kind, num_labels, bool(scoring.template or scoring.format)),
+        tasks=tasks,
         max_model_len=max_model_len,
         output_size=output_size,
         vocab_size=int(text_config.vocab_size),
@@ -334,6 +360,7 @@ def load_model(config: Config) -> LoadedModel:
         max_active_dims=st.max_active_dims or 0,
         late_interaction=late,
         pair_format=scoring.format,
+        extra_outputs=M3_OUTPUTS if m3 else [],
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).
@@ -348,6 +375,20 @@ def load_model(config: Config) -> LoadedModel:
             cap=max_batch_tokens,
         )
     return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
+
+
+def is_bge_m3(folder: Path, kind: str, st: StFolder) -> bool:
+    """A folder with bge-m3's sparse and ColBERT heads beside an embedder (engine_core/bge_m3.py). With one of the
+    two alone FlagEmbedding would run untrained heads: the folder is served as its embedder, with a warning."""
+    if kind != EMBEDDING or st.late_interaction is not None:
+        return False
+    if has_m3_heads(folder):
+        return True
+    alone = [name for name in (SPARSE_HEAD, COLBERT_HEAD) if (folder / name).is_file()]
+    if alone:
+        logger.warning("%s holds %s without %s: served as a dense embedder only, as FlagEmbedding would not load it "
+                       "alone", folder, alone[0], ({SPARSE_HEAD, COLBERT_HEAD} - set(alone)).pop())  # fmt: skip
+    return False
 
 
 def batch_caps(config: Config, device: torch.device, longest_input: int) -> tuple[int, int]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard
+from engine_core.runner import SparseRow
+from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard, SparseRows
 
 F32 = npt.NDArray[np.float32]
 
@@ -68,3 +69,15 @@ def keep_largest(rows: F32, count: int) -> F32:
     kept = np.zeros_like(rows)
     np.put_along_axis(kept, order, np.take_along_axis(rows, order, axis=1), axis=1)
     return kept
+
+
+def finish_sparse_rows(parts: list[SparseRow], dim: int, *, normalize: bool) -> SparseRows:
+    """A request's sparse rows from each input's entries (bge-m3's lexical weights), L2-normalized if asked."""
+    nonzeros = np.fromiter((len(part.indices) for part in parts), dtype=np.int64, count=len(parts))
+    indices = np.concatenate([part.indices for part in parts]).astype(np.int32, copy=False)
+    values = np.concatenate([part.values for part in parts]).astype(np.float32, copy=False)
+    if normalize and values.size:
+        rows = np.repeat(np.arange(len(parts)), nonzeros)
+        norms = np.sqrt(np.bincount(rows, weights=values.astype(np.float64) ** 2, minlength=len(parts)))
+        values = (values / np.maximum(norms, 1e-12)[rows]).astype(np.float32)
+    return SparseRows(nonzeros, indices, values, dim)

@@ -9,6 +9,7 @@ from itertools import accumulate
 import numpy as np
 import numpy.typing as npt
 
+from engine_core.runner import SparseRow
 from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, ModelCard, PoolJob, PoolRequest
 
 
@@ -40,6 +41,8 @@ class PendingRequest:
     # vectors (LateInteraction.vector_count), which `output` holds in place of one row per token.
     queries: int = 0
     vector_counts: list[int] | None = None
+    # The model's sparse output rather than its own (bge-m3's lexical weights): `sparse_rows` holds each input's.
+    sparse: bool = False
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
@@ -55,6 +58,7 @@ class PendingRequest:
     is_cancelled: bool = False
     is_released: bool = False
     output: npt.NDArray[np.float32] | None = None
+    sparse_rows: list[SparseRow | None] | None = None
     # The scheduler's progress: inputs below `scheduled` were placed in a window, except those in
     # `returned`: handed back when a more urgent request displaced a window before it ran, or, when
     # the cache answered some inputs, the ones it did not (core.py).
@@ -77,7 +81,9 @@ class PendingRequest:
             self.row_offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
             np.cumsum(self.vector_counts, out=self.row_offsets[1:])
             # An expanded query runs at its expanded width.
-            self.costs[: self.queries] = self.vector_counts[: self.queries]
+            self.costs[: self.queries] = map(max, self.costs[: self.queries], self.vector_counts[: self.queries])
+        if self.sparse:
+            self.sparse_rows = [None] * self.count
         self.total_cost = sum(self.costs) + (self.count - self.texts) * self.image_cost
 
     @property
@@ -122,9 +128,14 @@ class PendingRequest:
         self.started_at = now
         return True
 
-    def add_row(self, index: int, row: npt.NDArray[np.float32]) -> bool:
-        """Keep input `index`'s raw output row (per token: its rows, one per token); True when it was the
-        last one missing."""
+    def add_row(self, index: int, row: npt.NDArray[np.float32] | SparseRow) -> bool:
+        """Keep input `index`'s raw output row (per token: its rows, one per token; sparse: its entries); True when
+        it was the last one missing."""
+        if isinstance(row, SparseRow):
+            assert self.sparse_rows is not None
+            self.sparse_rows[index] = row
+            self.remaining -= 1
+            return self.remaining == 0
         if self.output is None:
             height = int(self.row_offsets[-1]) if self.per_token else self.count
             self.output = np.empty((height, row.shape[-1]), dtype=np.float32)
@@ -178,15 +189,21 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
             raise InvalidRequest(f"images must be {height}x{width} pixels")
     if job.per_token and (not card.supports(TASK_TOKEN_EMBED) or job.pixels is not None):
         raise InvalidRequest("per-token output needs texts and a model that gives token states")
-    if job.dimensions and card.kind == SPARSE:
+    if job.sparse and not card.has_sparse_output:
+        raise InvalidRequest("this model has no sparse output")
+    # A SPLADE model's own output is sparse: the flag asks nothing more of it.
+    sparse = job.sparse and card.kind != SPARSE
+    if sparse and (job.per_token or job.pixels is not None):
+        raise InvalidRequest("a sparse output is one row per text")
+    if job.dimensions and (card.kind == SPARSE or sparse):
         raise InvalidRequest("a sparse model's rows have no leading dimensions to keep")
     if not 0 <= job.dimensions <= card.output_size:
         raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
     late = card.late_interaction
     vector_counts = None
-    if late is not None:
-        if not job.per_token:
-            raise InvalidRequest("a late-interaction model answers token vectors only (per_token)")
+    if card.is_late_interaction and not job.per_token:
+        raise InvalidRequest("a late-interaction model answers token vectors only (per_token)")
+    if late is not None and job.per_token:
         ends = np.cumsum(lengths)
         vector_counts = [
             late.vector_count(tokens[end - length : end], i < job.queries)
@@ -194,13 +211,16 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         ]
     elif job.queries:
         raise InvalidRequest("queries are for late-interaction models")
+    # A sparse output is as its model gives it unless the request asks (bge-m3's dense vector is normalized, its
+    # lexical weights are not).
+    normalize = (False if sparse else card.normalize) if job.normalize is None else job.normalize
     return PendingRequest(
         identity=identity,
         id=request.id,
         lengths=lengths,
         tokens=tokens,
         dimensions=job.dimensions,
-        normalize=card.normalize if job.normalize is None else job.normalize,
+        normalize=normalize,
         activation=job.activation,
         token_types=token_types,
         pixels=job.pixels,
@@ -210,4 +230,5 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         per_token=job.per_token,
         queries=job.queries,
         vector_counts=vector_counts,
+        sparse=sparse,
     )

@@ -8,7 +8,7 @@ per token gets its token states instead (length x hidden), from the same forward
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,19 @@ from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
 F32 = npt.NDArray[np.float32]
+I32 = npt.NDArray[np.int32]
+
+
+class SparseRow(NamedTuple):
+    """One input's sparse output as a runner gives it (bge-m3's lexical weights: engine_core/bge_m3.py): its
+    non-zero entries' column indices, ascending, and their values."""
+
+    indices: I32
+    values: F32
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.indices.nbytes + self.values.nbytes)
 
 
 class ModelRunner(Protocol):

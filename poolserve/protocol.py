@@ -110,6 +110,15 @@ class ImageProcessing(msgspec.Struct, kw_only=True, frozen=True):
 # How a late-interaction model scores a query against a document (sentence-transformers' names).
 LateSimilarity = Literal["maxsim", "meanmaxsim"]
 
+# What one input gives (/v1/models' `output`): an embedding, a sparse vector's non-zero entries, token vectors, or a
+# classifier's scores. A model has its own output (its kind's), and some have others a request may ask for instead
+# (`ModelCard.extra_outputs`: bge-m3's lexical weights and ColBERT vectors beside its dense embedding).
+Output = Literal["vector", "sparse", "multi_vector", "scores"]
+OUTPUT_VECTOR: Final = "vector"
+OUTPUT_SPARSE: Final = "sparse"
+OUTPUT_MULTI_VECTOR: Final = "multi_vector"
+OUTPUT_SCORES: Final = "scores"
+
 
 class LateInteraction(msgspec.Struct, kw_only=True, frozen=True):
     """A late-interaction (ColBERT) model: one projected vector per scored token, queries and documents
@@ -119,7 +128,8 @@ class LateInteraction(msgspec.Struct, kw_only=True, frozen=True):
     padded up to `expansion` tokens with `expansion_token_id` (ColBERT's query expansion): every position
     of a query is scored, and the model attends to the added ones only with `attend_expansion`. A
     document's text is cut at `document_length`; its tokens in `skiplist_ids` (punctuation, usually)
-    are left out of its vectors. A text with neither role is a document cut at the model's maximum."""
+    are left out of its vectors. A text with neither role is a document cut at the model's maximum. With
+    `drops_first` the first token (bge-m3's CLS) gives no vector."""
 
     query_length: int = 0
     document_length: int = 0
@@ -128,9 +138,12 @@ class LateInteraction(msgspec.Struct, kw_only=True, frozen=True):
     expansion_token_id: int = 0
     skiplist_ids: list[int] = msgspec.field(default_factory=list)
     similarity: LateSimilarity = "maxsim"
+    drops_first: bool = False
 
     def vector_count(self, ids: npt.NDArray[np.integer], is_query: bool) -> int:
         """How many token vectors a text of these ids has: the one rule both ends cut a frame by."""
+        if self.drops_first:
+            ids = ids[1:]
         if is_query:
             return max(len(ids), self.expansion)
         if not self.skiplist_ids:
@@ -188,9 +201,37 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # An LLM reranker whose pairs are read as its own package reads them (--score-format; apiserver/pair_formats.py):
     # "mxbai-rerank-v2" or "bge-reranker-v2-gemma"; "": by pair_template, or as a pair.
     pair_format: str = ""
+    # Outputs a request may ask for instead of the model's own (`Output`): bge-m3's "sparse" lexical weights
+    # (PoolRequest.sparse) and "multi_vector" ColBERT vectors (PoolRequest.per_token, cut as `late_interaction` says)
+    # beside its dense embedding.
+    extra_outputs: list[Output] = msgspec.field(default_factory=list)
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks
+
+    @property
+    def output(self) -> Output:
+        """The model's own output: what an input gives when a request asks for no other."""
+        if self.is_late_interaction:
+            return OUTPUT_MULTI_VECTOR
+        if self.kind == SPARSE:
+            return OUTPUT_SPARSE
+        return OUTPUT_SCORES if self.kind == CLASSIFIER else OUTPUT_VECTOR
+
+    @property
+    def outputs(self) -> list[Output]:
+        """Every output a request may ask for, the model's own first."""
+        return [self.output, *self.extra_outputs]
+
+    @property
+    def is_late_interaction(self) -> bool:
+        """Whether the model's own output is token vectors (a ColBERT model), not one of its extra outputs."""
+        return self.late_interaction is not None and OUTPUT_MULTI_VECTOR not in self.extra_outputs
+
+    @property
+    def has_sparse_output(self) -> bool:
+        """Whether a request may ask for sparse vectors: a SPLADE model's own output, or bge-m3's lexical weights."""
+        return self.kind == SPARSE or OUTPUT_SPARSE in self.extra_outputs
 
 
 # API server -> engine ---------------------------------------------------------------------
@@ -232,6 +273,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     priority: int = 0
     per_token: bool = False
     queries: int = 0
+    sparse: bool = False
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -257,6 +299,7 @@ class PoolJob:
     instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
     `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
     documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them).
+    `sparse`: the model's sparse output (bge-m3's lexical weights, `ModelCard.extra_outputs`) instead of its own.
     """
 
     lengths: npt.NDArray[np.int64]
@@ -269,6 +312,7 @@ class PoolJob:
     priority: int = 0
     per_token: bool = False
     queries: int = 0
+    sparse: bool = False
 
     @classmethod
     def from_rows(
@@ -283,6 +327,7 @@ class PoolJob:
         priority: int = 0,
         per_token: bool = False,
         queries: int = 0,
+        sparse: bool = False,
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -293,7 +338,17 @@ class PoolJob:
             token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
         pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
         return cls(
-            lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token, queries
+            lengths,
+            tokens,
+            token_types,
+            pixels,
+            dimensions,
+            normalize,
+            activation,
+            priority,
+            per_token,
+            queries,
+            sparse,
         )
 
     @property
@@ -321,6 +376,7 @@ class PoolJob:
             priority=self.priority,
             per_token=self.per_token,
             queries=self.queries,
+            sparse=self.sparse,
         )
 
     def frames(self) -> list[Frame]:
@@ -380,6 +436,7 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         request.priority,
         request.per_token,
         request.queries,
+        request.sparse,
     )
 
 

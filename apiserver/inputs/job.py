@@ -39,13 +39,15 @@ class EngineJob:
     # vectors (apiserver/late_interaction.py), by which the engine's rows are cut.
     queries: int = 0
     vector_counts: list[int] | None = None
+    # The model's sparse output instead of its own (bge-m3's lexical weights: /embed_sparse).
+    sparse: bool = False
 
     @property
     def prompt_tokens(self) -> int:
         """The tokens the model reads: an expanded query's expansion tokens too."""
         tokens = sum(len(row) for row in self.rows)
         if self.vector_counts is not None:
-            tokens += sum(self.vector_counts[i] - len(self.rows[i]) for i in range(self.queries))
+            tokens += sum(max(0, self.vector_counts[i] - len(self.rows[i])) for i in range(self.queries))
         return tokens
 
     def to_wire(self) -> PoolJob:
@@ -60,6 +62,7 @@ class EngineJob:
             priority=self.priority,
             per_token=self.per_token,
             queries=self.queries,
+            sparse=self.sparse,
         )
 
     def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:

@@ -45,12 +45,15 @@ def check_images(items: list[Item], state: AppState) -> None:
     check_image_count(len(sources), state.config.max_images_per_request)
 
 
-def refuse_options_of_another_kind(card: ModelCard, request: ItemsRequest, activation: bool | None) -> None:
+def refuse_options_of_another_kind(
+    card: ModelCard, request: ItemsRequest, activation: bool | None, *, sparse: bool = False
+) -> None:
     """An embedding model's options sent to a classifier, or a classifier's to an embedding model, would
-    change nothing: refused by name, as vLLM refuses a parameter its task does not take."""
-    if card.kind == SPARSE and request.dimensions is not None:
+    change nothing: refused by name, as vLLM refuses a parameter its task does not take. `sparse`: the request
+    asks for sparse vectors."""
+    if (card.kind == SPARSE or sparse) and request.dimensions is not None:
         raise bad_request(
-            "`dimensions` keeps a dense vector's leading values; this model's vectors are sparse (vocabulary-wide).",
+            "`dimensions` keeps a dense vector's leading values; the vectors asked for are sparse (vocabulary-wide).",
             param="dimensions",
         )
     if card.kind == CLASSIFIER:
@@ -80,28 +83,31 @@ def plan_items_request(
     normalize_default: bool | None = None,
     prompt: str | None = None,
     role: Role | None = None,
+    sparse: bool = False,
 ) -> Plan[I]:
     """Validate a request that carries `input` or `messages` and plan its job. `activation`: the request's
     `activation` field where it has one (vLLM's older name for `use_activation`); `normalize_default`: the
     normalization when the request does not say (None: the model's own); `prompt`: what goes before each
     text (None: the model's default prompt, or on a late-interaction model the prompt of `role`, whose texts
-    are its queries or documents: apiserver/late_interaction.py)."""
+    are its queries or documents: apiserver/late_interaction.py); `sparse`: the model's sparse output (bge-m3's
+    lexical weights) instead of its own. On bge-m3 `per_token` asks for its ColBERT vectors."""
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
-    if dimensions and state.card.late_interaction is not None:
+    token_vectors = state.card.is_late_interaction or (per_token and state.card.late_interaction is not None)
+    if dimensions and token_vectors:
         # MultiVectorEncoder has no truncate_dim: a cut token vector would be no vector its reference gives.
         raise bad_request("`dimensions` is for single-vector models; this late-interaction model's token vectors "
                           "come whole.", param="dimensions")  # fmt: skip
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
     truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
-    refuse_options_of_another_kind(state.card, request, activation)
+    refuse_options_of_another_kind(state.card, request, activation, sparse=sparse)
     # vLLM's `use_activation` is an embedding model's normalization and a classifier's activation.
     normalize = value_of(normalize=request.normalize, use_activation=request.use_activation)
     activation = value_of(use_activation=request.use_activation, activation=activation)
 
     def build(load_image: Callable[[ImageSource], Pixels]) -> EngineJob:
-        if state.card.late_interaction is not None:
+        if token_vectors:
             job = token_vectors_job(
                 items, state.card, state.tokenizer, role, truncation=truncation, budget=state.token_budget,
                 add_special_tokens=request.add_special_tokens, prompt=prompt,
@@ -117,6 +123,7 @@ def plan_items_request(
             raise bad_request(f"{endpoint} gives token states of texts; this request holds images.", param="input")
         job.dimensions, job.activation, job.per_token = dimensions, activation is not False, per_token
         job.normalize = normalize_default if normalize is None else normalize
+        job.sparse = sparse
         return job
 
     return plan_job(state, items, build, request)

@@ -11,7 +11,6 @@ from apiserver.errors import error_response, style_of
 from apiserver.responses import json_response
 from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
 from apiserver.state import AppState
-from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard
 
 LIVE = b'{"status":"ok"}'
 
@@ -26,19 +25,12 @@ async def list_models(request: Request) -> Response:
             max_model_len=state.card.max_model_len,
             kind=state.card.kind,
             tasks=list(state.card.tasks),
-            output=output_of(state.card),
+            output=state.card.output,
+            outputs=list(state.card.outputs),
         )
         for name in state.model_names
     ]
     return json_response(ModelList(data=entries))
-
-
-def output_of(card: ModelCard) -> str:
-    if card.late_interaction is not None:
-        return "multi_vector"
-    if card.kind == SPARSE:
-        return "sparse"
-    return "scores" if card.kind == CLASSIFIER else "vector"
 
 
 async def get_version(request: Request) -> Response:

@@ -16,18 +16,19 @@ from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingRespon
 from apiserver.schemas.tei import SparseValue
 from apiserver.sparse import pruned, refuse_pruning_of_dense
 from apiserver.state import AppState
-from poolserve.protocol import SPARSE, TASK_CLASSIFY, TASK_EMBED, TASK_POOL, TASK_TOKEN_EMBED, Task
+from poolserve.protocol import SPARSE, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_POOL, TASK_TOKEN_EMBED, Task
 
 # vLLM's tasks poolserve runs, and the card task each needs.
 TASKS: Final[dict[PoolingTask, Task]] = {
     "embed": TASK_EMBED,
     "classify": TASK_CLASSIFY,
     "token_embed": TASK_TOKEN_EMBED,
+    "embed_sparse": TASK_EMBED_SPARSE,
 }
 # vLLM's others, refused by name with what to use instead.
 REFUSED: Final[dict[PoolingTask, str]] = {
     "score": "send pairs to /score or /rerank",
-    "token_classify": "poolserve loads no token-classification models",
+    "token_classify": "poolserve loads no token-classification models (bge-m3's lexical weights: `embed_sparse`)",
     "encode": "vLLM replaced it with `token_embed`",
     "plugin": "poolserve runs no vLLM IO plugins",
 }
@@ -35,14 +36,15 @@ REFUSED: Final[dict[PoolingTask, str]] = {
 
 def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
     task = request.task
-    refuse_pruning_of_dense(state.card, request.sparse_top_k, request.sparse_threshold)
-    if state.card.kind == SPARSE and request.encoding_format == "base64":
+    sparse = state.card.kind == SPARSE or task == "embed_sparse"
+    refuse_pruning_of_dense(state.card, request.sparse_top_k, request.sparse_threshold, sparse=sparse)
+    if sparse and request.encoding_format == "base64":
         raise bad_request(
-            "`encoding_format` base64 is for dense vectors; a sparse model's answer is its non-zero entries.",
+            "`encoding_format` base64 is for dense vectors; a sparse vector's answer is its non-zero entries.",
             param="encoding_format",
         )
     role = request.input_type
-    late = state.card.late_interaction is not None
+    late = state.card.is_late_interaction
     # Voyage's input_type picks the role's prompt, as on /v1/embeddings; a late-interaction model treats the role.
     prompt = role_prompt(state.card, role) if role is not None and not late else None
     if task is None and late:
@@ -64,11 +66,13 @@ def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
             code="task_not_supported",
         )
     per_token = task == "token_embed"
-    # vLLM normalizes per-token states unless the request says not to; a late-interaction model's vectors are
-    # normalized as the model does (its Normalize module).
+    # vLLM normalizes per-token states unless the request says not to; a late-interaction model's vectors (and
+    # bge-m3's ColBERT vectors) are normalized as the model does.
+    token_vectors = state.card.late_interaction is not None
     return plan_items_request(
         state, request, task=needed, endpoint="/pooling", activation=request.activation, per_token=per_token,
-        normalize_default=True if per_token and not late else None, prompt=prompt, role=role,
+        normalize_default=True if per_token and not token_vectors else None, prompt=prompt, role=role,
+        sparse=task == "embed_sparse" and state.card.kind != SPARSE,
     )  # fmt: skip
 
 

@@ -94,6 +94,7 @@ def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
         activation=activation is not False,
         budget=state.token_budget,
         instruction=request.instruction,
+        output=request.output,
     )
     return Plan(scoring, job=scoring.job)
 
@@ -199,6 +200,7 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
         second_tokens=request.max_tokens_per_doc,
         roles=("query", "document"),  # a bi-encoder embeds them as encode_query and encode_document do
         instruction=request.instruction,
+        output=request.output,
     )
     return Plan(Reranking(request, documents, scoring), job=scoring.job)
 

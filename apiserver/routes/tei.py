@@ -40,7 +40,9 @@ def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state:
     prompt = named_prompt(state.card, request.prompt_name)
     items = items_from_input(request.inputs, state.config.max_inputs_per_request, param="inputs")
     truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
-    if isinstance(request, EmbedAllRequest) and state.card.late_interaction is not None:
+    # (/embed_sparse's request is an EmbedAllRequest too; bge-m3's token vectors are its /embed_all answer only)
+    is_embed_all = isinstance(request, EmbedAllRequest) and not isinstance(request, EmbedSparseRequest)
+    if isinstance(request, EmbedAllRequest) and is_embed_all and state.card.late_interaction is not None:
         role = request.input_type
         if role is not None and request.prompt_name is not None:
             raise bad_request("Send `input_type` or `prompt_name`, not both: the role picks its own prompt.",
@@ -98,14 +100,17 @@ EMBED_ALL = Operation(EmbedAllRequest, parse_embed_all, render_embed_all)
 
 
 def parse_embed_sparse(request: EmbedSparseRequest, state: AppState) -> Plan[EmbedSparseRequest]:
-    """A SPLADE model's vectors, their non-zero entries only; TEI answers any other model so (424)."""
+    """A SPLADE model's vectors, or bge-m3's lexical weights, their non-zero entries only; TEI answers any other
+    model so (424)."""
     if not state.card.supports(TASK_EMBED_SPARSE):
         raise ApiError(
             400,
             "Backend error: Model is not an embedding model with SPLADE pooling.",
             code="sparse_not_supported",
         )
-    return Plan(request, job=tei_job(request, state))
+    job = tei_job(request, state)
+    job.sparse = True
+    return Plan(request, job=job)
 
 
 def render_embed_sparse(plan: Plan[EmbedSparseRequest], rows: Rows, state: AppState) -> bytes:
@@ -224,5 +229,6 @@ async def get_info(request: Request) -> Response:
             auto_truncate=False,
             tokenization_workers=config.preprocess_workers * config.api_server_count,
             version=version("poolserve"),
+            outputs=list(card.outputs),
         )
     )

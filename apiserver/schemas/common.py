@@ -57,6 +57,8 @@ TruncatePromptTokens = Annotated[int, Meta(ge=-1)]
 TruncationDirection = Literal["Left", "Right", "left", "right"]
 # vLLM's `truncation_side`: which end `truncate_prompt_tokens` cuts ("right" keeps the first tokens).
 TruncationSide = Literal["left", "right"]
+# Which of a model's outputs scores pairs on /score and /rerank (poolserve's; bge-m3 has three: docs/api.md).
+ScoreOutput = Literal["vector", "sparse", "multi_vector"]
 # vLLM's `priority`: lower is served sooner; the engine ranks by it (engine_core/scheduler.py).
 Priority = Annotated[int, Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 # poolserve's pruning of a sparse model's vectors (docs/api.md, "Sparse models"): keep the k largest values, and

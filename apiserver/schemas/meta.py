@@ -21,6 +21,8 @@ class ModelEntry(msgspec.Struct, kw_only=True):
     # What one input gives: "vector" (an embedding), "sparse" (a SPLADE model's non-zero entries), "multi_vector"
     # (a late-interaction model's token vectors), or "scores" (a classifier's, cross-encoder's or LLM reranker's).
     output: str = "vector"
+    # Every output a request may ask for, the model's own first (bge-m3: vector, sparse, multi_vector).
+    outputs: list[str] = msgspec.field(default_factory=list)
 
 
 class ModelList(msgspec.Struct, kw_only=True):

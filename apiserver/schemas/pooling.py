@@ -9,8 +9,9 @@ import msgspec
 from apiserver.schemas.common import ItemsRequest, SparseThreshold, SparseTopK, Usage
 from apiserver.schemas.tei import SparseValue
 
-# vLLM's pooling tasks (vllm/tasks.py), and `encode`, its older name for per-token output.
-PoolingTask = Literal["embed", "classify", "score", "token_embed", "token_classify", "plugin", "encode"]
+# vLLM's pooling tasks (vllm/tasks.py), `encode`, its older name for per-token output, and poolserve's `embed_sparse`
+# (a model's sparse vectors, as TEI's /embed_sparse: bge-m3's lexical weights beside its dense vector).
+PoolingTask = Literal["embed", "classify", "score", "token_embed", "token_classify", "plugin", "encode", "embed_sparse"]
 
 
 class PoolingRequest(ItemsRequest, kw_only=True):
@@ -18,7 +19,8 @@ class PoolingRequest(ItemsRequest, kw_only=True):
     # older name for `use_activation`.
     activation: bool | None = None
     # None: the model's own output (a vector, a classifier's scores, a sparse model's non-zero entries, or a
-    # late-interaction model's token vectors).
+    # late-interaction model's token vectors); bge-m3's own is its dense vector (`token_embed`: its ColBERT vectors,
+    # `embed_sparse`: its lexical weights).
     task: PoolingTask | None = None
     # A sparse model's pruning (docs/api.md, "Sparse models").
     sparse_top_k: SparseTopK | None = None

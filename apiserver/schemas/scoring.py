@@ -10,6 +10,7 @@ from msgspec import Meta
 from apiserver.schemas.common import (
     PeerRequest,
     Priority,
+    ScoreOutput,
     TruncatePromptTokens,
     TruncationDirection,
     TruncationSide,
@@ -41,6 +42,8 @@ class ScoreRequest(PeerRequest, kw_only=True):
     user: str | None = None
     # poolserve's: the instruction an LLM reranker's template puts before the pair (Qwen3-Reranker's `instruction`).
     instruction: str | None = None
+    # poolserve's: which of the model's outputs scores the pairs (None: its own; bge-m3's dense vector).
+    output: ScoreOutput | None = None
 
 
 class ScoreData(msgspec.Struct, kw_only=True):
@@ -87,6 +90,8 @@ class RerankRequest(PeerRequest, kw_only=True):
     user: str | None = None
     # poolserve's: the instruction an LLM reranker's template puts before the pair (Qwen3-Reranker's `instruction`).
     instruction: str | None = None
+    # poolserve's: which of the model's outputs scores the documents (None: its own; bge-m3's dense vector).
+    output: ScoreOutput | None = None
 
 
 class RerankResult(msgspec.Struct, kw_only=True):

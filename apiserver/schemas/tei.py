@@ -127,3 +127,5 @@ class InfoResponse(msgspec.Struct, kw_only=True):
     auto_truncate: bool
     tokenization_workers: int
     version: str
+    # poolserve's: every output a request may ask for, the model's own first (/v1/models' `outputs`).
+    outputs: list[str] = msgspec.field(default_factory=list)

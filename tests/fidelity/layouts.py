@@ -20,6 +20,7 @@ import torch
 
 from bench.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.models import TINY, bundled_model_folder
+from tests.fidelity.bge_m3_layouts import build_bge_m3
 from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.image_text_layouts import (
     build_siglip,
@@ -53,6 +54,7 @@ class Served:
     # LLM reranker against CrossEncoder.predict; "qwen3_card": against the Qwen3-Reranker card's code; "sparse":
     # SparseEncoder.encode; "mxbai": the mxbai-rerank package; "gemma": FlagLLMReranker.compute_score (transcribed);
     # "image_text": transformers' get_text_features / get_image_features through the folder's AutoProcessor
+    # "bge_m3": FlagEmbedding's BGEM3FlagModel
     reference: str = "encode"
     flags: dict[str, Any] = field(default_factory=dict)
     # Flags that name files the build writes beside the folder.
@@ -509,6 +511,7 @@ SERVED = [
     Served("siglip", build_siglip, reference="image_text"),
     Served("siglip-left-padded", build_siglip_left_padded, reference="image_text"),
     Served("siglip-unmasked", build_siglip_unmasked, reference="image_text"),
+    Served("bge-m3", build_bge_m3, reference="bge_m3"),
 ]
 
 

@@ -4,7 +4,7 @@ The reference is sentence-transformers 6 (SentenceTransformer, CrossEncoder, Spa
 on the same folder: its `encode` with the default prompt, a named prompt, `encode_query` and `encode_document`;
 its `similarity` for /rerank by a bi-encoder and MaxSim by a late-interaction model; `CrossEncoder.predict` for
 a cross-encoder's scores; `SparseEncoder.encode` for a sparse model's vectors (the same non-zero indices, values
-within 1e-4) and its `max_active_dims` for pruning.
+within 1e-4) and its `max_active_dims` for pruning; FlagEmbedding's BGEM3FlagModel for bge-m3's three outputs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.fidelity.bge_m3_layouts import bge_m3_reference
 from tests.fidelity.format_layouts import GEMMA_PROMPT, gemma_scores, mxbai_scores
 from tests.fidelity.layouts import SERVED, Served
 from tests.fidelity.reranker_layouts import qwen3_card_scores
@@ -76,6 +77,8 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             check_multi_vector(client, folder)
         elif layout.reference == "image_text":
             check_image_text(client, folder)
+        elif layout.reference == "bge_m3":
+            check_bge_m3(client, folder)
         else:
             check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
 
@@ -107,6 +110,9 @@ def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> N
     scores = {item["index"]: item["relevance_score"] for item in ranked.json()["results"]}
     expected = model.similarity(reference([QUERY], "encode_query"), reference(DOCUMENTS, "encode_document"))[0]
     np.testing.assert_allclose([scores[i] for i in range(len(DOCUMENTS))], expected.numpy(), atol=1e-5, rtol=1e-4)
+    # An output the model does not have (bge-m3's) is refused by name.
+    other = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS, "output": "sparse"})
+    assert other.status_code == 400 and other.json()["error"]["param"] == "output", other.text
     # usage counts every token the model read, the prompt's included.
     usage = client.post("/v1/embeddings", json={"input": TEXTS, "truncate_prompt_tokens": -1}).json()["usage"]
     usage = usage["prompt_tokens"]
@@ -408,3 +414,69 @@ def check_multi_vector(client: httpx.Client, folder: Path) -> None:
     # No single vector to give: refused by name.
     refused = client.post("/v1/embeddings", json={"input": TEXTS})
     assert refused.status_code == 400 and "late-interaction (ColBERT)" in refused.text, refused.text
+
+
+def assert_same_lexical_weights(served: Entries, reference: list[dict[str, Any]]) -> None:
+    """Each served vector has the ids of BGEM3FlagModel's lexical weights (a dict of id strings), values within 1e-4."""
+    assert len(served) == len(reference)
+    for entries, weights in zip(served, reference, strict=True):
+        indices = [entry["index"] for entry in entries]
+        assert indices == sorted(int(token_id) for token_id in weights)
+        expected = [float(weights[str(index)]) for index in indices]
+        np.testing.assert_allclose([entry["value"] for entry in entries], expected, atol=1e-4, rtol=0)
+
+
+def check_bge_m3(client: httpx.Client, folder: Path) -> None:
+    """bge-m3 against BGEM3FlagModel: the dense vector on /v1/embeddings and /embed; the lexical weights on
+    /embed_sparse and /pooling (`embed_sparse`); the ColBERT vectors on /pooling (`token_embed`) and /embed_all; and
+    /rerank and /score by each output (`output`), the dense vector's cosine by default."""
+    model = bge_m3_reference(folder)
+    texts = [*TEXTS, LONG]
+    reference = model.encode(texts, return_dense=True, return_sparse=True, return_colbert_vecs=True)
+    assert_same(embeddings(client, {"input": texts}), reference["dense_vecs"])
+    tei = client.post("/embed", json={"inputs": texts, "truncate": True})
+    assert tei.status_code == 200, tei.text
+    assert_same(np.asarray(tei.json(), dtype=np.float32), reference["dense_vecs"])
+    # Lexical weights: the same ids (the unused tokens and weights of 0 left out), values within 1e-4.
+    assert_same_lexical_weights(embed_sparse(client, {"inputs": texts}), reference["lexical_weights"])
+    pooled = client.post("/pooling", json={"input": texts, "task": "embed_sparse", "truncate_prompt_tokens": -1})
+    assert pooled.status_code == 200, pooled.text
+    assert_same_lexical_weights([item["data"] for item in pooled.json()["data"]], reference["lexical_weights"])
+    top = embed_sparse(client, {"inputs": texts, "sparse_top_k": 3})
+    largest = [dict(sorted(weights.items(), key=lambda kv: -kv[1])[:3]) for weights in reference["lexical_weights"]]
+    assert_same_lexical_weights(top, largest)
+    # ColBERT vectors: every token's but the CLS's, normalized.
+    colbert = reference["colbert_vecs"]
+    assert_same_tokens(token_vectors(client, "/embed_all", {"inputs": texts, "truncate": True}), colbert)
+    body = {"input": texts, "task": "token_embed", "truncate_prompt_tokens": -1}
+    assert_same_tokens(token_vectors(client, "/pooling", body), colbert)
+    assert_same_tokens(token_vectors(client, "/pooling", {**body, "input_type": "query"}), colbert)
+    # Scores, by each output: the dense vectors' dot product (normalized: the cosine), the lexical weights' matching
+    # score, and ColBERT's MaxSim over the query's vectors (colbert_score: divided by their count).
+    documents = [*DOCUMENTS, LONG]
+    query = model.encode_queries([QUERY], return_dense=True, return_sparse=True, return_colbert_vecs=True)
+    passages = model.encode_corpus(documents, return_dense=True, return_sparse=True, return_colbert_vecs=True)
+    expected = {
+        "vector": (query["dense_vecs"] @ passages["dense_vecs"].T)[0].tolist(),
+        "sparse": model.compute_lexical_matching_score(query["lexical_weights"], passages["lexical_weights"])[0],
+        "multi_vector": [
+            float(model.colbert_score(query["colbert_vecs"][0], vectors)) for vectors in passages["colbert_vecs"]
+        ],
+    }
+    for output, scores in expected.items():
+        assert_same_scores(served_scores(client, QUERY, documents, truncate_prompt_tokens=-1, output=output), scores)
+        tei_ranked = client.post(
+            "/rerank", json={"query": QUERY, "texts": documents, "truncate": True, "output": output}
+        )
+        assert tei_ranked.status_code == 200, tei_ranked.text
+        by_index = {item["index"]: item["score"] for item in tei_ranked.json()}
+        assert_same_scores([by_index[i] for i in range(len(documents))], scores)
+        score = client.post("/score", json={"text_1": QUERY, "text_2": documents, "truncate_prompt_tokens": -1,
+                                            "output": output})  # fmt: skip
+        assert score.status_code == 200, score.text
+        assert_same_scores([item["score"] for item in score.json()["data"]], scores)
+    assert_same_scores(served_scores(client, QUERY, documents, truncate_prompt_tokens=-1), expected["vector"])
+    # What the model has, where clients look.
+    outputs = ["vector", "sparse", "multi_vector"]
+    assert client.get("/v1/models").json()["data"][0]["outputs"] == outputs
+    assert client.get("/info").json()["outputs"] == outputs

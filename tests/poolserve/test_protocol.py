@@ -79,6 +79,7 @@ def assert_same_job(decoded: PoolJob, sent: PoolJob) -> None:
         sent.priority,
         sent.queries,
     )
+    assert (decoded.per_token, decoded.sparse) == (sent.per_token, sent.sparse)
 
 
 JOBS = {
@@ -87,6 +88,7 @@ JOBS = {
     "images only": PoolJob.from_rows([], images=[image(1), image(2)], normalize=True),
     "texts and images": PoolJob.from_rows([[5]], images=[image(3)]),
     "late-interaction queries and documents": PoolJob.from_rows([[101, 7, 102], [101, 102]], per_token=True, queries=1),
+    "bge-m3's lexical weights": PoolJob.from_rows([[0, 7, 2]], sparse=True),
 }
 
 
@@ -360,3 +362,10 @@ def test_a_late_interaction_text_has_a_vector_per_place_as_a_query_and_per_kept_
     assert late.vector_count(ids[:3], is_query=True) == 5
     assert late.vector_count(ids, is_query=False) == 4
     assert LateInteraction().vector_count(ids, is_query=False) == 6
+
+
+def test_bge_m3s_first_token_gives_no_vector_as_a_query_or_a_document() -> None:
+    late = LateInteraction(similarity="meanmaxsim", drops_first=True)
+    ids = np.asarray([0, 7, 8, 2], dtype=np.int32)
+    assert late.vector_count(ids, is_query=True) == late.vector_count(ids, is_query=False) == 3
+    assert late.vector_count(ids[:1], is_query=False) == 0
