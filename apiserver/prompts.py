@@ -39,3 +39,9 @@ def role_prompt(card: ModelCard, role: Role | None) -> str:
             if name in card.prompts:
                 return card.prompts[name]
     return card.default_prompt
+
+
+def left_out_tokens(card: ModelCard, prompt: str) -> int:
+    """How many tokens at the start of a text after `prompt` the model's pooling leaves out: the prompt's length as
+    sentence-transformers measures it where the model's Pooling has include_prompt false, else 0."""
+    return card.prompt_lengths.get(prompt, 0) if prompt else 0

@@ -11,14 +11,14 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import bad_request
-from apiserver.inputs.job import EngineJob, check_prompt_survives
+from apiserver.inputs.job import EngineJob, check_prompt_survives, pooling_starts
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts, with_second_cut
 from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.pair_formats import tokenize_format_pairs
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
-from apiserver.prompts import Role, role_prompt
+from apiserver.prompts import Role, left_out_tokens, role_prompt
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import CLASSIFIER, ModelCard, Similarity, SparseRows
 
@@ -112,6 +112,7 @@ def plan_similarities(
                 text_params.append(param)
             sides[side].append(position[key])
     text_rows: list[list[int]] = [[] for _ in position]
+    starts = [0] * len(position)
     for group in dict.fromkeys((prompt, is_cut) for prompt, is_cut, _ in position):
         keys = [key for key in position if key[:2] == group]
         prompt, is_cut = group
@@ -120,12 +121,15 @@ def plan_similarities(
             limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
+        group_params = [text_params[position[key]] for key in keys]
         texts = tokenize_texts(
-            [prompt + text for _, _, text in keys], [text_params[position[key]] for key in keys], limit, tokenizer,
-            card, direction=truncation.direction, option=truncation.option, budget=budget,
+            [prompt + text for _, _, text in keys], group_params, limit, tokenizer, card,
+            direction=truncation.direction, option=truncation.option, budget=budget,
         )  # fmt: skip
-        for key, row in zip(keys, texts, strict=True):
+        group_starts = pooling_starts(texts, group_params, left_out_tokens(card, prompt), truncation.option)
+        for k, (key, row) in enumerate(zip(keys, texts, strict=True)):
             text_rows[position[key]] = row
+            starts[position[key]] = group_starts[k] if group_starts else 0
     left, right = np.asarray(sides[0]), np.asarray(sides[1])
     compare = SIMILARITIES[card.similarity]
 
@@ -134,7 +138,8 @@ def plan_similarities(
             return compare_sparse(vectors, left, right, compare)
         return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
-    return ScorePlan(EngineJob(rows=text_rows, normalize=normalize_for(card)), scores)
+    job = EngineJob(rows=text_rows, normalize=normalize_for(card), pool_from=starts if any(starts) else None)
+    return ScorePlan(job, scores)
 
 
 def first_column(out: Rows | SparseRows) -> list[float]:

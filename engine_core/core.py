@@ -126,6 +126,8 @@ class EngineCore:
         # A text's token states and its pooled row are different outputs of the same ids; so are a late-interaction
         # query's vectors (expanded) and a document's.
         kind = b"query" if index < request.queries else b"tokens" if request.per_token else b"text"
+        if request.pool_from and request.pool_from[index]:  # the same ids pooled from another token
+            kind += b"@%d" % request.pool_from[index]
         return input_key(kind, request.input_ids(index), types)
 
     def take_answered_from_cache(self) -> StepOutputs | None:
@@ -214,6 +216,9 @@ class EngineCore:
         if isinstance(self.runner, MultiVectorRunner):
             return self.runner.run_token_vectors(rows, type_rows, [item.index < item.request.queries for item in batch])
         per_token = [item.request.per_token for item in batch]
+        if any(item.request.pool_from for item in batch):  # a prompt left out of pooling (admission checked)
+            pool_from = [item.request.pool_from[item.index] if item.request.pool_from else 0 for item in batch]
+            return self.runner.run_texts_per_token(rows, type_rows, per_token, pool_from)
         if any(per_token):
             return self.runner.run_texts_per_token(rows, type_rows, per_token)
         return self.runner.run_texts(rows, type_rows)

@@ -3,6 +3,7 @@ maximum length, activation and precision, and what is refused (LoadError: one se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -112,6 +113,11 @@ def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig)
     """Sentence-Transformers' pooling modes: --pooling when given, else the folder's Pooling module, else
     last-token for decoder models and mean for encoders."""
     if requested != "auto":
+        if not st.pooling_includes_prompt:
+            raise LoadError(
+                f"--pooling {requested} replaces the folder's Pooling, which leaves the prompt's tokens out "
+                "(include_prompt false); drop --pooling."
+            )
         if st.heads and st.pooling != (FLAG_MODES[requested],):
             raise LoadError(
                 f"--pooling {requested} replaces the folder's Pooling ({'+'.join(st.pooling)}), whose output its "
@@ -208,6 +214,21 @@ def choose_prompts(config: Config, st: StFolder, kind: ModelKind) -> tuple[dict[
         known = ", ".join(sorted(st.prompts)) or "none"
         raise LoadError(f"--default-prompt-name {name!r} is not one of the model's prompts ({known}).")
     return st.prompts, st.prompts[name] if name else ""
+
+
+def measure_prompt_lengths(
+    prompts: Iterable[str], backend: Tokenizer, special_ids: Iterable[int], max_model_len: int
+) -> dict[str, int]:
+    """Each prompt's length as sentence-transformers measures it for a Pooling that leaves the prompt out
+    (Transformer._get_prompt_length): the prompt tokenized alone (special tokens added, cut at the maximum), less
+    its last token where that is a special one (a trailing [SEP] or EOS, which follows the text instead)."""
+    special = set(special_ids)
+    lengths: dict[str, int] = {}
+    for prompt in prompts:
+        if prompt and prompt not in lengths:
+            ids = backend.encode(prompt).ids[:max_model_len]
+            lengths[prompt] = len(ids) - int(bool(ids) and ids[-1] in special)
+    return lengths
 
 
 def lowercase_first(backend: Tokenizer) -> None:

@@ -33,6 +33,7 @@ from engine_core.folder_choices import (
     classifier_activation,
     first_line,
     lowercase_first,
+    measure_prompt_lengths,
     model_kind,
     not_exact,
     read_folder,
@@ -231,6 +232,11 @@ def load_model(config: Config) -> LoadedModel:
     backend.no_truncation()
     if st.do_lower_case:
         lowercase_first(backend)
+    prompt_lengths = {}
+    if not st.pooling_includes_prompt:
+        prompt_lengths = measure_prompt_lengths(
+            [*prompts.values(), default_prompt], backend, tokenizer.all_special_ids, max_model_len
+        )
 
     mlm_parts = split_mlm(model) if kind == SPARSE else None
     # Packing computes real tokens only; an expanded query's added places are computed unattended.
@@ -325,6 +331,7 @@ def load_model(config: Config) -> LoadedModel:
         max_active_dims=st.max_active_dims or 0,
         late_interaction=late,
         pair_format=scoring.format,
+        prompt_lengths=prompt_lengths,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

@@ -40,6 +40,8 @@ class PendingRequest:
     # vectors (LateInteraction.vector_count), which `output` holds in place of one row per token.
     queries: int = 0
     vector_counts: list[int] | None = None
+    # Where pooling starts in each text input (a prompt the model's Pooling leaves out before it); None: at 0.
+    pool_from: list[int] | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
@@ -194,6 +196,8 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         ]
     elif job.queries:
         raise InvalidRequest("queries are for late-interaction models")
+    if job.pool_from and not card.prompt_lengths:
+        raise InvalidRequest("this model's pooling leaves no prompt out: pool_from is for one whose does")
     return PendingRequest(
         identity=identity,
         id=request.id,
@@ -210,4 +214,5 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         per_token=job.per_token,
         queries=job.queries,
         vector_counts=vector_counts,
+        pool_from=list(job.pool_from) if job.pool_from else None,
     )

@@ -161,9 +161,12 @@ def read_st_folder(folder: Path) -> StFolder:
     if not rest or module_class(rest[0]) != "Pooling":
         found = describe(rest[0]) if rest else "nothing"
         raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
-    pooling, dimension = read_pooling(folder / str(rest[0].get("path", "")))
+    pooling, dimension, includes_prompt = read_pooling(folder / str(rest[0].get("path", "")))
     heads, normalize = read_heads(folder, rest[1:])
-    return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=heads, normalize=normalize)
+    return StFolder(
+        **common, pooling=pooling, embedding_dimension=dimension, pooling_includes_prompt=includes_prompt,
+        heads=heads, normalize=normalize,
+    )  # fmt: skip
 
 
 def read_similarity(settings: dict[str, Any], default: Similarity = "cosine") -> Similarity:
@@ -210,11 +213,10 @@ def read_prompts(settings: dict[str, Any], model_type: str) -> tuple[dict[str, s
     return prompts, default
 
 
-def read_pooling(folder: Path) -> tuple[tuple[str, ...], int | None]:
-    """Pooling modes (sentence-transformers' names, its concatenation order kept) and the token width."""
+def read_pooling(folder: Path) -> tuple[tuple[str, ...], int | None, bool]:
+    """Pooling modes (sentence-transformers' names, its concatenation order kept), the token width, and whether
+    the prompt's tokens are pooled (`include_prompt`, true unless saved false)."""
     config: dict[str, Any] = read_json(folder / "config.json")
-    if config.get("include_prompt") is False:
-        raise MetadataError("Pooling with include_prompt false (the prompt's tokens left out) is not supported yet")
     named = config.get("pooling_mode")
     if named is not None:
         modes = (named,) if isinstance(named, str) else tuple(named)
@@ -225,4 +227,4 @@ def read_pooling(folder: Path) -> tuple[tuple[str, ...], int | None]:
     if unknown or not modes:
         raise MetadataError(f"pooling mode {unknown or modes} is not one of {', '.join(ST_POOLING_MODES)}")
     dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
-    return modes, int(dimension) if dimension else None
+    return modes, int(dimension) if dimension else None, config.get("include_prompt", True) is not False

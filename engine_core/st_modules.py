@@ -120,6 +120,8 @@ class StFolder:
     # Pooling modes in sentence-transformers' names, concatenated in this order; () without Pooling.
     pooling: tuple[str, ...] = ()
     embedding_dimension: int | None = None
+    # Pooling's include_prompt: False when the prompt's tokens are left out of pooling (INSTRUCTOR's).
+    pooling_includes_prompt: bool = True
     heads: tuple[Head, ...] = ()
     # The last module is Normalize (None: no modules.json, so nothing said).
     normalize: bool | None = None

@@ -188,6 +188,10 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # An LLM reranker whose pairs are read as its own package reads them (--score-format; apiserver/pair_formats.py):
     # "mxbai-rerank-v2" or "bge-reranker-v2-gemma"; "": by pair_template, or as a pair.
     pair_format: str = ""
+    # A model whose Pooling leaves its prompt out (sentence-transformers' `include_prompt: false`): each prompt text's
+    # length in tokens as sentence-transformers measures it (the prompt tokenized alone, less a trailing special
+    # token), the tokens pooling skips at the start of a text after that prompt. Empty for every other model.
+    prompt_lengths: dict[str, int] = msgspec.field(default_factory=dict)
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks
@@ -232,6 +236,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     priority: int = 0
     per_token: bool = False
     queries: int = 0
+    pool_from: list[int] = msgspec.field(default_factory=list)
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -257,6 +262,8 @@ class PoolJob:
     instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
     `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
     documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them).
+    `pool_from`: where pooling starts in each text input, the tokens before it a prompt the model's Pooling leaves
+    out (`ModelCard.prompt_lengths`); empty: every input's pooling starts at its first token.
     """
 
     lengths: npt.NDArray[np.int64]
@@ -269,6 +276,7 @@ class PoolJob:
     priority: int = 0
     per_token: bool = False
     queries: int = 0
+    pool_from: Sequence[int] = ()
 
     @classmethod
     def from_rows(
@@ -283,6 +291,7 @@ class PoolJob:
         priority: int = 0,
         per_token: bool = False,
         queries: int = 0,
+        pool_from: Sequence[int] = (),
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -293,8 +302,9 @@ class PoolJob:
             token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
         pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
         return cls(
-            lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token, queries
-        )
+            lengths, tokens, token_types, pixels, dimensions, normalize, activation, priority, per_token, queries,
+            pool_from,
+        )  # fmt: skip
 
     @property
     def images(self) -> int:
@@ -321,6 +331,7 @@ class PoolJob:
             priority=self.priority,
             per_token=self.per_token,
             queries=self.queries,
+            pool_from=list(self.pool_from),
         )
 
     def frames(self) -> list[Frame]:
@@ -369,6 +380,11 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         raise ProtocolError("queries must be within 0..the number of text inputs")
     if not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
         raise ProtocolError(f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}")
+    if request.pool_from and (
+        len(request.pool_from) != len(listed)
+        or any(not 0 <= start < length for start, length in zip(request.pool_from, listed, strict=True))
+    ):
+        raise ProtocolError("pool_from must hold one start per text input, each before the input's last token")
     return PoolJob(
         lengths,
         tokens,
@@ -380,6 +396,7 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         request.priority,
         request.per_token,
         request.queries,
+        request.pool_from,
     )
 
 

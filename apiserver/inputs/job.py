@@ -13,6 +13,7 @@ from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
 from apiserver.limits import TokenBudget
+from apiserver.prompts import left_out_tokens
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.protocol import ModelCard, PoolJob
 
@@ -39,6 +40,8 @@ class EngineJob:
     # vectors (apiserver/late_interaction.py), by which the engine's rows are cut.
     queries: int = 0
     vector_counts: list[int] | None = None
+    # Where each text input's pooling starts (a prompt the model's Pooling leaves out before it); None: at its start.
+    pool_from: list[int] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -60,6 +63,7 @@ class EngineJob:
             priority=self.priority,
             per_token=self.per_token,
             queries=self.queries,
+            pool_from=self.pool_from or (),
         )
 
     def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
@@ -85,6 +89,31 @@ def check_prompt_survives(limit: int | None, direction: Direction, option: str) 
         )
 
 
+def pooling_starts(
+    rows: Sequence[Sequence[int]], params: Sequence[str], left_out: int, option: str, *, add_special_tokens: bool = True
+) -> list[int] | None:
+    """Where pooling starts in each row of texts after a prompt whose first `left_out` tokens the model's pooling
+    leaves out (apiserver/prompts.py); None when it leaves none out. sentence-transformers counts them with the
+    special tokens the tokenizer adds, and cuts only the text after them: a row without those tokens, or cut to no
+    more than them, has nothing it would pool."""
+    if not left_out:
+        return None
+    if not add_special_tokens:
+        raise bad_request(
+            "`add_special_tokens: false` leaves out the tokens this model's pooling counts its prompt by; send it "
+            "true, or send token ids.",
+            param="add_special_tokens",
+        )
+    for row, param in zip(rows, params, strict=True):
+        if len(row) <= left_out:
+            raise bad_request(
+                f"`{option}` leaves none of `{param}` after the prompt, whose {left_out} tokens this model's pooling "
+                "leaves out; allow more tokens.",
+                param=option,
+            )
+    return [left_out] * len(rows)
+
+
 def build_job(
     items: list[Item],
     card: ModelCard,
@@ -105,6 +134,7 @@ def build_job(
     texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
     sources = [item for item in items if isinstance(item, ImageSource)]
+    pool_from = None  # token ids are what the model reads: no prompt to leave out
     if token_rows:
         token_params = [params[k] for k, _ in token_rows]
         rows = check_token_rows([row for _, row in token_rows], token_params, limit, card, direction)
@@ -118,12 +148,15 @@ def build_job(
             text_list, text_params, limit, tokenizer, card, direction=direction, option=option, budget=budget,
             add_special_tokens=add_special_tokens,
         )  # fmt: skip
+        pool_from = pooling_starts(
+            rows, text_params, left_out_tokens(card, prompt), option, add_special_tokens=add_special_tokens
+        )
     images: list[Pixels] = []
     if sources:
         if card.image is None or load_image is None:
             raise images_not_taken(sources[0])
         images = [load_image(source) for source in sources]
-    job = EngineJob(rows=rows, images=images)
+    job = EngineJob(rows=rows, images=images, pool_from=pool_from)
     if texts and sources:
         text_rank = itertools.count()
         image_rank = itertools.count(len(texts))

@@ -34,6 +34,9 @@ QUERY_PROMPT = "query: "
 DOCUMENT_PROMPT = "passage: "
 # Qwen3-Embedding's prompt shape: an instruction, a newline, then the query.
 INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+# INSTRUCTOR's instructions, which its Pooling leaves out.
+INSTRUCTOR_QUERY = "Represent the Wikipedia question for retrieving supporting documents: "
+INSTRUCTOR_DOCUMENT = "Represent the Wikipedia document for retrieval: "
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,16 @@ def build_decoder_last_token(folder: Path) -> None:
     st_model(
         folder, Transformer(str(base)), pooling("lasttoken"), normalize(),
         prompts={"query": INSTRUCTION, "document": ""},
+    )  # fmt: skip
+
+
+def build_include_prompt_false(folder: Path) -> None:
+    """INSTRUCTOR's shape: the instruction (a prompt) is read by the encoder but left out of pooling, here by every
+    pooling mode at once (CLS then the first token after the prompt); a default prompt, and prompts per role."""
+    st_model(
+        folder, transformer(folder), pooling(("cls", "max", "mean", "weightedmean"), include_prompt=False),
+        normalize(), prompts={"query": INSTRUCTOR_QUERY, "document": INSTRUCTOR_DOCUMENT},
+        default_prompt_name="query",
     )  # fmt: skip
 
 
@@ -476,6 +489,7 @@ SERVED = [
     Served("st-do-lower-case", build_lowercase),
     Served("st-legacy-layout", build_legacy_layout),
     Served("decoder-last-token-prompts", build_decoder_last_token, reference="one_by_one"),
+    Served("st-include-prompt-false", build_include_prompt_false),
     Served("st-dot-similarity", build_dot_similarity),
     Served("static-embedding", build_static_embedding),
     Served("static-model2vec-layout", build_model2vec_layout),
@@ -517,10 +531,6 @@ def build_custom_module(folder: Path) -> None:
     modules = json.loads((folder / "modules.json").read_text())
     modules[0]["type"] = "custom_st.Transformer"  # jina-embeddings-v3's shape: code shipped in the folder
     (folder / "modules.json").write_text(json.dumps(modules))
-
-
-def build_include_prompt_false(folder: Path) -> None:
-    st_model(folder, transformer(folder), pooling("mean", include_prompt=False), prompts={"query": QUERY_PROMPT})
 
 
 def build_causal_lm(folder: Path) -> None:
@@ -622,11 +632,6 @@ REFUSED = [
         build_custom_module,
         "module 0 (custom_st.Transformer) is custom code, not one of sentence-transformers' own modules, which are "
         "all poolserve runs",
-    ),
-    Refused(
-        "pooling-include-prompt-false",
-        build_include_prompt_false,
-        "Pooling with include_prompt false (the prompt's tokens left out) is not supported yet",
     ),
     Refused(
         "causal-lm-without-st-files",
