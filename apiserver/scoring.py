@@ -18,7 +18,7 @@ from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.pair_formats import tokenize_format_pairs
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
-from apiserver.prompts import Role, left_out_tokens, role_prompt
+from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, role_prompt, takes_query_route
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import CLASSIFIER, ModelCard, Similarity, SparseRows
 
@@ -100,22 +100,29 @@ def plan_similarities(
     sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
     prompts differ or the second side is cut."""
     prompts = (role_prompt(card, roles[0]), role_prompt(card, roles[1]))
-    # A text's key: its prompt, whether it is cut (second_tokens), and itself.
-    position: dict[tuple[str, bool, str], int] = {}
-    text_params: list[str] = []
-    sides: list[list[int]] = [[], []]
+    query_route = (takes_query_route(card, roles[0]), takes_query_route(card, roles[1]))
+    # A text's key: whether it takes a Router model's query chain, its prompt, whether it is cut (second_tokens),
+    # and itself; each key's parameter (named in errors) is where it first appears.
+    first_param: dict[tuple[bool, str, bool, str], str] = {}
+    pair_keys = []
     for pair, param in zip(pairs, params, strict=True):
-        for side, text in enumerate(pair):
-            key = (prompts[side], side == 1 and second_tokens is not None, text)
-            if key not in position:
-                position[key] = len(position)
-                text_params.append(param)
-            sides[side].append(position[key])
+        both = tuple(
+            (query_route[side], prompts[side], side == 1 and second_tokens is not None, text)
+            for side, text in enumerate(pair)
+        )
+        for key in both:
+            first_param.setdefault(key, param)
+        pair_keys.append(both)
+    # The texts of a Router model's query chain go first (the job counts them: `queries`).
+    position = {key: i for i, key in enumerate(sorted(first_param, key=lambda key: not key[0]))}
+    text_params = [first_param[key] for key in position]
+    sides = [[position[both[side]] for both in pair_keys] for side in (0, 1)]
     text_rows: list[list[int]] = [[] for _ in position]
     starts = [0] * len(position)
-    for group in dict.fromkeys((prompt, is_cut) for prompt, is_cut, _ in position):
-        keys = [key for key in position if key[:2] == group]
-        prompt, is_cut = group
+    for group in dict.fromkeys(key[:3] for key in position):
+        keys = [key for key in position if key[:3] == group]
+        is_query, prompt, is_cut = group
+        special = adds_special_tokens(card, "query" if is_query else "document")
         limit = truncation.limit
         if is_cut and second_tokens is not None:
             limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
@@ -123,8 +130,8 @@ def plan_similarities(
             check_prompt_survives(limit, truncation.direction, truncation.option)
         group_params = [text_params[position[key]] for key in keys]
         texts = tokenize_texts(
-            [prompt + text for _, _, text in keys], group_params, limit, tokenizer, card,
-            direction=truncation.direction, option=truncation.option, budget=budget,
+            [prompt + key[3] for key in keys], group_params, limit, tokenizer, card,
+            direction=truncation.direction, option=truncation.option, budget=budget, add_special_tokens=special,
         )  # fmt: skip
         group_starts = pooling_starts(texts, group_params, left_out_tokens(card, prompt), truncation.option)
         for k, (key, row) in enumerate(zip(keys, texts, strict=True)):
@@ -139,6 +146,7 @@ def plan_similarities(
         return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
     job = EngineJob(rows=text_rows, normalize=normalize_for(card), pool_from=starts if any(starts) else None)
+    job.queries = sum(1 for key in position if key[0])
     return ScorePlan(job, scores)
 
 

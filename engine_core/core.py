@@ -31,6 +31,7 @@ from engine_core.multi_vector import MultiVectorRunner
 from engine_core.pass_cost import PassCostFit
 from engine_core.postprocess import finish_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
+from engine_core.router import RouterRunner
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
 from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, OutputRows, PooledOutput, RequestFailed, SparseRows
@@ -216,8 +217,13 @@ class EngineCore:
         if isinstance(self.runner, MultiVectorRunner):
             return self.runner.run_token_vectors(rows, type_rows, [item.index < item.request.queries for item in batch])
         per_token = [item.request.per_token for item in batch]
+        pool_from = None
         if any(item.request.pool_from for item in batch):  # a prompt left out of pooling (admission checked)
             pool_from = [item.request.pool_from[item.index] if item.request.pool_from else 0 for item in batch]
+        if isinstance(self.runner, RouterRunner):
+            is_query = [item.index < item.request.queries for item in batch]
+            return self.runner.run_routed(rows, type_rows, is_query, per_token, pool_from)
+        if pool_from is not None:
             return self.runner.run_texts_per_token(rows, type_rows, per_token, pool_from)
         if any(per_token):
             return self.runner.run_texts_per_token(rows, type_rows, per_token)

@@ -159,10 +159,19 @@ def load_model(config: Config) -> LoadedModel:
         # every new (batch, length) shape: 50 ms each on an H100, against 10 ms without it, and a
         # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
         torch.backends.cuda.enable_cudnn_sdp(False)
-    trust = config.trust_remote_code
     st = read_folder(folder)
     if st.static_folder is not None:
         return load_static_model(config, folder, st, device)
+    if st.router is not None:
+        from engine_core.router import load_router_model  # which builds on this module
+
+        return load_router_model(config, folder, st, device)
+    return load_folder(config, folder, st, device)
+
+
+def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
+    """A model of one transformer, as its folder's files (`st`) and the flags say."""
+    trust = config.trust_remote_code
     model_folder = st.transformer_folder or folder
     try:
         model_config = AutoConfig.from_pretrained(model_folder, trust_remote_code=trust)

@@ -194,8 +194,8 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
             late.vector_count(tokens[end - length : end], i < job.queries)
             for i, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist(), strict=True))
         ]
-    elif job.queries:
-        raise InvalidRequest("queries are for late-interaction models")
+    elif job.queries and not card.default_route:
+        raise InvalidRequest("queries are for late-interaction and Router models")
     if job.pool_from and not card.prompt_lengths:
         raise InvalidRequest("this model's pooling leaves no prompt out: pool_from is for one whose does")
     return PendingRequest(

@@ -107,6 +107,19 @@ class LateInteractionFolder:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterFolder:
+    """sentence-transformers' Router (Asym before 5): queries and documents take separate module chains, each read
+    as a SentenceTransformer's (a Transformer, a Pooling, heads; the modules after the Router included), and a text
+    with neither role takes the chain of `default` ("query" or "document"), as the Router resolves its routes."""
+
+    query: StFolder
+    document: StFolder
+    default: str
+    # The Router's own names of the query's and the document's routes (named in messages).
+    names: tuple[str, str] = ("query", "document")
+
+
+@dataclass(frozen=True, slots=True)
 class StFolder:
     """A folder's Sentence-Transformers description; `has_modules` False when it has none (a plain
     transformers folder), and then every field keeps its default."""
@@ -145,6 +158,11 @@ class StFolder:
     # Markers a legacy ColBERT checkpoint (PyLate's, Stanford's) inserted as tokens of their own, which
     # sentence-transformers registers as special tokens (engine_core/multi_vector.py).
     legacy_prefixes: tuple[str, ...] = ()
+    # A Router: the query's and the document's chains (this folder's own Transformer and pooling fields unset, except
+    # an inference-free SPLADE's, which are its document chain's).
+    router: RouterFolder | None = None
+    # An inference-free SPLADE's query chain: a SparseStaticEmbedding's folder (its tokenizer and per-token weights).
+    sparse_static_folder: Path | None = None
 
 
 def read_json(path: Path) -> Any:

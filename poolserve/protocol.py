@@ -192,6 +192,12 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # length in tokens as sentence-transformers measures it (the prompt tokenized alone, less a trailing special
     # token), the tokens pooling skips at the start of a text after that prompt. Empty for every other model.
     prompt_lengths: dict[str, int] = msgspec.field(default_factory=dict)
+    # A Router model (sentence-transformers' Router: queries and documents take separate module chains in the
+    # engine): the chain, "query" or "document", a text with neither role takes. "" for a model with one path.
+    default_route: str = ""
+    # Whether a Router model's query chain reads texts with the tokenizer's special tokens added (false: inference-free
+    # SPLADE's SparseStaticEmbedding tokenizes queries without them).
+    query_special_tokens: bool = True
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks
@@ -261,7 +267,9 @@ class PoolJob:
     lower runs sooner (engine_core/scheduler.py says how). `per_token`: every token's hidden state
     instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
     `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
-    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them).
+    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them). On a Router
+    model (`ModelCard.default_route`), how many of the first text inputs take the query's chain (the others take
+    the document's).
     `pool_from`: where pooling starts in each text input, the tokens before it a prompt the model's Pooling leaves
     out (`ModelCard.prompt_lengths`); empty: every input's pooling starts at its first token.
     """

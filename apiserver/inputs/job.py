@@ -13,7 +13,7 @@ from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import check_token_rows, tokenize_texts
 from apiserver.limits import TokenBudget
-from apiserver.prompts import left_out_tokens
+from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, takes_query_route
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.protocol import ModelCard, PoolJob
 
@@ -127,14 +127,17 @@ def build_job(
     budget: TokenBudget | None = None,
     add_special_tokens: bool = True,
     prompt: str = "",
+    role: Role | None = None,
 ) -> EngineJob:
     """Tokenize the texts (each after `prompt`, apiserver/prompts.py), check the token rows, decode the
-    images of a request's items."""
+    images of a request's items. `role`: whether the inputs are queries or documents, the chain they take on a
+    Router model (None: its default)."""
     params = params or [f"input[{k}]" for k in range(len(items))]
     texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
     sources = [item for item in items if isinstance(item, ImageSource)]
     pool_from = None  # token ids are what the model reads: no prompt to leave out
+    add_special_tokens = adds_special_tokens(card, role, add_special_tokens)
     if token_rows:
         token_params = [params[k] for k, _ in token_rows]
         rows = check_token_rows([row for _, row in token_rows], token_params, limit, card, direction)
@@ -157,6 +160,7 @@ def build_job(
             raise images_not_taken(sources[0])
         images = [load_image(source) for source in sources]
     job = EngineJob(rows=rows, images=images, pool_from=pool_from)
+    job.queries = len(rows) if takes_query_route(card, role) else 0
     if texts and sources:
         text_rank = itertools.count()
         image_rank = itertools.count(len(texts))

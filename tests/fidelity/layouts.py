@@ -214,6 +214,41 @@ def build_include_prompt_false(folder: Path) -> None:
     )  # fmt: skip
 
 
+def build_router(folder: Path) -> None:
+    """sentence-transformers 6's Router.for_query_document: a query encoder and a document encoder of their own (here
+    mean pooling for queries, CLS and a Dense for documents), a Normalize after both; a text with no task takes the
+    document's route (its default_route)."""
+    from sentence_transformers.base.modules import Router
+
+    query = [transformer(folder, 14), pooling("mean")]
+    document = [
+        transformer(folder.parent / f"{folder.name}-documents", 15),
+        pooling("cls"),
+        dense(HIDDEN, HIDDEN, torch.nn.Tanh()),
+    ]
+    st_model(
+        folder, Router.for_query_document(query, document), normalize(),
+        prompts={"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT},
+    )  # fmt: skip
+
+
+def build_router_shared_transformer(folder: Path) -> None:
+    """The older Asym shape in a Router: one Transformer and Pooling shared by both routes (saved once), a Dense of
+    each route's own; texts with no task take the query's route (default_route "query"); the Pooling leaves the
+    prompt out."""
+    from sentence_transformers.base.modules import Router
+
+    encoder, pooled = transformer(folder, 16), pooling("mean", include_prompt=False)
+    routes = {
+        "query": [encoder, pooled, dense(HIDDEN, 12, torch.nn.Tanh())],
+        "document": [encoder, pooled, dense(HIDDEN, 12, None)],
+    }
+    st_model(
+        folder, Router(routes, default_route="query"),
+        prompts={"query": INSTRUCTOR_QUERY, "document": INSTRUCTOR_DOCUMENT},
+    )  # fmt: skip
+
+
 def build_dot_similarity(folder: Path) -> None:
     """msmarco-bert-base-dot's shape: CLS pooling, no normalization, scored by the dot product."""
     st_model(folder, transformer(folder), pooling("cls"), similarity_fn_name="dot")
@@ -348,6 +383,26 @@ def build_splade_xlm_roberta(folder: Path) -> None:
     base = masked_lm(folder, 25, "xlm-roberta")
     transformer = Transformer(str(base), transformer_task="fill-mask", max_seq_length=96)
     SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+
+
+def build_inference_free_splade(folder: Path) -> None:
+    """opensearch's inference-free SPLADE (neural-sparse-encoding-doc-v3-distill's shape): a Router of trained per-token
+    weights for queries (SparseStaticEmbedding, the document encoder's tokenizer) and SPLADE (max of log1p_relu) for
+    documents, texts with no task taking the document's route; a query prompt, which the query route reads too."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling, Transformer
+    from transformers import AutoTokenizer
+
+    base = masked_lm(folder, 23)
+    torch.manual_seed(25)
+    weights = torch.rand(30522) * 3  # IDF-like: every token its own positive weight
+    query = SparseStaticEmbedding(AutoTokenizer.from_pretrained(base, model_max_length=128), weight=weights)
+    document = [Transformer(str(base), transformer_task="fill-mask"), SpladePooling("max", activation_function="log1p_relu")]
+    SparseEncoder(
+        modules=[Router.for_query_document([query], document)], device="cpu", similarity_fn_name="dot",
+        prompts={"query": QUERY_PROMPT},
+    ).save(str(folder))  # fmt: skip
 
 
 def build_splade_distilbert(folder: Path) -> None:
@@ -491,6 +546,8 @@ SERVED = [
     Served("decoder-last-token-prompts", build_decoder_last_token, reference="one_by_one"),
     Served("st-include-prompt-false", build_include_prompt_false),
     Served("st-dot-similarity", build_dot_similarity),
+    Served("router", build_router),
+    Served("router-shared-transformer", build_router_shared_transformer),
     Served("static-embedding", build_static_embedding),
     Served("static-model2vec-layout", build_model2vec_layout),
     Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
@@ -507,6 +564,7 @@ SERVED = [
     Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
     Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
     Served("splade-distilbert", build_splade_distilbert, reference="sparse"),
+    Served("splade-inference-free", build_inference_free_splade, reference="sparse"),
     Served("colbert", build_colbert, reference="multi_vector"),
     Served("colbert-floor-expansion", build_colbert_floor_expansion, reference="multi_vector"),
     Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
@@ -518,12 +576,16 @@ SERVED = [
 # Refused -------------------------------------------------------------------------------------------
 
 
-def build_router(folder: Path) -> None:
+def build_router_static_queries(folder: Path) -> None:
+    """A static embedder for queries and a transformer for documents (the Router's own example)."""
     from sentence_transformers.base.modules import Router
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
 
-    query = [transformer(folder, 14), pooling("mean")]
-    document = [transformer(folder.parent / f"{folder.name}-documents", 15), pooling("mean")]
-    st_model(folder, Router.for_query_document(query, document))
+    tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
+    query = [StaticEmbedding(tokenizer, embedding_dim=HIDDEN)]
+    document = [transformer(folder, 17), pooling("mean")]
+    st_model(folder, Router.for_query_document(query, document), normalize())
 
 
 def build_custom_module(folder: Path) -> None:
@@ -555,19 +617,6 @@ def build_causal_lm_chat_template(folder: Path) -> None:
     tokenizer.save_pretrained(folder)
     torch.manual_seed(24)
     Qwen3ForCausalLM(qwen3_config(tokenizer)).eval().save_pretrained(folder)
-
-
-def build_inference_free_splade(folder: Path) -> None:
-    """opensearch's inference-free SPLADE: a Router of per-token weights for queries, SPLADE for documents."""
-    from sentence_transformers import SparseEncoder
-    from sentence_transformers.base.modules import Router
-    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling, Transformer
-    from transformers import AutoTokenizer
-
-    base = masked_lm(folder, 23)
-    query = SparseStaticEmbedding(AutoTokenizer.from_pretrained(base))
-    document = [Transformer(str(base), transformer_task="fill-mask"), SpladePooling("max")]
-    SparseEncoder(modules=[Router.for_query_document([query], document)], device="cpu").save(str(folder))
 
 
 def build_csr(folder: Path) -> None:
@@ -626,7 +675,13 @@ def build_siglip(folder: Path) -> None:
 
 
 REFUSED = [
-    Refused("router", build_router, "a Router module (separate query and document paths) is not supported"),
+    Refused(
+        "router-static-query-route",
+        build_router_static_queries,
+        "the Router's route 'query' begins with module query_0_StaticEmbedding "
+        "(sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding); poolserve serves "
+        "routes that are each a Transformer, a Pooling and heads",
+    ),
     Refused(
         "custom-module",
         build_custom_module,
@@ -660,11 +715,6 @@ REFUSED = [
         "the tokenizer's chat template does not render a query/document pair (messages with the roles 'query' and "
         "'document'), so every pair would score alike; give --score-template FILE with one that does.",
         flags={"score_tokens": ["yes", "no"]},
-    ),
-    Refused(
-        "splade-inference-free",
-        build_inference_free_splade,
-        "a Router module (separate query and document paths) is not supported",
     ),
     Refused(
         "sparse-csr",

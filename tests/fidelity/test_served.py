@@ -289,6 +289,9 @@ def check_sparse_encoder(client: httpx.Client, folder: Path) -> None:
     for name in model.prompts:
         named = embed_sparse(client, {"inputs": TEXTS, "prompt_name": name})
         assert_same_sparse(named, model.encode(TEXTS, prompt_name=name))
+    # A role: its prompt, and an inference-free SPLADE's route (per-token weights for queries).
+    assert_same_sparse(embed_sparse(client, {"inputs": TEXTS, "input_type": "query"}), model.encode_query(TEXTS))
+    assert_same_sparse(embed_sparse(client, {"inputs": TEXTS, "input_type": "document"}), model.encode_document(TEXTS))
     pooled = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1})
     assert pooled.status_code == 200, pooled.text
     assert_same_sparse([item["data"] for item in pooled.json()["data"]], model.encode(TEXTS))
