@@ -398,7 +398,10 @@ def build_inference_free_splade(folder: Path) -> None:
     torch.manual_seed(25)
     weights = torch.rand(30522) * 3  # IDF-like: every token its own positive weight
     query = SparseStaticEmbedding(AutoTokenizer.from_pretrained(base, model_max_length=128), weight=weights)
-    document = [Transformer(str(base), transformer_task="fill-mask"), SpladePooling("max", activation_function="log1p_relu")]
+    document = [
+        Transformer(str(base), transformer_task="fill-mask"),
+        SpladePooling("max", activation_function="log1p_relu"),
+    ]
     SparseEncoder(
         modules=[Router.for_query_document([query], document)], device="cpu", similarity_fn_name="dot",
         prompts={"query": QUERY_PROMPT},
