@@ -19,6 +19,7 @@ from apiserver.operation import Rows
 from apiserver.pair_formats import tokenize_format_pairs
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
 from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, role_prompt, takes_query_route
+from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import CLASSIFIER, ModelCard, Similarity, SparseRows
 
@@ -99,15 +100,24 @@ def plan_similarities(
     """A bi-encoder's scores: embed each distinct text once (after its side's prompt) and compare the two
     sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
     prompts differ or the second side is cut."""
+    if card.text_template is not None and second_tokens is not None:
+        raise bad_request(
+            "`max_tokens_per_doc` is not supported for a model that renders its texts through a chat template; "
+            "truncate instead.",
+            param="max_tokens_per_doc",
+        )
     prompts = (role_prompt(card, roles[0]), role_prompt(card, roles[1]))
     query_route = (takes_query_route(card, roles[0]), takes_query_route(card, roles[1]))
-    # A text's key: whether it takes a Router model's query chain, its prompt, whether it is cut (second_tokens),
-    # and itself; each key's parameter (named in errors) is where it first appears.
-    first_param: dict[tuple[bool, str, bool, str], str] = {}
+    # The task a chat template reads, where it reads one: the side's role ("": none).
+    reads_task = card.text_template is not None and card.text_template.takes_task
+    tasks = (str(roles[0] or "") if reads_task else "", str(roles[1] or "") if reads_task else "")
+    # A text's key: whether it takes a Router model's query chain, its template's task, its prompt, whether it is cut
+    # (second_tokens), and itself; each key's parameter (named in errors) is where it first appears.
+    first_param: dict[tuple[bool, str, str, bool, str], str] = {}
     pair_keys = []
     for pair, param in zip(pairs, params, strict=True):
         both = tuple(
-            (query_route[side], prompts[side], side == 1 and second_tokens is not None, text)
+            (query_route[side], tasks[side], prompts[side], side == 1 and second_tokens is not None, text)
             for side, text in enumerate(pair)
         )
         for key in both:
@@ -119,18 +129,26 @@ def plan_similarities(
     sides = [[position[both[side]] for both in pair_keys] for side in (0, 1)]
     text_rows: list[list[int]] = [[] for _ in position]
     starts = [0] * len(position)
-    for group in dict.fromkeys(key[:3] for key in position):
-        keys = [key for key in position if key[:3] == group]
-        is_query, prompt, is_cut = group
+    for group in dict.fromkeys(key[:4] for key in position):
+        keys = [key for key in position if key[:4] == group]
+        is_query, task, prompt, is_cut = group
+        group_params = [text_params[position[key]] for key in keys]
+        if card.text_template is not None:
+            rendered = tokenize_rendered_texts(
+                [key[4] for key in keys], group_params, truncation, tokenizer, card, prompt=prompt, task=task or None,
+                budget=budget,
+            )  # fmt: skip
+            for key, row in zip(keys, rendered, strict=True):
+                text_rows[position[key]] = row
+            continue
         special = adds_special_tokens(card, "query" if is_query else "document")
         limit = truncation.limit
         if is_cut and second_tokens is not None:
             limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
-        group_params = [text_params[position[key]] for key in keys]
         texts = tokenize_texts(
-            [prompt + key[3] for key in keys], group_params, limit, tokenizer, card,
+            [prompt + key[4] for key in keys], group_params, limit, tokenizer, card,
             direction=truncation.direction, option=truncation.option, budget=budget, add_special_tokens=special,
         )  # fmt: skip
         group_starts = pooling_starts(texts, group_params, left_out_tokens(card, prompt), truncation.option)

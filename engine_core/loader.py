@@ -37,6 +37,7 @@ from engine_core.folder_choices import (
     model_kind,
     not_exact,
     read_folder,
+    read_text_template,
     select_dtype,
     tasks_of,
     text_config_of,
@@ -241,8 +242,16 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     backend.no_truncation()
     if st.do_lower_case:
         lowercase_first(backend)
+    # A folder without Sentence-Transformers files whose tokenizer has a chat template: texts rendered through it.
+    text_template = None
+    if kind == EMBEDDING and not stanford and st.late_interaction is None:
+        text_template = read_text_template(tokenizer, model_config, st)
+    special_tokens = scoring.special_tokens
+    if text_template is not None:
+        special_tokens = {str(k): str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
     prompt_lengths = {}
-    if not st.pooling_includes_prompt:
+    # (a prompt rendered as a system message is not counted: sentence-transformers leaves it in the pooling)
+    if not st.pooling_includes_prompt and text_template is None:
         prompt_lengths = measure_prompt_lengths(
             [*prompts.values(), default_prompt], backend, tokenizer.all_special_ids, max_model_len
         )
@@ -336,11 +345,12 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         default_prompt=default_prompt,
         similarity=st.similarity,
         pair_template=scoring.template,
-        template_tokens=scoring.special_tokens,
+        template_tokens=special_tokens,
         max_active_dims=st.max_active_dims or 0,
         late_interaction=late,
         pair_format=scoring.format,
         prompt_lengths=prompt_lengths,
+        text_template=text_template,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

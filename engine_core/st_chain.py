@@ -42,7 +42,9 @@ def read_embedding_chain(folder: Path, modules: list[dict[str, Any]], **settings
         raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
     pooling, dimension, includes_prompt = read_pooling(folder / str(rest[0].get("path", "")))
     heads, normalize = read_heads(folder, rest[1:])
+    message = (transformer.get("modality_config") or {}).get("message")
     return StFolder(
+        renders_messages=message is not None, message_format=str((message or {}).get("format", "")),
         has_modules=True, model_type=SENTENCE_TRANSFORMER, transformer_folder=transformer_folder,
         max_seq_length=transformer.get("max_seq_length") or None,
         do_lower_case=bool(transformer.get("do_lower_case", False)), pooling=pooling, embedding_dimension=dimension,

@@ -128,9 +128,13 @@ def read_route(folder: Path, name: str, modules: list[dict[str, Any]], settings:
             "Transformer, a Pooling and heads"
         )
     try:
-        return read_embedding_chain(folder, modules, **settings)
+        chain = read_embedding_chain(folder, modules, **settings)
     except MetadataError as exc:
         raise MetadataError(f"the Router's route {name!r}: {exc}") from exc
+    if chain.renders_messages:
+        raise MetadataError(f"the Router's route {name!r} renders its texts through a chat template (modality_config "
+                            "'message'), which poolserve does not serve in a Router")  # fmt: skip
+    return chain
 
 
 def read_mappings(saved: dict[str, str]) -> Mappings:

@@ -138,6 +138,20 @@ class LateInteraction(msgspec.Struct, kw_only=True, frozen=True):
         return len(ids) - int(np.isin(ids, self.skiplist_ids).sum())
 
 
+class TextTemplate(msgspec.Struct, kw_only=True, frozen=True):
+    """A chat template through which each text is rendered before it is tokenized (without special tokens: the
+    template writes its own), as sentence-transformers 6 renders a SentenceTransformer's texts when its tokenizer has
+    one: the text as a user message, after a system message holding the prompt, if any."""
+
+    source: str
+    # sentence-transformers' "structured" message format: a message's content is [{"type": "text", "text": ...}]
+    # rather than the text itself ("flat").
+    structured: bool = False
+    # The template reads a `task` variable, which sentence-transformers sets to "query" or "document" for a text
+    # of that role (encode_query, encode_document).
+    takes_task: bool = False
+
+
 class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     """What an API server needs to know of the model, told by the engine in its handshake."""
 
@@ -198,6 +212,10 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # Whether a Router model's query chain reads texts with the tokenizer's special tokens added (false: inference-free
     # SPLADE's SparseStaticEmbedding tokenizes queries without them).
     query_special_tokens: bool = True
+    # An embedder whose texts are rendered by a chat template first (a folder without Sentence-Transformers files
+    # whose tokenizer has one; apiserver/text_template.py), its special tokens in `template_tokens`. None: texts are
+    # tokenized as they come.
+    text_template: TextTemplate | None = None
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks

@@ -11,9 +11,10 @@ import numpy.typing as npt
 
 from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
-from apiserver.inputs.text import check_token_rows, tokenize_texts
+from apiserver.inputs.text import Truncation, check_token_rows, tokenize_texts
 from apiserver.limits import TokenBudget
 from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, takes_query_route
+from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.protocol import ModelCard, PoolJob
 
@@ -141,6 +142,13 @@ def build_job(
     if token_rows:
         token_params = [params[k] for k, _ in token_rows]
         rows = check_token_rows([row for _, row in token_rows], token_params, limit, card, direction)
+    elif card.text_template is not None and texts:  # rendered by the model's chat template, prompt and all
+        text_params = [params[k] for k, _ in texts]
+        truncation = Truncation(limit, direction, option)
+        rows = tokenize_rendered_texts(
+            [text for _, text in texts], text_params, truncation, tokenizer, card, prompt=prompt, task=role,
+            budget=budget,
+        )  # fmt: skip
     else:
         text_params = [params[k] for k, _ in texts]
         text_list = [text for _, text in texts]

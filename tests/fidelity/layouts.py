@@ -249,6 +249,40 @@ def build_router_shared_transformer(folder: Path) -> None:
     )  # fmt: skip
 
 
+# A chat model's template (ChatML), which reads the `task` sentence-transformers sets for a query and ends with the
+# end-of-text token a last-token embedder pools (Qwen3-Embedding's shape).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if task == 'query' %}<|im_start|>query\n{% endif %}<|endoftext|>"
+)
+
+
+def build_plain_chat_template(folder: Path) -> None:
+    """A causal language model saved by transformers with no Sentence-Transformers files, whose tokenizer has a chat
+    template: sentence-transformers 6 renders every text through it (served with --pooling last, as
+    sentence-transformers pools a *ForCausalLM)."""
+    from transformers import Qwen3ForCausalLM
+
+    tokenizer = bpe_tokenizer(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(26)
+    Qwen3ForCausalLM(qwen3_config(tokenizer)).eval().save_pretrained(folder)
+
+
+def build_st_chat_template(folder: Path) -> None:
+    """The same model saved by sentence-transformers 6 (its Transformer saves the "message" modality), last-token
+    pooled and normalized, with a query prompt (rendered as a system message, not put before the text)."""
+    from sentence_transformers.base.modules import Transformer
+
+    base = folder.parent / f"{folder.name}-base"
+    build_plain_chat_template(base)
+    st_model(
+        folder, Transformer(str(base)), pooling("lasttoken"), normalize(),
+        prompts={"query": "Represent this search query: ", "document": ""},
+    )  # fmt: skip
+
+
 def build_dot_similarity(folder: Path) -> None:
     """msmarco-bert-base-dot's shape: CLS pooling, no normalization, scored by the dot product."""
     st_model(folder, transformer(folder), pooling("cls"), similarity_fn_name="dot")
@@ -549,6 +583,8 @@ SERVED = [
     Served("decoder-last-token-prompts", build_decoder_last_token, reference="one_by_one"),
     Served("st-include-prompt-false", build_include_prompt_false),
     Served("st-dot-similarity", build_dot_similarity),
+    Served("plain-chat-template", build_plain_chat_template, reference="plain", flags={"pooling": "last"}),
+    Served("st-chat-template", build_st_chat_template, reference="one_by_one"),
     Served("router", build_router),
     Served("router-shared-transformer", build_router_shared_transformer),
     Served("static-embedding", build_static_embedding),

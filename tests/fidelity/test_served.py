@@ -75,10 +75,13 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
         elif layout.reference == "multi_vector":
             check_multi_vector(client, folder)
         else:
-            check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
+            plain = layout.reference == "plain"
+            check_embedder(client, folder, one_by_one=layout.reference == "one_by_one" or plain, normalized=plain)
 
 
-def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> None:
+def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool, normalized: bool = False) -> None:
+    """`normalized`: a folder without Sentence-Transformers files, whose vectors poolserve normalizes (as OpenAI's)
+    where sentence-transformers adds no Normalize."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(folder), device="cpu")
@@ -86,8 +89,10 @@ def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> N
     def reference(texts: list[str], method: str = "encode", **kwargs: Any) -> F32:
         encode = getattr(model, method)
         if one_by_one:  # a causal model's padded rows move in sentence-transformers' own batches
-            return np.concatenate([encode([text], **kwargs) for text in texts])
-        return np.asarray(encode(texts, **kwargs))
+            rows = np.concatenate([encode([text], **kwargs) for text in texts])
+        else:
+            rows = np.asarray(encode(texts, **kwargs))
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True) if normalized else rows
 
     assert_same(embeddings(client, {"input": TEXTS}), reference(TEXTS))
     assert_same(embeddings(client, {"input": [LONG]}), reference([LONG]))
