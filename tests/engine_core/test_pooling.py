@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine_core.pooling import pool_cls, pool_last, pool_mean, pooler_of, prompt_left_out
-from engine_core.st_folder import ST_POOLING_MODES
+from engine_core.st_chain import ST_POOLING_MODES
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
