@@ -170,8 +170,8 @@ def load_router_model(config: Config, folder: Path, st: StFolder, device: torch.
     overhead = 0.0
     if not packed:
         overhead = measure_batch_overhead(
-            runner, warm_up, max_model_len, large_rows=16 if device.type == "cpu" else max(16, max_batch_tokens // 64),
-            cap=max_batch_tokens,
+            runner, warm_up, max_model_len, cap=max_batch_tokens,
+            large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
         )  # fmt: skip
     return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
 
