@@ -39,3 +39,22 @@ def role_prompt(card: ModelCard, role: Role | None) -> str:
             if name in card.prompts:
                 return card.prompts[name]
     return card.default_prompt
+
+
+def takes_query_route(card: ModelCard, role: Role | None) -> bool:
+    """Whether a text of this role runs through a Router model's query chain (a text with neither role takes the
+    card's default route, as `encode` does); False for a model with one path."""
+    return bool(card.default_route) and (role or card.default_route) == "query"
+
+
+def adds_special_tokens(card: ModelCard, role: Role | None, asked: bool = True) -> bool:
+    """Whether a text of this role is tokenized with the tokenizer's special tokens: as the request asks (vLLM's
+    `add_special_tokens`), except where a Router model's query chain reads them without (an inference-free SPLADE's
+    SparseStaticEmbedding)."""
+    return asked and (card.query_special_tokens or not takes_query_route(card, role))
+
+
+def left_out_tokens(card: ModelCard, prompt: str) -> int:
+    """How many tokens at the start of a text after `prompt` the model's pooling leaves out: the prompt's length as
+    sentence-transformers measures it where the model's Pooling has include_prompt false, else 0."""
+    return card.prompt_lengths.get(prompt, 0) if prompt else 0

@@ -11,14 +11,15 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import bad_request
-from apiserver.inputs.job import EngineJob, check_prompt_survives
+from apiserver.inputs.job import EngineJob, check_prompt_survives, pooling_starts
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts, with_second_cut
 from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.pair_formats import tokenize_format_pairs
 from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
-from apiserver.prompts import Role, role_prompt
+from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, role_prompt, takes_query_route
+from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import (
     CLASSIFIER,
@@ -118,33 +119,61 @@ def plan_similarities(
     sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
     prompts differ or the second side is cut. `sparse`: compare the model's sparse output (bge-m3's lexical
     weights) by the dot product, as BGEM3FlagModel.compute_lexical_matching_score does."""
+    if card.text_template is not None and second_tokens is not None:
+        raise bad_request(
+            "`max_tokens_per_doc` is not supported for a model that renders its texts through a chat template; "
+            "truncate instead.",
+            param="max_tokens_per_doc",
+        )
     prompts = (role_prompt(card, roles[0]), role_prompt(card, roles[1]))
-    # A text's key: its prompt, whether it is cut (second_tokens), and itself.
-    position: dict[tuple[str, bool, str], int] = {}
-    text_params: list[str] = []
-    sides: list[list[int]] = [[], []]
+    query_route = (takes_query_route(card, roles[0]), takes_query_route(card, roles[1]))
+    # The task a chat template reads, where it reads one: the side's role ("": none).
+    reads_task = card.text_template is not None and card.text_template.takes_task
+    tasks = (str(roles[0] or "") if reads_task else "", str(roles[1] or "") if reads_task else "")
+    # A text's key: whether it takes a Router model's query chain, its template's task, its prompt, whether it is cut
+    # (second_tokens), and itself; each key's parameter (named in errors) is where it first appears.
+    first_param: dict[tuple[bool, str, str, bool, str], str] = {}
+    pair_keys = []
     for pair, param in zip(pairs, params, strict=True):
-        for side, text in enumerate(pair):
-            key = (prompts[side], side == 1 and second_tokens is not None, text)
-            if key not in position:
-                position[key] = len(position)
-                text_params.append(param)
-            sides[side].append(position[key])
+        both = tuple(
+            (query_route[side], tasks[side], prompts[side], side == 1 and second_tokens is not None, text)
+            for side, text in enumerate(pair)
+        )
+        for key in both:
+            first_param.setdefault(key, param)
+        pair_keys.append(both)
+    # The texts of a Router model's query chain go first (the job counts them: `queries`).
+    position = {key: i for i, key in enumerate(sorted(first_param, key=lambda key: not key[0]))}
+    text_params = [first_param[key] for key in position]
+    sides = [[position[both[side]] for both in pair_keys] for side in (0, 1)]
     text_rows: list[list[int]] = [[] for _ in position]
-    for group in dict.fromkeys((prompt, is_cut) for prompt, is_cut, _ in position):
-        keys = [key for key in position if key[:2] == group]
-        prompt, is_cut = group
+    starts = [0] * len(position)
+    for group in dict.fromkeys(key[:4] for key in position):
+        keys = [key for key in position if key[:4] == group]
+        is_query, task, prompt, is_cut = group
+        group_params = [text_params[position[key]] for key in keys]
+        if card.text_template is not None:
+            rendered = tokenize_rendered_texts(
+                [key[4] for key in keys], group_params, truncation, tokenizer, card, prompt=prompt, task=task or None,
+                budget=budget,
+            )  # fmt: skip
+            for key, row in zip(keys, rendered, strict=True):
+                text_rows[position[key]] = row
+            continue
+        special = adds_special_tokens(card, "query" if is_query else "document")
         limit = truncation.limit
         if is_cut and second_tokens is not None:
             limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
         texts = tokenize_texts(
-            [prompt + text for _, _, text in keys], [text_params[position[key]] for key in keys], limit, tokenizer,
-            card, direction=truncation.direction, option=truncation.option, budget=budget,
+            [prompt + key[4] for key in keys], group_params, limit, tokenizer, card,
+            direction=truncation.direction, option=truncation.option, budget=budget, add_special_tokens=special,
         )  # fmt: skip
-        for key, row in zip(keys, texts, strict=True):
+        group_starts = pooling_starts(texts, group_params, left_out_tokens(card, prompt), truncation.option)
+        for k, (key, row) in enumerate(zip(keys, texts, strict=True)):
             text_rows[position[key]] = row
+            starts[position[key]] = group_starts[k] if group_starts else 0
     left, right = np.asarray(sides[0]), np.asarray(sides[1])
     compare = SIMILARITIES["dot" if sparse else card.similarity]
 
@@ -153,7 +182,13 @@ def plan_similarities(
             return compare_sparse(vectors, left, right, compare)
         return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
 
-    job = EngineJob(rows=text_rows, normalize=None if sparse else normalize_for(card), sparse=sparse)
+    job = EngineJob(
+        rows=text_rows,
+        normalize=None if sparse else normalize_for(card),
+        sparse=sparse,
+        pool_from=starts if any(starts) else None,
+    )
+    job.queries = sum(1 for key in position if key[0])
     return ScorePlan(job, scores)
 
 

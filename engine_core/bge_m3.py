@@ -103,7 +103,11 @@ class M3Runner(EmbeddingRunner):
         self.m3 = m3
         self.unused_ids = np.asarray(unused_ids, dtype=np.int64)
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
+        if pool_from is not None and any(pool_from):  # the card has no prompt_lengths: admission refuses it first
+            raise ValueError("bge-m3 pools every text from its first token")
         return self.run_outputs(rows, type_rows, per_token, [False] * len(rows))  # type: ignore[return-value]
 
     def run_outputs(

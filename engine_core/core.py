@@ -32,6 +32,7 @@ from engine_core.multi_vector import MultiVectorRunner
 from engine_core.pass_cost import PassCostFit
 from engine_core.postprocess import finish_rows, finish_sparse_rows, l2_normalize, truncate_dimensions
 from engine_core.request_state import PendingRequest
+from engine_core.router import RouterRunner
 from engine_core.runner import SparseRow
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
@@ -133,6 +134,8 @@ class EngineCore:
             else b"sparse" if request.sparse
             else b"text"
         )  # fmt: skip
+        if request.pool_from and request.pool_from[index]:  # the same ids pooled from another token
+            kind += b"@%d" % request.pool_from[index]
         return input_key(kind, request.input_ids(index), types)
 
     def take_answered_from_cache(self) -> StepOutputs | None:
@@ -223,6 +226,14 @@ class EngineCore:
         per_token = [item.request.per_token for item in batch]
         if isinstance(self.runner, M3Runner):
             return self.runner.run_outputs(rows, type_rows, per_token, [item.request.sparse for item in batch])
+        pool_from = None
+        if any(item.request.pool_from for item in batch):  # a prompt left out of pooling (admission checked)
+            pool_from = [item.request.pool_from[item.index] if item.request.pool_from else 0 for item in batch]
+        if isinstance(self.runner, RouterRunner):
+            is_query = [item.index < item.request.queries for item in batch]
+            return self.runner.run_routed(rows, type_rows, is_query, per_token, pool_from)
+        if pool_from is not None:
+            return self.runner.run_texts_per_token(rows, type_rows, per_token, pool_from)
         if any(per_token):
             return self.runner.run_texts_per_token(rows, type_rows, per_token)
         return self.runner.run_texts(rows, type_rows)

@@ -4,6 +4,7 @@ maximum length, activation and precision, and what is refused (LoadError: one se
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +32,7 @@ from poolserve.protocol import (
     Activation,
     ModelKind,
     Task,
+    TextTemplate,
 )
 
 # Text and image towers projected into one space, served as CLIP is: CLIP, and SigLIP (SigLIP 1, and SigLIP 2's
@@ -168,6 +170,11 @@ def choose_pooling(requested: str, st: StFolder, model_config: PretrainedConfig)
     """Sentence-Transformers' pooling modes: --pooling when given, else the folder's Pooling module, else
     last-token for decoder models and mean for encoders."""
     if requested != "auto":
+        if not st.pooling_includes_prompt:
+            raise LoadError(
+                f"--pooling {requested} replaces the folder's Pooling, which leaves the prompt's tokens out "
+                "(include_prompt false); drop --pooling."
+            )
         if st.heads and st.pooling != (FLAG_MODES[requested],):
             raise LoadError(
                 f"--pooling {requested} replaces the folder's Pooling ({'+'.join(st.pooling)}), whose output its "
@@ -257,13 +264,76 @@ def choose_prompts(config: Config, st: StFolder, kind: ModelKind) -> tuple[dict[
     if (config.default_prompt or config.default_prompt_name) and kind not in (EMBEDDING, SPARSE):
         raise LoadError("--default-prompt and --default-prompt-name apply to embedding models; this is a "
                         f"{kind} model.")  # fmt: skip
+    prompts = st.prompts
+    if not st.has_modules and kind in (EMBEDDING, SPARSE):
+        # sentence-transformers gives a folder without its files the query and document prompts every
+        # SentenceTransformer has: empty, so encode_query uses none rather than a default prompt.
+        prompts = {"query": "", "document": "", **prompts}
     if config.default_prompt:
-        return st.prompts, config.default_prompt
+        return prompts, config.default_prompt
     name = config.default_prompt_name or st.default_prompt_name
-    if name and name not in st.prompts:
-        known = ", ".join(sorted(st.prompts)) or "none"
+    if name and name not in prompts:
+        known = ", ".join(sorted(prompts)) or "none"
         raise LoadError(f"--default-prompt-name {name!r} is not one of the model's prompts ({known}).")
-    return st.prompts, st.prompts[name] if name else ""
+    return prompts, prompts[name] if name else ""
+
+
+def measure_prompt_lengths(
+    prompts: Iterable[str], backend: Tokenizer, special_ids: Iterable[int], max_model_len: int
+) -> dict[str, int]:
+    """Each prompt's length as sentence-transformers measures it for a Pooling that leaves the prompt out
+    (Transformer._get_prompt_length): the prompt tokenized alone (special tokens added, cut at the maximum), less
+    its last token where that is a special one (a trailing [SEP] or EOS, which follows the text instead)."""
+    special = set(special_ids)
+    lengths: dict[str, int] = {}
+    for prompt in prompts:
+        if prompt and prompt not in lengths:
+            ids = backend.encode(prompt).ids[:max_model_len]
+            lengths[prompt] = len(ids) - int(bool(ids) and ids[-1] in special)
+    return lengths
+
+
+# sentence-transformers' message format by model type, where it knows it (base/modality.py), and the patterns that
+# mark a template reading a message's content as a list of typed parts (InputFormatter._infer_format).
+KNOWN_MESSAGE_FORMATS = {"apertus": "flat", "deepseek_v3": "flat", "gpt_oss": "flat", "seed_oss": "flat"}
+STRUCTURED_PATTERNS = ("content[0]", ".type", "'type'", '"type"', "item.type", "message.content[")
+
+
+def read_text_template(
+    tokenizer: PreTrainedTokenizerBase, model_config: PretrainedConfig, st: StFolder
+) -> TextTemplate | None:
+    """The chat template sentence-transformers 6 renders an embedder's texts through: for a folder without its files
+    the tokenizer's, whenever it has one (Transformer.infer_modalities adds the "message" modality, which preprocess
+    then always uses for text), its message format inferred as sentence-transformers infers it; for a folder whose
+    Transformer saves the "message" modality, the tokenizer's, in the format saved. Whether it reads a `task`, as
+    sentence-transformers asks. None where texts are not rendered."""
+    if st.has_modules and not st.renders_messages:
+        return None
+    if getattr(tokenizer, "chat_template", None) is None:
+        if st.has_modules:
+            raise LoadError("the Transformer reads the 'message' modality but its tokenizer has no chat template.")
+        return None
+    try:
+        source = str(tokenizer.get_chat_template())
+    except ValueError as exc:  # named templates with none called "default"
+        raise LoadError(f"the tokenizer's chat template cannot be chosen: {first_line(exc)}") from exc
+    saved = tokenizer.chat_template  # a template, or named ones
+    known = st.message_format or KNOWN_MESSAGE_FORMATS.get(str(model_config.model_type))
+    if known:
+        structured = known == "structured"
+    else:  # named templates, which sentence-transformers does not inspect, are read as structured
+        structured = not isinstance(saved, str) or any(pattern in saved for pattern in STRUCTURED_PATTERNS)
+    templates = saved.values() if isinstance(saved, dict) else [saved]
+    takes_task = any(isinstance(t, str) and "task" in template_variables(t) for t in templates)
+    return TextTemplate(source=source, structured=structured, takes_task=takes_task)
+
+
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a template reads, found as transformers finds them (sentence-transformers asks it)."""
+    from transformers.utils.chat_template_utils import _get_template_variables
+
+    variables: frozenset[str] = _get_template_variables(source)
+    return variables
 
 
 def lowercase_first(backend: Tokenizer) -> None:

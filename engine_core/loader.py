@@ -45,9 +45,11 @@ from engine_core.folder_choices import (
     first_line,
     image_text_padding,
     lowercase_first,
+    measure_prompt_lengths,
     model_kind,
     not_exact,
     read_folder,
+    read_text_template,
     select_dtype,
     tasks_of,
     text_config_of,
@@ -171,10 +173,19 @@ def load_model(config: Config) -> LoadedModel:
         # every new (batch, length) shape: 50 ms each on an H100, against 10 ms without it, and a
         # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
         torch.backends.cuda.enable_cudnn_sdp(False)
-    trust = config.trust_remote_code
     st = read_folder(folder)
     if st.static_folder is not None:
         return load_static_model(config, folder, st, device)
+    if st.router is not None:
+        from engine_core.router import load_router_model  # which builds on this module
+
+        return load_router_model(config, folder, st, device)
+    return load_folder(config, folder, st, device)
+
+
+def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
+    """A model of one transformer, as its folder's files (`st`) and the flags say."""
+    trust = config.trust_remote_code
     model_folder = st.transformer_folder or folder
     try:
         model_config = AutoConfig.from_pretrained(model_folder, trust_remote_code=trust)
@@ -254,6 +265,19 @@ def load_model(config: Config) -> LoadedModel:
     backend.no_truncation()
     if st.do_lower_case:
         lowercase_first(backend)
+    # A folder without Sentence-Transformers files whose tokenizer has a chat template: texts rendered through it.
+    text_template = None
+    if kind == EMBEDDING and not stanford and st.late_interaction is None:
+        text_template = read_text_template(tokenizer, model_config, st)
+    special_tokens = scoring.special_tokens
+    if text_template is not None:
+        special_tokens = {str(k): str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    prompt_lengths = {}
+    # (a prompt rendered as a system message is not counted: sentence-transformers leaves it in the pooling)
+    if not st.pooling_includes_prompt and text_template is None:
+        prompt_lengths = measure_prompt_lengths(
+            [*prompts.values(), default_prompt], backend, tokenizer.all_special_ids, max_model_len
+        )
 
     mlm_parts = split_mlm(model) if kind == SPARSE else None
     # Packing computes real tokens only; an expanded query's added places are computed unattended.
@@ -356,11 +380,13 @@ def load_model(config: Config) -> LoadedModel:
         default_prompt=default_prompt,
         similarity=st.similarity,
         pair_template=scoring.template,
-        template_tokens=scoring.special_tokens,
+        template_tokens=special_tokens,
         max_active_dims=st.max_active_dims or 0,
         late_interaction=late,
         pair_format=scoring.format,
         extra_outputs=M3_OUTPUTS if m3 else [],
+        prompt_lengths=prompt_lengths,
+        text_template=text_template,
     )
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).

@@ -84,7 +84,9 @@ class MultiVectorRunner:
         """One row per input (its first token vector, as a document): only the loader's warm-up and timing ask."""
         return np.stack([vectors[0] for vectors in self.run_token_vectors(rows, type_rows, [False] * len(rows))])
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
         return self.run_token_vectors(rows, type_rows, [False] * len(rows))
 
     def run_images(self, pixels: np.ndarray) -> F32:

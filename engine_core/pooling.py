@@ -1,9 +1,10 @@
 """Pooling the token states of each input into one vector, as sentence-transformers' Pooling module does.
 
 Every mode it has (cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken), several of them
-concatenated in the order given. Inputs are right-padded (engine_core/runner.py), so a row's real
-tokens are its first `length`; sentence-transformers' own arithmetic is kept where it changes the
-float result (a mean divides the masked sum by the count clamped at 1e-9).
+concatenated in the order given, over every token or, with `include_prompt: false`, the tokens after the
+prompt. Inputs are right-padded (engine_core/runner.py), so a row's real tokens are its first `length`;
+sentence-transformers' own arithmetic is kept where it changes the float result (a mean divides the masked
+sum by the count clamped at 1e-9).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ FLAG_MODES: dict[str, str] = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
 
 
 def pool_cls(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    return hidden[:, 0]
+    """State of each input's first pooled token (its first, unless a prompt is left out: `prompt_left_out`)."""
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    return hidden[rows, mask.to(torch.int32).argmax(dim=1)]
 
 
 def pool_max(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -48,9 +51,17 @@ def pool_weighted_mean(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.
 
 
 def pool_last(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """State of each input's last real token."""
+    """State of each input's last real token (after any prompt left out: inputs are longer than their prompt)."""
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     return hidden[rows, lengths - 1]
+
+
+def prompt_left_out(mask: torch.Tensor, pool_from: Sequence[int]) -> torch.Tensor:
+    """The mask of the tokens pooled when input i's first `pool_from[i]` tokens are a prompt the Pooling leaves out
+    (`include_prompt: false`), as sentence-transformers zeroes them in the mask it pools by: the mean and max over
+    the rest, CLS the first token after the prompt, the weighted mean weighing the rest by their own positions."""
+    starts = torch.as_tensor(pool_from, device=mask.device).unsqueeze(1)
+    return mask & (torch.arange(mask.shape[1], device=mask.device).unsqueeze(0) >= starts)
 
 
 Pooler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -43,6 +43,8 @@ class PendingRequest:
     vector_counts: list[int] | None = None
     # The model's sparse output rather than its own (bge-m3's lexical weights): `sparse_rows` holds each input's.
     sparse: bool = False
+    # Where pooling starts in each text input (a prompt the model's Pooling leaves out before it); None: at 0.
+    pool_from: list[int] | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
@@ -209,8 +211,10 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
             late.vector_count(tokens[end - length : end], i < job.queries)
             for i, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist(), strict=True))
         ]
-    elif job.queries:
-        raise InvalidRequest("queries are for late-interaction models")
+    elif job.queries and not card.default_route:
+        raise InvalidRequest("queries are for late-interaction and Router models")
+    if job.pool_from and not card.prompt_lengths:
+        raise InvalidRequest("this model's pooling leaves no prompt out: pool_from is for one whose does")
     # A sparse output is as its model gives it unless the request asks (bge-m3's dense vector is normalized, its
     # lexical weights are not).
     normalize = (False if sparse else card.normalize) if job.normalize is None else job.normalize
@@ -231,4 +235,5 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         queries=job.queries,
         vector_counts=vector_counts,
         sparse=sparse,
+        pool_from=list(job.pool_from) if job.pool_from else None,
     )

@@ -16,7 +16,7 @@ import torch
 
 from engine_core.packed_encoder import packed_last_hidden_state, packed_logits
 from engine_core.pixels import normalize_pixels
-from engine_core.pooling import pooler_of
+from engine_core.pooling import pooler_of, prompt_left_out
 from poolserve.protocol import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
@@ -39,7 +39,13 @@ class SparseRow(NamedTuple):
 class ModelRunner(Protocol):
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32: ...
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]: ...
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
+        """Each input's pooled row, or where `per_token` says its token states. `pool_from`: where each input's
+        pooling starts (a prompt the model's Pooling leaves out before it); the engine admits it only for a model
+        whose card has prompt lengths, so only a pooling runner is ever given one."""
+        ...
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]: ...
 
@@ -126,17 +132,22 @@ class EmbeddingRunner:
             hidden, batch = self._hidden(rows, type_rows)
             return to_numpy(self._pool(hidden, batch))
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
-        """Each input's pooled row, or, where `per_token` says, its token states (length x hidden), from
-        one forward pass."""
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
+        """Each input's pooled row (from its token `pool_from[i]` on), or, where `per_token` says, its token states
+        (length x hidden, every token's), from one forward pass."""
         with torch.inference_mode():
             hidden, batch = self._hidden(rows, type_rows)
-            pooled = to_numpy(self._pool(hidden, batch))
+            pooled = to_numpy(self._pool(hidden, batch, pool_from))
+            if not any(per_token):
+                return list(pooled)
             states = to_numpy(hidden)
             return [states[i, : len(row)] if per_token[i] else pooled[i] for i, row in enumerate(rows)]
 
-    def _pool(self, hidden: torch.Tensor, batch: TextBatch) -> torch.Tensor:
-        pooled = self.pooler(hidden, batch.mask, batch.lengths)
+    def _pool(self, hidden: torch.Tensor, batch: TextBatch, pool_from: Sequence[int] | None = None) -> torch.Tensor:
+        mask = batch.mask if pool_from is None else prompt_left_out(batch.mask, pool_from)
+        pooled = self.pooler(hidden, mask, batch.lengths)
         return pooled if self.heads is None else self.heads(pooled)
 
     def _hidden(self, rows: Rows, type_rows: Rows | None) -> tuple[torch.Tensor, TextBatch]:
@@ -171,7 +182,9 @@ class ClassifierRunner:
                 logits = self.model(**batch.model_inputs()).logits
             return to_numpy(logits)
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
@@ -202,7 +215,9 @@ class LogitScoreRunner:
                 scores = scores - logits[:, self.false_token]
             return to_numpy(scores.unsqueeze(1))
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
@@ -237,7 +252,9 @@ class ClipRunner:
         self.pad_left = pad_left
         self.text_mask = text_mask
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:

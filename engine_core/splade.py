@@ -115,7 +115,9 @@ class SpladeRunner:
         weights = torch.log1p(torch.relu(logits))
         return torch.log1p(weights) if self.twice else weights
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:

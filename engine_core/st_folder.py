@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from engine_core.st_chain import read_embedding_chain
 from engine_core.st_modules import (
     CROSS_ENCODER,
     LLM_RERANKER_TASK,
@@ -35,32 +36,25 @@ from engine_core.st_modules import (
     read_transformer_config,
 )
 from engine_core.st_multi_vector import read_late_interaction, read_token_modules
+from engine_core.st_router import ROUTER_MODULES, read_router
 from engine_core.st_sparse import read_sparse_encoder
 from poolserve.protocol import Similarity
 
-# sentence-transformers' pooling modes, in the order Pooling concatenates them.
-ST_POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-LEGACY_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
+# The model types whose first module may be a Router: its routes are SentenceTransformer chains (st_router.py), or
+# an inference-free SPLADE's (st_sparse.py).
+ROUTED_MODEL_TYPES = {SENTENCE_TRANSFORMER, SPARSE_ENCODER}
 SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 
 # Modules that are sentence-transformers' own but that poolserve does not run, and why.
 REFUSED_MODULES = {
-    "Router": "a Router module (separate query and document paths) is not supported",
-    "Asym": "an Asym module (separate query and document paths) is not supported",
     "CLIPModel": (
         "Sentence-Transformers' CLIPModel module is not supported: serve the transformers CLIP folder it wraps "
         "instead, which poolserve runs as CLIP"
     ),
     "SparseStaticEmbedding": (
-        "a SparseStaticEmbedding module (inference-free SPLADE's per-token weights) is not supported; poolserve serves "
-        "SPLADE as a masked-LM Transformer followed by SpladePooling"
+        "a SparseStaticEmbedding module (inference-free SPLADE's per-token weights) is served as a Router's query "
+        "route only, beside a SPLADE document route; poolserve serves SPLADE as a masked-LM Transformer followed by "
+        "SpladePooling"
     ),
     "SparseAutoEncoder": (
         "a SparseAutoEncoder module (a CSR model's sparse projection of a dense embedding) is not supported"
@@ -109,6 +103,11 @@ def read_st_folder(folder: Path) -> StFolder:
             )
         if name in REFUSED_MODULES:
             raise MetadataError(REFUSED_MODULES[name])
+        if name in ROUTER_MODULES and (module is not modules[0] or model_type not in ROUTED_MODEL_TYPES):
+            raise MetadataError(
+                f"a {name} module (separate query and document paths) is served first in a SentenceTransformer or "
+                f"a SparseEncoder; this one is module {module.get('idx', '?')} of a {model_type}"
+            )
     first, rest = modules[0], modules[1:]
     prompts, default_prompt_name = read_prompts(settings, model_type)
     # A SparseEncoder compares by the dot product unless its files name another function.
@@ -120,13 +119,18 @@ def read_st_folder(folder: Path) -> StFolder:
         return read_sparse_encoder(
             folder, modules, settings, prompts=prompts, default_prompt_name=default_prompt_name, similarity=similarity
         )
-    if module_class(first) == "StaticEmbedding" and model_type == SENTENCE_TRANSFORMER:
-        # A static model (engine_core/static_model.py): the mean of per-token vectors, then its heads.
-        heads, normalize = read_heads(folder, rest)
-        return StFolder(
-            has_modules=True, static_folder=folder / str(first.get("path", "")), heads=heads, normalize=normalize,
-            prompts=prompts, default_prompt_name=default_prompt_name, similarity=similarity,
-        )  # fmt: skip
+    shared: dict[str, Any] = {"prompts": prompts, "default_prompt_name": default_prompt_name, "similarity": similarity}
+    if model_type == SENTENCE_TRANSFORMER:
+        if module_class(first) == "StaticEmbedding":
+            # A static model (engine_core/static_model.py): the mean of per-token vectors, then its heads.
+            heads, normalize = read_heads(folder, rest)
+            return StFolder(
+                has_modules=True, static_folder=folder / str(first.get("path", "")), heads=heads, normalize=normalize,
+                **shared,
+            )  # fmt: skip
+        if module_class(first) in ROUTER_MODULES:
+            return read_router(folder, first, rest, **shared)
+        return read_embedding_chain(folder, modules, **shared)
     if module_class(first) != "Transformer":
         raise MetadataError(f"the first module is {describe(first)}; poolserve needs a Transformer module first")
     transformer_folder = folder / str(first.get("path", ""))
@@ -154,16 +158,9 @@ def read_st_folder(folder: Path) -> StFolder:
             **common, activation_fn=str(activation) if activation else None, logit_score=logit_score,
             renders_messages=None if modalities is None else "message" in modalities,
         )  # fmt: skip
-    if model_type == MULTI_VECTOR_ENCODER:
-        heads, normalize, skiplist = read_token_modules(folder, rest)
-        late = read_late_interaction(transformer, settings, skiplist)
-        return StFolder(**common, heads=heads, normalize=normalize, late_interaction=late)
-    if not rest or module_class(rest[0]) != "Pooling":
-        found = describe(rest[0]) if rest else "nothing"
-        raise MetadataError(f"the Transformer module is followed by {found}; poolserve needs a Pooling module next")
-    pooling, dimension = read_pooling(folder / str(rest[0].get("path", "")))
-    heads, normalize = read_heads(folder, rest[1:])
-    return StFolder(**common, pooling=pooling, embedding_dimension=dimension, heads=heads, normalize=normalize)
+    heads, normalize, skiplist = read_token_modules(folder, rest)  # a MultiVectorEncoder
+    late = read_late_interaction(transformer, settings, skiplist)
+    return StFolder(**common, heads=heads, normalize=normalize, late_interaction=late)
 
 
 def read_similarity(settings: dict[str, Any], default: Similarity = "cosine") -> Similarity:
@@ -208,21 +205,3 @@ def read_prompts(settings: dict[str, Any], model_type: str) -> tuple[dict[str, s
     if default is not None and default not in prompts:
         raise MetadataError(f"default_prompt_name {default!r} is not one of the prompts {sorted(prompts)}")
     return prompts, default
-
-
-def read_pooling(folder: Path) -> tuple[tuple[str, ...], int | None]:
-    """Pooling modes (sentence-transformers' names, its concatenation order kept) and the token width."""
-    config: dict[str, Any] = read_json(folder / "config.json")
-    if config.get("include_prompt") is False:
-        raise MetadataError("Pooling with include_prompt false (the prompt's tokens left out) is not supported yet")
-    named = config.get("pooling_mode")
-    if named is not None:
-        modes = (named,) if isinstance(named, str) else tuple(named)
-    else:
-        # sentence-transformers 2-5: one boolean per mode; none set means mean.
-        modes = tuple(mode for key, mode in LEGACY_POOLING_KEYS.items() if config.get(key)) or ("mean",)
-    unknown = [mode for mode in modes if mode not in ST_POOLING_MODES]
-    if unknown or not modes:
-        raise MetadataError(f"pooling mode {unknown or modes} is not one of {', '.join(ST_POOLING_MODES)}")
-    dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
-    return modes, int(dimension) if dimension else None

@@ -38,6 +38,8 @@ TRANSFORMER_TASKS = {
     SPARSE_ENCODER: "fill-mask",
     MULTI_VECTOR_ENCODER: "feature-extraction",
 }
+# How a Transformer reading the "message" modality lays out a message's content: the text itself, or typed parts.
+MESSAGE_FORMATS = ("flat", "structured")
 # A CrossEncoder over a causal language model (transformer_task text-generation) scores a pair from its logits.
 LLM_RERANKER_TASK = "text-generation"
 TASK_REFUSALS = {
@@ -107,6 +109,19 @@ class LateInteractionFolder:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterFolder:
+    """sentence-transformers' Router (Asym before 5): queries and documents take separate module chains, each read
+    as a SentenceTransformer's (a Transformer, a Pooling, heads; the modules after the Router included), and a text
+    with neither role takes the chain of `default` ("query" or "document"), as the Router resolves its routes."""
+
+    query: StFolder
+    document: StFolder
+    default: str
+    # The Router's own names of the query's and the document's routes (named in messages).
+    names: tuple[str, str] = ("query", "document")
+
+
+@dataclass(frozen=True, slots=True)
 class StFolder:
     """A folder's Sentence-Transformers description; `has_modules` False when it has none (a plain
     transformers folder), and then every field keeps its default."""
@@ -120,6 +135,8 @@ class StFolder:
     # Pooling modes in sentence-transformers' names, concatenated in this order; () without Pooling.
     pooling: tuple[str, ...] = ()
     embedding_dimension: int | None = None
+    # Pooling's include_prompt: False when the prompt's tokens are left out of pooling (INSTRUCTOR's).
+    pooling_includes_prompt: bool = True
     heads: tuple[Head, ...] = ()
     # The last module is Normalize (None: no modules.json, so nothing said).
     normalize: bool | None = None
@@ -133,8 +150,9 @@ class StFolder:
     # A CrossEncoder over a causal language model: its LogitScore module's (true, false) token ids.
     logit_score: tuple[int, int | None] | None = None
     # Whether the Transformer renders its inputs through the tokenizer's chat template (modality_config "message");
-    # None when unsaid (files saved before sentence-transformers 6: text only).
+    # None when unsaid (files saved before sentence-transformers 6: text only). The messages' format, where saved.
     renders_messages: bool | None = None
+    message_format: str = ""
     # A SparseEncoder's pooling (None for any other folder), and the most non-zero values it keeps per row.
     splade: SpladeOptions | None = None
     max_active_dims: int | None = None
@@ -143,6 +161,11 @@ class StFolder:
     # Markers a legacy ColBERT checkpoint (PyLate's, Stanford's) inserted as tokens of their own, which
     # sentence-transformers registers as special tokens (engine_core/multi_vector.py).
     legacy_prefixes: tuple[str, ...] = ()
+    # A Router: the query's and the document's chains (this folder's own Transformer and pooling fields unset, except
+    # an inference-free SPLADE's, which are its document chain's).
+    router: RouterFolder | None = None
+    # An inference-free SPLADE's query chain: a SparseStaticEmbedding's folder (its tokenizer and per-token weights).
+    sparse_static_folder: Path | None = None
 
 
 def read_json(path: Path) -> Any:
@@ -194,12 +217,16 @@ def read_transformer_config(folder: Path, model_type: str) -> dict[str, Any]:
         refusal = TASK_REFUSALS.get(task, f"a Transformer with transformer_task {task!r} is not supported")
         raise MetadataError(refusal)
     modalities = config.get("modality_config")
-    # A CrossEncoder may render its pairs through the chat template as flat messages (apiserver/pair_template.py).
-    renders_pairs = model_type == CROSS_ENCODER and (modalities or {}).get("message", {}).get("format") == "flat"
+    message_format = (modalities or {}).get("message", {}).get("format")
+    # A CrossEncoder may render its pairs through the chat template as flat messages (apiserver/pair_template.py); a
+    # SentenceTransformer its texts, as flat or structured messages (apiserver/text_template.py).
+    renders = (model_type == CROSS_ENCODER and message_format == "flat") or (
+        model_type == SENTENCE_TRANSFORMER and message_format in MESSAGE_FORMATS
+    )
     if (
         modalities is not None
         and set(modalities) != {"text"}
-        and not (renders_pairs and set(modalities) == {"text", "message"})
+        and not (renders and set(modalities) == {"text", "message"})
     ):
         raise MetadataError(f"a Transformer reading {sorted(modalities)} (modality_config) is not supported")
     return config

@@ -1,13 +1,16 @@
-"""A SparseEncoder's files (SPLADE): a masked-LM Transformer, then SpladePooling, nothing after it."""
+"""A SparseEncoder's files (SPLADE): a masked-LM Transformer, then SpladePooling, nothing after it; or an inference-free
+SPLADE, a Router of a SparseStaticEmbedding (per-token weights) for queries and such a SPLADE for documents."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine_core.st_modules import (
     SPARSE_ENCODER,
     MetadataError,
+    RouterFolder,
     SpladeOptions,
     StFolder,
     describe,
@@ -15,6 +18,7 @@ from engine_core.st_modules import (
     read_json,
     read_transformer_config,
 )
+from engine_core.st_router import ROUTER_MODULES, read_routes
 from poolserve.protocol import Similarity
 
 # A SparseEncoder's Transformer: 6's Transformer with transformer_task "fill-mask", or 5's MLMTransformer.
@@ -32,8 +36,13 @@ def read_sparse_encoder(
     default_prompt_name: str | None,
     similarity: Similarity,
 ) -> StFolder:
-    """A SPLADE SparseEncoder: a masked-LM Transformer, then SpladePooling, nothing after it."""
+    """A SPLADE SparseEncoder: a masked-LM Transformer, then SpladePooling, nothing after it; or a Router of a
+    SparseStaticEmbedding for queries and such a chain for documents."""
     first = modules[0]
+    if module_class(first) in ROUTER_MODULES:
+        return read_inference_free(
+            folder, modules, settings, prompts=prompts, default_prompt_name=default_prompt_name, similarity=similarity
+        )
     if module_class(first) not in MLM_TRANSFORMERS:
         raise MetadataError(
             f"the first module of this SparseEncoder is {describe(first)}; poolserve serves SPLADE as a masked-LM "
@@ -63,6 +72,41 @@ def read_sparse_encoder(
         splade=read_splade_pooling(folder / str(modules[1].get("path", "")), modules[1]),
         max_active_dims=max_active_dims,
     )  # fmt: skip
+
+
+def read_inference_free(
+    folder: Path,
+    modules: list[dict[str, Any]],
+    settings: dict[str, Any],
+    *,
+    prompts: dict[str, str],
+    default_prompt_name: str | None,
+    similarity: Similarity,
+) -> StFolder:
+    """An inference-free SPLADE (opensearch's): a Router whose query route is one SparseStaticEmbedding (each token
+    present in the query weighs its trained weight) and whose document route is a SPLADE chain, nothing after it."""
+    router, rest = modules[0], modules[1:]
+    if rest:
+        raise MetadataError(f"this SparseEncoder has modules after its Router ({describe(rest[0])})")
+    routes = read_routes(folder, router)
+    shared: dict[str, Any] = {"prompts": prompts, "default_prompt_name": default_prompt_name, "similarity": similarity}
+    document = read_sparse_encoder(folder, routes.modules[routes.document], settings, **shared)
+    if routes.query == routes.document:  # one path for every text
+        return document
+    query = routes.modules[routes.query]
+    if len(query) != 1 or module_class(query[0]) != "SparseStaticEmbedding":
+        raise MetadataError(
+            f"the Router's query route {routes.query!r} runs {', '.join(describe(m) for m in query)}; poolserve serves "
+            "a sparse Router whose query route is one SparseStaticEmbedding (an inference-free SPLADE)"
+        )
+    static = folder / str(query[0].get("path", ""))
+    config: dict[str, Any] = read_json(static / "config.json") if (static / "config.json").is_file() else {}
+    unknown = sorted(set(config) - {"frozen"})
+    if unknown:
+        raise MetadataError(f"the {describe(query[0])} sets {unknown}, which poolserve does not apply")
+    names = (routes.query, routes.document)
+    static_chain = StFolder(has_modules=True, model_type=SPARSE_ENCODER, sparse_static_folder=static, **shared)
+    return replace(document, router=RouterFolder(static_chain, document, routes.default, names))
 
 
 def read_splade_pooling(folder: Path, module: dict[str, Any]) -> SpladeOptions:

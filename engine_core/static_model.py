@@ -72,7 +72,9 @@ class StaticRunner:
             vectors: F32 = pooled.float().cpu().numpy()
             return vectors
 
-    def run_texts_per_token(self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool]) -> list[F32]:
+    def run_texts_per_token(
+        self, rows: Rows, type_rows: Rows | None, per_token: Sequence[bool], pool_from: Sequence[int] | None = None
+    ) -> list[F32]:
         raise TypeError("this model gives no token states")  # the engine refuses such requests first
 
     def run_images(self, pixels: npt.NDArray[np.uint8]) -> F32:

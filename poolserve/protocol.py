@@ -151,6 +151,20 @@ class LateInteraction(msgspec.Struct, kw_only=True, frozen=True):
         return len(ids) - int(np.isin(ids, self.skiplist_ids).sum())
 
 
+class TextTemplate(msgspec.Struct, kw_only=True, frozen=True):
+    """A chat template through which each text is rendered before it is tokenized (without special tokens: the
+    template writes its own), as sentence-transformers 6 renders a SentenceTransformer's texts when its tokenizer has
+    one: the text as a user message, after a system message holding the prompt, if any."""
+
+    source: str
+    # sentence-transformers' "structured" message format: a message's content is [{"type": "text", "text": ...}]
+    # rather than the text itself ("flat").
+    structured: bool = False
+    # The template reads a `task` variable, which sentence-transformers sets to "query" or "document" for a text
+    # of that role (encode_query, encode_document).
+    takes_task: bool = False
+
+
 class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     """What an API server needs to know of the model, told by the engine in its handshake."""
 
@@ -205,6 +219,20 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # (PoolRequest.sparse) and "multi_vector" ColBERT vectors (PoolRequest.per_token, cut as `late_interaction` says)
     # beside its dense embedding.
     extra_outputs: list[Output] = msgspec.field(default_factory=list)
+    # A model whose Pooling leaves its prompt out (sentence-transformers' `include_prompt: false`): each prompt text's
+    # length in tokens as sentence-transformers measures it (the prompt tokenized alone, less a trailing special
+    # token), the tokens pooling skips at the start of a text after that prompt. Empty for every other model.
+    prompt_lengths: dict[str, int] = msgspec.field(default_factory=dict)
+    # A Router model (sentence-transformers' Router: queries and documents take separate module chains in the
+    # engine): the chain, "query" or "document", a text with neither role takes. "" for a model with one path.
+    default_route: str = ""
+    # Whether a Router model's query chain reads texts with the tokenizer's special tokens added (false: inference-free
+    # SPLADE's SparseStaticEmbedding tokenizes queries without them).
+    query_special_tokens: bool = True
+    # An embedder whose texts are rendered by a chat template first (a folder without Sentence-Transformers files
+    # whose tokenizer has one; apiserver/text_template.py), its special tokens in `template_tokens`. None: texts are
+    # tokenized as they come.
+    text_template: TextTemplate | None = None
 
     def supports(self, task: Task) -> bool:
         return task in self.tasks
@@ -274,6 +302,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     per_token: bool = False
     queries: int = 0
     sparse: bool = False
+    pool_from: list[int] = msgspec.field(default_factory=list)
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -298,8 +327,12 @@ class PoolJob:
     lower runs sooner (engine_core/scheduler.py says how). `per_token`: every token's hidden state
     instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
     `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
-    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them).
+    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them). On a Router
+    model (`ModelCard.default_route`), how many of the first text inputs take the query's chain (the others take
+    the document's).
     `sparse`: the model's sparse output (bge-m3's lexical weights, `ModelCard.extra_outputs`) instead of its own.
+    `pool_from`: where pooling starts in each text input, the tokens before it a prompt the model's Pooling leaves
+    out (`ModelCard.prompt_lengths`); empty: every input's pooling starts at its first token.
     """
 
     lengths: npt.NDArray[np.int64]
@@ -313,6 +346,7 @@ class PoolJob:
     per_token: bool = False
     queries: int = 0
     sparse: bool = False
+    pool_from: Sequence[int] = ()
 
     @classmethod
     def from_rows(
@@ -328,6 +362,7 @@ class PoolJob:
         per_token: bool = False,
         queries: int = 0,
         sparse: bool = False,
+        pool_from: Sequence[int] = (),
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -349,6 +384,7 @@ class PoolJob:
             per_token,
             queries,
             sparse,
+            pool_from,
         )
 
     @property
@@ -377,6 +413,7 @@ class PoolJob:
             per_token=self.per_token,
             queries=self.queries,
             sparse=self.sparse,
+            pool_from=list(self.pool_from),
         )
 
     def frames(self) -> list[Frame]:
@@ -425,6 +462,11 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         raise ProtocolError("queries must be within 0..the number of text inputs")
     if not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
         raise ProtocolError(f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}")
+    if request.pool_from and (
+        len(request.pool_from) != len(listed)
+        or any(not 0 <= start < length for start, length in zip(request.pool_from, listed, strict=True))
+    ):
+        raise ProtocolError("pool_from must hold one start per text input, each before the input's last token")
     return PoolJob(
         lengths,
         tokens,
@@ -437,6 +479,7 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         request.per_token,
         request.queries,
         request.sparse,
+        request.pool_from,
     )
 
 

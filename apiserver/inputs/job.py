@@ -11,8 +11,10 @@ import numpy.typing as npt
 
 from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
-from apiserver.inputs.text import check_token_rows, tokenize_texts
+from apiserver.inputs.text import Truncation, check_token_rows, tokenize_texts
 from apiserver.limits import TokenBudget
+from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, takes_query_route
+from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.protocol import ModelCard, PoolJob
 
@@ -41,6 +43,8 @@ class EngineJob:
     vector_counts: list[int] | None = None
     # The model's sparse output instead of its own (bge-m3's lexical weights: /embed_sparse).
     sparse: bool = False
+    # Where each text input's pooling starts (a prompt the model's Pooling leaves out before it); None: at its start.
+    pool_from: list[int] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -63,6 +67,7 @@ class EngineJob:
             per_token=self.per_token,
             queries=self.queries,
             sparse=self.sparse,
+            pool_from=self.pool_from or (),
         )
 
     def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
@@ -88,6 +93,31 @@ def check_prompt_survives(limit: int | None, direction: Direction, option: str) 
         )
 
 
+def pooling_starts(
+    rows: Sequence[Sequence[int]], params: Sequence[str], left_out: int, option: str, *, add_special_tokens: bool = True
+) -> list[int] | None:
+    """Where pooling starts in each row of texts after a prompt whose first `left_out` tokens the model's pooling
+    leaves out (apiserver/prompts.py); None when it leaves none out. sentence-transformers counts them with the
+    special tokens the tokenizer adds, and cuts only the text after them: a row without those tokens, or cut to no
+    more than them, has nothing it would pool."""
+    if not left_out:
+        return None
+    if not add_special_tokens:
+        raise bad_request(
+            "`add_special_tokens: false` leaves out the tokens this model's pooling counts its prompt by; send it "
+            "true, or send token ids.",
+            param="add_special_tokens",
+        )
+    for row, param in zip(rows, params, strict=True):
+        if len(row) <= left_out:
+            raise bad_request(
+                f"`{option}` leaves none of `{param}` after the prompt, whose {left_out} tokens this model's pooling "
+                "leaves out; allow more tokens.",
+                param=option,
+            )
+    return [left_out] * len(rows)
+
+
 def build_job(
     items: list[Item],
     card: ModelCard,
@@ -101,16 +131,27 @@ def build_job(
     budget: TokenBudget | None = None,
     add_special_tokens: bool = True,
     prompt: str = "",
+    role: Role | None = None,
 ) -> EngineJob:
     """Tokenize the texts (each after `prompt`, apiserver/prompts.py), check the token rows, decode the
-    images of a request's items."""
+    images of a request's items. `role`: whether the inputs are queries or documents, the chain they take on a
+    Router model (None: its default)."""
     params = params or [f"input[{k}]" for k in range(len(items))]
     texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
     sources = [item for item in items if isinstance(item, ImageSource)]
+    pool_from = None  # token ids are what the model reads: no prompt to leave out
+    add_special_tokens = adds_special_tokens(card, role, add_special_tokens)
     if token_rows:
         token_params = [params[k] for k, _ in token_rows]
         rows = check_token_rows([row for _, row in token_rows], token_params, limit, card, direction)
+    elif card.text_template is not None and texts:  # rendered by the model's chat template, prompt and all
+        text_params = [params[k] for k, _ in texts]
+        truncation = Truncation(limit, direction, option)
+        rows = tokenize_rendered_texts(
+            [text for _, text in texts], text_params, truncation, tokenizer, card, prompt=prompt, task=role,
+            budget=budget,
+        )  # fmt: skip
     else:
         text_params = [params[k] for k, _ in texts]
         text_list = [text for _, text in texts]
@@ -121,12 +162,16 @@ def build_job(
             text_list, text_params, limit, tokenizer, card, direction=direction, option=option, budget=budget,
             add_special_tokens=add_special_tokens,
         )  # fmt: skip
+        pool_from = pooling_starts(
+            rows, text_params, left_out_tokens(card, prompt), option, add_special_tokens=add_special_tokens
+        )
     images: list[Pixels] = []
     if sources:
         if card.image is None or load_image is None:
             raise images_not_taken(sources[0])
         images = [load_image(source) for source in sources]
-    job = EngineJob(rows=rows, images=images)
+    job = EngineJob(rows=rows, images=images, pool_from=pool_from)
+    job.queries = len(rows) if takes_query_route(card, role) else 0
     if texts and sources:
         text_rank = itertools.count()
         image_rank = itertools.count(len(texts))

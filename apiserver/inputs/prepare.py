@@ -89,8 +89,9 @@ def plan_items_request(
     `activation` field where it has one (vLLM's older name for `use_activation`); `normalize_default`: the
     normalization when the request does not say (None: the model's own); `prompt`: what goes before each
     text (None: the model's default prompt, or on a late-interaction model the prompt of `role`, whose texts
-    are its queries or documents: apiserver/late_interaction.py); `sparse`: the model's sparse output (bge-m3's
-    lexical weights) instead of its own. On bge-m3 `per_token` asks for its ColBERT vectors."""
+    are its queries or documents: apiserver/late_interaction.py; `role` also picks a Router model's chain); `sparse`:
+    the model's sparse output (bge-m3's lexical weights) instead of its own. On bge-m3 `per_token` asks for its
+    ColBERT vectors."""
     check_model(request.model, state.model_names)
     require_task(state.card, task, endpoint)
     dimensions = check_dimensions(request.dimensions, state.card)
@@ -117,7 +118,7 @@ def plan_items_request(
         job = build_job(
             items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image,
             direction=truncation.direction, budget=state.token_budget, add_special_tokens=request.add_special_tokens,
-            prompt=state.card.default_prompt if prompt is None else prompt,
+            prompt=state.card.default_prompt if prompt is None else prompt, role=role,
         )  # fmt: skip
         if per_token and job.images:
             raise bad_request(f"{endpoint} gives token states of texts; this request holds images.", param="input")

@@ -60,9 +60,12 @@ def from_voyage(request: EmbeddingRequest, output_size: int) -> EmbeddingRequest
 
 def parse(request: EmbeddingRequest, state: AppState) -> Plan[EmbeddingRequest]:
     request = from_voyage(request, state.card.output_size)
-    # Voyage's `input_type` says whether the texts are queries or documents: the model's prompt for that role.
+    # Voyage's `input_type` says whether the texts are queries or documents: the model's prompt for that role (and a
+    # Router model's chain).
     prompt = role_prompt(state.card, request.input_type)
-    return plan_items_request(state, request, task=TASK_EMBED, endpoint="/v1/embeddings", prompt=prompt)
+    return plan_items_request(
+        state, request, task=TASK_EMBED, endpoint="/v1/embeddings", prompt=prompt, role=request.input_type
+    )
 
 
 def encode_embeddings(rows: Rows, request: EmbeddingRequest) -> list[list[float] | str]:

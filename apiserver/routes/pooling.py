@@ -51,8 +51,9 @@ def parse(request: PoolingRequest, state: AppState) -> Plan[PoolingRequest]:
         task = "token_embed"  # a late-interaction model's only output
     if task is None:
         return plan_items_request(
-            state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation, prompt=prompt
-        )
+            state, request, task=TASK_POOL, endpoint="/pooling", activation=request.activation, prompt=prompt,
+            role=role,
+        )  # fmt: skip
     if task in REFUSED:
         raise bad_request(
             f"`task` {task!r} is not supported: {REFUSED[task]}.", param="task", code="task_not_supported"

@@ -52,8 +52,9 @@ def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state:
             params=[f"inputs[{k}]" for k in range(len(items))], budget=state.token_budget,
             prompt=None if request.prompt_name is None else prompt,
         )  # fmt: skip
-    if isinstance(request, EmbedAllRequest) and request.input_type is not None:
-        prompt = role_prompt(state.card, request.input_type)
+    role = request.input_type if isinstance(request, EmbedAllRequest) else None
+    if role is not None:
+        prompt = role_prompt(state.card, role)
     return build_job(
         items,
         state.card,
@@ -64,6 +65,7 @@ def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state:
         option=truncation.option,
         budget=state.token_budget,
         prompt=prompt,
+        role=role,
     )
 
 

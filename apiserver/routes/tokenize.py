@@ -23,6 +23,7 @@ from apiserver.schemas.tokenize import (
     TokenizeResponse,
 )
 from apiserver.state import AppState
+from apiserver.text_template import chat_texts
 from apiserver.validation import check_model
 
 # Texts up to this long are tokenized at once, holding the GIL for well under a millisecond; longer ones
@@ -63,6 +64,9 @@ def parse_tokenize(request: TokenizeRequest, state: AppState) -> Plan[TokenizeAn
     check_input_count(len(texts), state.config.max_inputs_per_request, "inputs")
     answer: list[list[TeiToken]] = []
     total = 0
+    if state.card.text_template is not None:  # what /embed reads: each text rendered by the model's chat template
+        chat = chat_texts(state.card)
+        texts, prompt, special = [chat.render(text, prompt, None) for text in texts], "", False
     for text in (prompt + text for text in texts):
         encoding = tokenize_within(text, special, state, budget, before=total)
         total += len(encoding)

@@ -218,3 +218,19 @@ def test_model_name_and_task_checks() -> None:
 def test_request_defaults() -> None:
     request = EmbeddingRequest(input="a")
     assert (request.encoding_format, request.dimensions, request.truncate_prompt_tokens) == ("float", None, None)
+
+
+def test_a_prompt_left_out_of_pooling_starts_each_texts_pooling_after_it(tokenizer: TextTokenizer) -> None:
+    """include_prompt false: each text after the prompt pools from the prompt's length on; token ids have no prompt;
+    a cut that leaves nothing after the prompt, or rows without the special tokens it is counted with, are refused."""
+    prompt = "query: "
+    card = msgspec.structs.replace(CARD, prompt_lengths={prompt: 3})  # [CLS] query : ([SEP] left out)
+    job = build_job(["hello", "hello world"], card, tokenizer, limit=None, prompt=prompt)
+    assert job.rows[0] == [101, 23032, 1024, 7592, 102]
+    assert job.pool_from == [3, 3] and list(job.to_wire().pool_from) == [3, 3]
+    assert build_job([[101, 7592, 102]], card, tokenizer, limit=None, prompt=prompt).pool_from is None
+    assert build_job(["hello"], card, tokenizer, limit=None, prompt="").pool_from is None
+    with pytest.raises(ApiError, match="leaves none of `input\\[0\\]` after the prompt"):
+        build_job(["hello"], card, tokenizer, limit=3, prompt=prompt)
+    with pytest.raises(ApiError, match="add_special_tokens"):
+        build_job(["hello"], card, tokenizer, limit=None, prompt=prompt, add_special_tokens=False)

@@ -4,6 +4,7 @@ that tests/fidelity does not build a whole model for."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +302,78 @@ def test_a_pylate_save_under_another_model_type_than_colbert_is_refused_by_name(
     files = {"config_sentence_transformers.json": {"model_type": "SentenceTransformer", **settings}}
     with pytest.raises(MetadataError, match="PyLate's settings or modules under model_type 'SentenceTransformer'"):
         read_st_folder(write(tmp_path, modules, files))
+
+
+ROUTER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.router.Router"}
+CHAIN_TYPES = {
+    "q_0": "sentence_transformers.base.modules.transformer.Transformer",
+    "q_1": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+    "d_0": "sentence_transformers.base.modules.transformer.Transformer",
+    "d_1": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+}
+
+
+def router_folder(folder: Path, structure: dict[str, list[str]], **parameters: Any) -> Path:
+    config = {"types": CHAIN_TYPES, "structure": structure, "parameters": parameters}
+    files = {"router_config.json": config, "q_1/config.json": {"pooling_mode": "mean"},
+             "d_1/config.json": {"pooling_mode": "cls"}}  # fmt: skip
+    return write(folder, [ROUTER], files)
+
+
+def test_a_router_resolves_its_routes_as_sentence_transformers_does(tmp_path: Path) -> None:
+    # A route named as the task; texts with no task take the first route (allow_empty_key, no default_route).
+    st = read_st_folder(router_folder(tmp_path, {"query": ["q_0", "q_1"], "document": ["d_0", "d_1"]}))
+    assert st.router is not None and st.router.default == "query" and st.router.names == ("query", "document")
+    assert (st.router.query.transformer_folder, st.router.query.pooling) == (tmp_path / "q_0", ("mean",))
+    assert (st.router.document.transformer_folder, st.router.document.pooling) == (tmp_path / "d_0", ("cls",))
+    # route_mappings by (task, modality) first, as the Router reads them back from their string keys.
+    mapped = {"('query', None)": "d", "(None, 'text')": "q"}
+    st = read_st_folder(router_folder(tmp_path, {"q": ["q_0", "q_1"], "d": ["d_0", "d_1"]}, route_mappings=mapped))
+    assert st.router is not None and st.router.names == ("d", "q") and st.router.default == "document"
+    # One route for every text: served as that chain, with no Router at all.
+    st = read_st_folder(router_folder(tmp_path, {"text": ["q_0", "q_1"]}))
+    assert st.router is None and st.pooling == ("mean",)
+
+
+@pytest.mark.parametrize(
+    ("structure", "parameters", "sentence"),
+    [
+        (
+            {"q": ["q_0", "q_1"], "d": ["d_0", "d_1"]},
+            {"default_route": "d"},
+            "has no route for task 'query', so sentence-transformers cannot encode such a text",
+        ),
+        (
+            {"query": ["q_0", "q_1"], "document": ["d_0", "d_1"]},
+            {"default_route": None, "allow_empty_key": False},
+            "has no route for a text with no task",
+        ),
+        (
+            {"query": ["q_0", "q_1"], "document": ["d_0", "d_1"], "image": ["d_0"]},
+            {"default_route": "document"},
+            "the Router's route 'image' is taken by no text",
+        ),
+        (
+            {"query": ["q_0", "q_1"], "document": ["d_0", "d_1"], "general": ["d_0", "d_1"]},
+            {"default_route": "general"},
+            "sends a text with no task down route 'general', neither the query's ('query') nor the document's",
+        ),
+        (
+            {"query": ["q_0"], "document": ["d_0", "d_1"]},
+            {},
+            "the Router's route 'query': the Transformer module is followed by nothing",
+        ),
+        ({"query": ["q_0", "q_1"], "document": ["d_0", "d_1"]}, {"shuffle": True}, "sets ['shuffle']"),
+    ],
+)
+def test_what_poolserve_cannot_route_is_refused_in_one_sentence(
+    tmp_path: Path, structure: dict[str, list[str]], parameters: dict[str, Any], sentence: str
+) -> None:
+    with pytest.raises(MetadataError, match=re.escape(sentence)):
+        read_st_folder(router_folder(tmp_path, structure, **parameters))
+
+
+def test_a_router_after_other_modules_is_refused(tmp_path: Path) -> None:
+    asym = {"idx": 2, "name": "2", "path": "2_Asym", "type": "sentence_transformers.models.Asym"}
+    with pytest.raises(MetadataError, match="is served first in a SentenceTransformer or a SparseEncoder"):
+        read_st_folder(write(tmp_path, [TRANSFORMER, POOLING, asym], {"1_Pooling/config.json": {}}))

@@ -42,6 +42,9 @@ QUERY_PROMPT = "query: "
 DOCUMENT_PROMPT = "passage: "
 # Qwen3-Embedding's prompt shape: an instruction, a newline, then the query.
 INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+# INSTRUCTOR's instructions, which its Pooling leaves out.
+INSTRUCTOR_QUERY = "Represent the Wikipedia question for retrieving supporting documents: "
+INSTRUCTOR_DOCUMENT = "Represent the Wikipedia document for retrieval: "
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,85 @@ def build_decoder_last_token(folder: Path) -> None:
     )  # fmt: skip
 
 
+def build_include_prompt_false(folder: Path) -> None:
+    """INSTRUCTOR's shape: the instruction (a prompt) is read by the encoder but left out of pooling, here by every
+    pooling mode at once (CLS then the first token after the prompt); a default prompt, and prompts per role."""
+    st_model(
+        folder, transformer(folder), pooling(("cls", "max", "mean", "weightedmean"), include_prompt=False),
+        normalize(), prompts={"query": INSTRUCTOR_QUERY, "document": INSTRUCTOR_DOCUMENT},
+        default_prompt_name="query",
+    )  # fmt: skip
+
+
+def build_router(folder: Path) -> None:
+    """sentence-transformers 6's Router.for_query_document: a query encoder and a document encoder of their own (here
+    mean pooling for queries, CLS and a Dense for documents), a Normalize after both; a text with no task takes the
+    document's route (its default_route)."""
+    from sentence_transformers.base.modules import Router
+
+    query = [transformer(folder, 14), pooling("mean")]
+    document = [
+        transformer(folder.parent / f"{folder.name}-documents", 15),
+        pooling("cls"),
+        dense(HIDDEN, HIDDEN, torch.nn.Tanh()),
+    ]
+    st_model(
+        folder, Router.for_query_document(query, document), normalize(),
+        prompts={"query": QUERY_PROMPT, "document": DOCUMENT_PROMPT},
+    )  # fmt: skip
+
+
+def build_router_shared_transformer(folder: Path) -> None:
+    """The older Asym shape in a Router: one Transformer and Pooling shared by both routes (saved once), a Dense of
+    each route's own; texts with no task take the query's route (default_route "query"); the Pooling leaves the
+    prompt out."""
+    from sentence_transformers.base.modules import Router
+
+    encoder, pooled = transformer(folder, 16), pooling("mean", include_prompt=False)
+    routes = {
+        "query": [encoder, pooled, dense(HIDDEN, 12, torch.nn.Tanh())],
+        "document": [encoder, pooled, dense(HIDDEN, 12, None)],
+    }
+    st_model(
+        folder, Router(routes, default_route="query"),
+        prompts={"query": INSTRUCTOR_QUERY, "document": INSTRUCTOR_DOCUMENT},
+    )  # fmt: skip
+
+
+# A chat model's template (ChatML), which reads the `task` sentence-transformers sets for a query and ends with the
+# end-of-text token a last-token embedder pools (Qwen3-Embedding's shape).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if task == 'query' %}<|im_start|>query\n{% endif %}<|endoftext|>"
+)
+
+
+def build_plain_chat_template(folder: Path) -> None:
+    """A causal language model saved by transformers with no Sentence-Transformers files, whose tokenizer has a chat
+    template: sentence-transformers 6 renders every text through it (served with --pooling last, as
+    sentence-transformers pools a *ForCausalLM)."""
+    from transformers import Qwen3ForCausalLM
+
+    tokenizer = bpe_tokenizer(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(26)
+    Qwen3ForCausalLM(qwen3_config(tokenizer)).eval().save_pretrained(folder)
+
+
+def build_st_chat_template(folder: Path) -> None:
+    """The same model saved by sentence-transformers 6 (its Transformer saves the "message" modality), last-token
+    pooled and normalized, with a query prompt (rendered as a system message, not put before the text)."""
+    from sentence_transformers.base.modules import Transformer
+
+    base = folder.parent / f"{folder.name}-base"
+    build_plain_chat_template(base)
+    st_model(
+        folder, Transformer(str(base)), pooling("lasttoken"), normalize(),
+        prompts={"query": "Represent this search query: ", "document": ""},
+    )  # fmt: skip
+
+
 def build_dot_similarity(folder: Path) -> None:
     """msmarco-bert-base-dot's shape: CLS pooling, no normalization, scored by the dot product."""
     st_model(folder, transformer(folder), pooling("cls"), similarity_fn_name="dot")
@@ -345,6 +427,29 @@ def build_splade_xlm_roberta(folder: Path) -> None:
     base = masked_lm(folder, 25, "xlm-roberta")
     transformer = Transformer(str(base), transformer_task="fill-mask", max_seq_length=96)
     SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+
+
+def build_inference_free_splade(folder: Path) -> None:
+    """opensearch's inference-free SPLADE (neural-sparse-encoding-doc-v3-distill's shape): a Router of trained per-token
+    weights for queries (SparseStaticEmbedding, the document encoder's tokenizer) and SPLADE (max of log1p_relu) for
+    documents, texts with no task taking the document's route; a query prompt, which the query route reads too."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling, Transformer
+    from transformers import AutoTokenizer
+
+    base = masked_lm(folder, 23)
+    torch.manual_seed(25)
+    weights = torch.rand(30522) * 3  # IDF-like: every token its own positive weight
+    query = SparseStaticEmbedding(AutoTokenizer.from_pretrained(base, model_max_length=128), weight=weights)
+    document = [
+        Transformer(str(base), transformer_task="fill-mask"),
+        SpladePooling("max", activation_function="log1p_relu"),
+    ]
+    SparseEncoder(
+        modules=[Router.for_query_document([query], document)], device="cpu", similarity_fn_name="dot",
+        prompts={"query": QUERY_PROMPT},
+    ).save(str(folder))  # fmt: skip
 
 
 def build_splade_distilbert(folder: Path) -> None:
@@ -486,7 +591,12 @@ SERVED = [
     Served("st-do-lower-case", build_lowercase),
     Served("st-legacy-layout", build_legacy_layout),
     Served("decoder-last-token-prompts", build_decoder_last_token, reference="one_by_one"),
+    Served("st-include-prompt-false", build_include_prompt_false),
     Served("st-dot-similarity", build_dot_similarity),
+    Served("plain-chat-template", build_plain_chat_template, reference="plain", flags={"pooling": "last"}),
+    Served("st-chat-template", build_st_chat_template, reference="one_by_one"),
+    Served("router", build_router),
+    Served("router-shared-transformer", build_router_shared_transformer),
     Served("static-embedding", build_static_embedding),
     Served("static-model2vec-layout", build_model2vec_layout),
     Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
@@ -503,6 +613,7 @@ SERVED = [
     Served("splade-sum-mlm-transformer", build_splade_sum_mlm_transformer, reference="sparse"),
     Served("splade-xlm-roberta", build_splade_xlm_roberta, reference="sparse"),
     Served("splade-distilbert", build_splade_distilbert, reference="sparse"),
+    Served("splade-inference-free", build_inference_free_splade, reference="sparse"),
     Served("colbert", build_colbert, reference="multi_vector"),
     Served("colbert-floor-expansion", build_colbert_floor_expansion, reference="multi_vector"),
     Served("hf-colbert", build_hf_colbert, reference="multi_vector"),
@@ -518,12 +629,16 @@ SERVED = [
 # Refused -------------------------------------------------------------------------------------------
 
 
-def build_router(folder: Path) -> None:
+def build_router_static_queries(folder: Path) -> None:
+    """A static embedder for queries and a transformer for documents (the Router's own example)."""
     from sentence_transformers.base.modules import Router
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
 
-    query = [transformer(folder, 14), pooling("mean")]
-    document = [transformer(folder.parent / f"{folder.name}-documents", 15), pooling("mean")]
-    st_model(folder, Router.for_query_document(query, document))
+    tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
+    query = [StaticEmbedding(tokenizer, embedding_dim=HIDDEN)]
+    document = [transformer(folder, 17), pooling("mean")]
+    st_model(folder, Router.for_query_document(query, document), normalize())
 
 
 def build_custom_module(folder: Path) -> None:
@@ -531,10 +646,6 @@ def build_custom_module(folder: Path) -> None:
     modules = json.loads((folder / "modules.json").read_text())
     modules[0]["type"] = "custom_st.Transformer"  # jina-embeddings-v3's shape: code shipped in the folder
     (folder / "modules.json").write_text(json.dumps(modules))
-
-
-def build_include_prompt_false(folder: Path) -> None:
-    st_model(folder, transformer(folder), pooling("mean", include_prompt=False), prompts={"query": QUERY_PROMPT})
 
 
 def build_causal_lm(folder: Path) -> None:
@@ -559,19 +670,6 @@ def build_causal_lm_chat_template(folder: Path) -> None:
     tokenizer.save_pretrained(folder)
     torch.manual_seed(24)
     Qwen3ForCausalLM(qwen3_config(tokenizer)).eval().save_pretrained(folder)
-
-
-def build_inference_free_splade(folder: Path) -> None:
-    """opensearch's inference-free SPLADE: a Router of per-token weights for queries, SPLADE for documents."""
-    from sentence_transformers import SparseEncoder
-    from sentence_transformers.base.modules import Router
-    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling, Transformer
-    from transformers import AutoTokenizer
-
-    base = masked_lm(folder, 23)
-    query = SparseStaticEmbedding(AutoTokenizer.from_pretrained(base))
-    document = [Transformer(str(base), transformer_task="fill-mask"), SpladePooling("max")]
-    SparseEncoder(modules=[Router.for_query_document([query], document)], device="cpu").save(str(folder))
 
 
 def build_csr(folder: Path) -> None:
@@ -620,17 +718,18 @@ def build_own_code(folder: Path) -> None:
 
 
 REFUSED = [
-    Refused("router", build_router, "a Router module (separate query and document paths) is not supported"),
+    Refused(
+        "router-static-query-route",
+        build_router_static_queries,
+        "the Router's route 'query' begins with module query_0_StaticEmbedding "
+        "(sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding); poolserve serves "
+        "routes that are each a Transformer, a Pooling and heads",
+    ),
     Refused(
         "custom-module",
         build_custom_module,
         "module 0 (custom_st.Transformer) is custom code, not one of sentence-transformers' own modules, which are "
         "all poolserve runs",
-    ),
-    Refused(
-        "pooling-include-prompt-false",
-        build_include_prompt_false,
-        "Pooling with include_prompt false (the prompt's tokens left out) is not supported yet",
     ),
     Refused(
         "causal-lm-without-st-files",
@@ -659,11 +758,6 @@ REFUSED = [
         "the tokenizer's chat template does not render a query/document pair (messages with the roles 'query' and "
         "'document'), so every pair would score alike; give --score-template FILE with one that does.",
         flags={"score_tokens": ["yes", "no"]},
-    ),
-    Refused(
-        "splade-inference-free",
-        build_inference_free_splade,
-        "a Router module (separate query and document paths) is not supported",
     ),
     Refused(
         "sparse-csr",

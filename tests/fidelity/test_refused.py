@@ -9,7 +9,7 @@ import pytest
 
 from engine_core.folder_choices import LoadError
 from poolserve.boot import EXIT_BOOT_ERROR
-from tests.fidelity.layouts import REFUSED, Refused, build_dense_chain_with_prompts
+from tests.fidelity.layouts import REFUSED, Refused, build_dense_chain_with_prompts, build_include_prompt_false
 from tests.fidelity.stack import load
 from tests.utils import FLOAT32_CPU, LaunchedServer
 
@@ -44,3 +44,10 @@ def test_pooling_overridden_under_the_folders_heads_is_refused(tmp_path: Path) -
     build_dense_chain_with_prompts(folder)  # mean pooling, then Dense modules
     with pytest.raises(LoadError, match=r"--pooling cls replaces the folder's Pooling \(mean\)"):
         load(folder, pooling="cls")
+
+
+def test_pooling_overridden_on_a_folder_that_leaves_its_prompt_out_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "instructor"
+    build_include_prompt_false(folder)
+    with pytest.raises(LoadError, match=r"leaves the prompt's tokens out \(include_prompt false\); drop --pooling"):
+        load(folder, pooling="mean")

@@ -80,10 +80,13 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
         elif layout.reference == "bge_m3":
             check_bge_m3(client, folder)
         else:
-            check_embedder(client, folder, one_by_one=layout.reference == "one_by_one")
+            plain = layout.reference == "plain"
+            check_embedder(client, folder, one_by_one=layout.reference == "one_by_one" or plain, normalized=plain)
 
 
-def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> None:
+def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool, normalized: bool = False) -> None:
+    """`normalized`: a folder without Sentence-Transformers files, whose vectors poolserve normalizes (as OpenAI's)
+    where sentence-transformers adds no Normalize."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(folder), device="cpu")
@@ -91,8 +94,10 @@ def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool) -> N
     def reference(texts: list[str], method: str = "encode", **kwargs: Any) -> F32:
         encode = getattr(model, method)
         if one_by_one:  # a causal model's padded rows move in sentence-transformers' own batches
-            return np.concatenate([encode([text], **kwargs) for text in texts])
-        return np.asarray(encode(texts, **kwargs))
+            rows = np.concatenate([encode([text], **kwargs) for text in texts])
+        else:
+            rows = np.asarray(encode(texts, **kwargs))
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True) if normalized else rows
 
     assert_same(embeddings(client, {"input": TEXTS}), reference(TEXTS))
     assert_same(embeddings(client, {"input": [LONG]}), reference([LONG]))
@@ -318,6 +323,9 @@ def check_sparse_encoder(client: httpx.Client, folder: Path) -> None:
     for name in model.prompts:
         named = embed_sparse(client, {"inputs": TEXTS, "prompt_name": name})
         assert_same_sparse(named, model.encode(TEXTS, prompt_name=name))
+    # A role: its prompt, and an inference-free SPLADE's route (per-token weights for queries).
+    assert_same_sparse(embed_sparse(client, {"inputs": TEXTS, "input_type": "query"}), model.encode_query(TEXTS))
+    assert_same_sparse(embed_sparse(client, {"inputs": TEXTS, "input_type": "document"}), model.encode_document(TEXTS))
     pooled = client.post("/pooling", json={"input": TEXTS, "truncate_prompt_tokens": -1})
     assert pooled.status_code == 200, pooled.text
     assert_same_sparse([item["data"] for item in pooled.json()["data"]], model.encode(TEXTS))

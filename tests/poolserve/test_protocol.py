@@ -80,6 +80,7 @@ def assert_same_job(decoded: PoolJob, sent: PoolJob) -> None:
         sent.queries,
     )
     assert (decoded.per_token, decoded.sparse) == (sent.per_token, sent.sparse)
+    assert list(decoded.pool_from) == list(sent.pool_from)
 
 
 JOBS = {
@@ -89,6 +90,7 @@ JOBS = {
     "texts and images": PoolJob.from_rows([[5]], images=[image(3)]),
     "late-interaction queries and documents": PoolJob.from_rows([[101, 7, 102], [101, 102]], per_token=True, queries=1),
     "bge-m3's lexical weights": PoolJob.from_rows([[0, 7, 2]], sparse=True),
+    "texts pooled after their prompt": PoolJob.from_rows([[101, 7, 8, 102], [101, 9, 102]], pool_from=[2, 0]),
 }
 
 
@@ -250,6 +252,8 @@ def tokens(*ids: int) -> bytes:
         (PoolRequest(1, [], images=1, image_height=4, image_width=3), [b"", b"\0" * 35], "4x3x3"),
         (PoolRequest(1, [], images=1), [b"", b""], "0x0x3"),
         (PoolRequest(1, [1], queries=2), [tokens(1)], "queries must be within"),
+        (PoolRequest(1, [2, 1], pool_from=[1]), [tokens(1, 2, 3)], "pool_from must hold one start per text input"),
+        (PoolRequest(1, [2], pool_from=[2]), [tokens(1, 2)], "each before the input's last token"),
     ],
 )
 def test_frames_that_do_not_match_their_header_are_a_clear_protocol_error(
