@@ -3,11 +3,17 @@ that an API server holds at once (--max-body-bytes-in-flight, 503), both refused
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apiserver.errors import ApiError, error_response, style_of
 from apiserver.limits import body_too_large
 from apiserver.metrics import BODIES_REFUSED, BODY_BYTES_IN_FLIGHT
+
+# The gauge of bytes held is written this long after a change, not at each: two metric-file writes a request
+# otherwise, for a figure a scrape reads every few seconds.
+GAUGE_DELAY_S = 0.1
 
 
 class BodyBudget:
@@ -21,6 +27,7 @@ class BodyBudget:
         self.held = 0
         self._gauge = BODY_BYTES_IN_FLIGHT.labels(server=str(server_index))
         self._refused = BODIES_REFUSED.labels(server=str(server_index))
+        self._is_gauge_due = False
 
     def reserve(self, size: int) -> bool:
         """Take `size` bytes, or refuse (and count the refusal) when they would pass the limit."""
@@ -28,11 +35,26 @@ class BodyBudget:
             self._refused.inc()
             return False
         self.held += size
-        self._gauge.set(self.held)
+        self._changed()
         return True
 
     def release(self, size: int) -> None:
         self.held -= size
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._is_gauge_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a direct call): written at once
+            self._write_gauge()
+            return
+        self._is_gauge_due = True
+        loop.call_later(GAUGE_DELAY_S, self._write_gauge)
+
+    def _write_gauge(self) -> None:
+        self._is_gauge_due = False
         self._gauge.set(self.held)
 
     def refusal(self, size: int) -> ApiError:
