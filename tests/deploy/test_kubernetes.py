@@ -119,10 +119,17 @@ def test_the_service_monitor_has_the_prometheus_operators_shape(rendered: list[d
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     for endpoint in monitor["spec"]["endpoints"]:
         assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "honorLabels"}
-        assert all(isinstance(value, str) for value in endpoint.values())
+        assert all(isinstance(value, bool if key == "honorLabels" else str) for key, value in endpoint.items())
         assert endpoint["path"] == "/metrics"
         assert endpoint["port"] in [port["name"] for port in service["spec"]["ports"]]
         assert seconds(endpoint["scrapeTimeout"]) <= seconds(endpoint["interval"])
+
+
+def test_the_service_monitor_keeps_poolserves_endpoint_label(rendered: list[dict[str, Any]]) -> None:
+    """The operator sets `endpoint` to the port's name on every target; without honorLabels poolserve's `endpoint`
+    (the route, docs/metrics.md) would arrive as `exported_endpoint` and the dashboard's `by (endpoint)` show "http"."""
+    for endpoint in one(rendered, "ServiceMonitor")["spec"]["endpoints"]:
+        assert endpoint["honorLabels"] is True
 
 
 def seconds(duration: str) -> int:

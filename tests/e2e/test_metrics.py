@@ -302,3 +302,60 @@ def test_a_garbage_file_in_the_metrics_folder_is_left_out_and_metrics_still_answ
         for path in garbage:
             path.unlink()
     assert value(scrape(metered.url), "poolserve_metric_files_unreadable") == 0
+
+
+# Dashboard panels that stay empty until something happens that this test does not cause (images, 429s, slow
+# clients, a crash loop), or on this server's configuration (no --cache-bytes: no cache to size).
+QUIET_PANELS = {"Images / s by endpoint", "Refusals", "Connections timed out", "Engines out of service", "Cache size"}
+
+
+def test_the_grafana_dashboards_queries_answer_from_a_real_prometheus(metered: LaunchedServer, tmp_path: Path) -> None:
+    """Every query in deploy/grafana/poolserve.json, Grafana's variables filled in, runs on a Prometheus that
+    scrapes the server, and every one not in QUIET_PANELS returns series (tests/deploy/test_grafana.py checks
+    names and labels offline; this shows the data behind them)."""
+    from tests.deploy.test_grafana import load_dashboard, queries
+
+    prometheus = tool("prometheus")
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n"
+        "scrape_configs:\n  - job_name: poolserve\n    honor_labels: true\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{metered.port}']\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        with metered.client() as client:
+            deadline = time.monotonic() + 8  # several scrapes, so that rates over 10 s have two samples
+            while time.monotonic() < deadline:
+                assert client.post("/v1/embeddings", json={"input": ["dashboard", "panel"]}).status_code == 200
+                assert client.post("/v1/embeddings", json={"input": 3}).status_code == 400
+        empty: set[str] = set()
+
+        def answered() -> bool:
+            empty.clear()
+            for where, expr in queries(load_dashboard()):
+                filled = expr.replace("$__rate_interval", "10s").replace("$job", ".*").replace("$instance", ".*")
+                try:
+                    got = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": filled}, timeout=5)
+                except httpx.HTTPError:
+                    return False
+                assert got.json()["status"] == "success", (where, got.text)
+                if not got.json()["data"]["result"]:
+                    empty.add(where.split("'")[1])
+            return empty <= QUIET_PANELS
+
+        assert wait_until(answered, 30, interval=1), f"no data for {sorted(empty - QUIET_PANELS)}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        time.sleep(0.1)
