@@ -40,6 +40,7 @@ COPY supervisor ./supervisor
 COPY apiserver ./apiserver
 COPY engine_client ./engine_client
 COPY engine_core ./engine_core
+COPY run_batch ./run_batch
 # Not editable and without the dev extras: the image serves, it does not test.
 RUN ${VENV}/bin/python -m pip install --quiet --no-cache-dir . && rm -rf /src
 

@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
             "processes share one listening socket and feed one engine-core process that owns the model "
             "and batches across all of them."
         ),
+        epilog=(
+            "launch run-batch --input FILE --output FILE [these flags]: run a file (OpenAI's batch JSONL, or texts "
+            "in JSONL, CSV or Parquet) through the same server, answers in input order, resumable; "
+            "`launch run-batch --help` says more."
+        ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -113,6 +118,11 @@ def value_of(args: argparse.Namespace, field: FlagField) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["run-batch"]:
+        from run_batch.cli import main as run_batch
+
+        sys.exit(run_batch(args[1:]))
     config = parse_config(argv)
     configure_logging("supervisor", config.log_level, config.log_format)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -1,0 +1,1 @@
+"""`launch run-batch`: offline jobs over a file, through the same server `launch` starts."""
