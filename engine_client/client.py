@@ -134,6 +134,11 @@ class EngineClient:
         """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here.
 
         While no engine is ready, a new request waits for one up to `wait_timeout` seconds."""
+        # Sent in the loop's next turn, not at once: the requests parsed in one turn then go to the engine back to
+        # back, which its I/O thread reads in one wake-up and its scheduler batches together (sent one by one between
+        # parses, batches were a quarter smaller and the engine's CPU per request a third higher: docs/benchmarks.md,
+        # "CPU per request"). Not yet in flight meanwhile: an engine lost in that turn has nothing of it to move.
+        await asyncio.sleep(0)
         if not self._any_ready.is_set():
             try:
                 await asyncio.wait_for(self._any_ready.wait(), self.wait_timeout)
@@ -146,11 +151,6 @@ class EngineClient:
         # Engines whose share of the admission limit was full for this request (engine_core/admission.py).
         refused: set[int] = set()
         try:
-            # Sent in the loop's next turn, not at once: the requests parsed in one turn then go to the engine back
-            # to back, which its I/O thread reads in one wake-up and its scheduler batches together (sent one by one
-            # between parses, batches were a quarter smaller and the engine's CPU per request a third higher:
-            # docs/benchmarks.md, "CPU per request").
-            await asyncio.sleep(0)
             self._route(entry)
             while True:
                 if entry.engine is not None:
