@@ -9,6 +9,8 @@ window: the supervisor, each API server, the engine. Divided by the requests ans
 the CPU each process spends per request. The same load against bench.bare_app (uvicorn, msgspec, the same
 tokenizer, a canned reply) gives the floor a Python frontend cannot go below; the API server's figure over it
 is its own overhead. Also printed: the engine's mean batch (inputs a forward pass, from /metrics).
+`--generator wrk_load` drives the load from Debian's `wrk` (bench/wrk_load.py) instead of bench.loadgen, whose
+own ~150 µs a request competes with the servers on a 2-core host.
 
 `--model simgpu` (bench/models.py, bench/simulated_gpu.py) runs the real engine over a model whose pass sleeps
 what the H100 run measured and computes next to nothing, with GPU batch caps: the engine's own CPU at a fast

@@ -49,7 +49,7 @@ end
 
 def lua_string(data: bytes) -> str:
     """A Lua string literal holding `data` exactly (every byte escaped as decimal)."""
-    return '"' + "".join(f"\\{byte}" if byte < 32 or byte in b'"\\' or byte > 126 else chr(byte) for byte in data) + '"'
+    return '"' + "".join(f"\\{byte:03d}" if byte < 32 or byte in b'"\\' or byte > 126 else chr(byte) for byte in data) + '"'
 
 
 def write_script(workload: Workload, folder: Path) -> Path:
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         "workload": workload.name,
         "requests": requests,
         "requests_per_s": requests / seconds if seconds else 0.0,
-        "errors": summary["non_2xx"] + summary["socket_errors"],
+        # bench.loadgen's shape: a count by kind, empty when every request was answered 2xx.
+        "errors": {kind: n for kind, n in (("non_2xx", summary["non_2xx"]), ("socket", summary["socket_errors"])) if n},
         "latency_ms": {"p50": summary["p50_us"] / 1000, "p99": summary["p99_us"] / 1000},
         "generator": {"cpu_share": 0.0},
     }
