@@ -48,8 +48,10 @@ end
 
 
 def lua_string(data: bytes) -> str:
-    """A Lua string literal holding `data` exactly (every byte escaped as decimal)."""
-    return '"' + "".join(f"\\{byte:03d}" if byte < 32 or byte in b'"\\' or byte > 126 else chr(byte) for byte in data) + '"'
+    """A Lua string literal holding `data` exactly: quotes, backslashes and bytes outside printable ASCII escaped as
+    three decimal digits (Lua reads up to three, so a shorter escape before a digit would take the digit in)."""
+    escaped = (f"\\{byte:03d}" if byte < 32 or byte in b'"\\' or byte > 126 else chr(byte) for byte in data)
+    return '"' + "".join(escaped) + '"'
 
 
 def write_script(workload: Workload, folder: Path) -> Path:
