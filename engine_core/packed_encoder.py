@@ -43,6 +43,12 @@ from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_
 from transformers.models.mpnet.modeling_mpnet import create_position_ids_from_input_ids
 
 ROBERTAS = (RobertaModel, XLMRobertaModel)
+# The model type each BERT-layered encoder's config must say (a config of another type would mean other embeddings).
+BERT_LAYERED: dict[type[torch.nn.Module], str] = {
+    BertModel: "bert",
+    RobertaModel: "roberta",
+    XLMRobertaModel: "xlm-roberta",
+}
 ROBERTA_CLASSIFIERS = (RobertaForSequenceClassification, XLMRobertaForSequenceClassification)
 MODERNBERT_LAYERS = {"full_attention", "sliding_attention"}
 
@@ -62,9 +68,9 @@ def packable(model: torch.nn.Module) -> bool:
     config: Any = getattr(model, "config", None)
     if config is None:
         return False
-    if kind is BertModel or kind in ROBERTAS:
+    if kind in BERT_LAYERED:
         return (
-            config.model_type in ("bert", "roberta", "xlm-roberta")
+            config.model_type == BERT_LAYERED[kind]
             and not config.is_decoder
             and getattr(config, "position_embedding_type", "absolute") == "absolute"
             and getattr(config, "chunk_size_feed_forward", 0) == 0
@@ -153,7 +159,9 @@ def run_mpnet(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Tensor:
     (a place's distance to another is the same in the input and on the right-padded grid)."""
     embeddings = model.embeddings
     positions = grid.take(create_position_ids_from_input_ids(input_ids, embeddings.padding_idx))
-    x = embeddings.LayerNorm(embeddings.word_embeddings(grid.take(input_ids)) + embeddings.position_embeddings(positions))
+    x = embeddings.LayerNorm(
+        embeddings.word_embeddings(grid.take(input_ids)) + embeddings.position_embeddings(positions)
+    )
     shape = x.new_empty(1, grid.width, 1)  # compute_position_bias reads the batch and length off its input
     bias = model.encoder.compute_position_bias(shape).expand(grid.count, -1, -1, -1)
     mask = bias.masked_fill(~grid.keys, float("-inf"))
