@@ -191,7 +191,7 @@ def encoder_builder(architecture: str, classifier: bool = False) -> Callable[[Pa
         import torch
         import transformers
 
-        sizes = {"hidden_size": 384, "num_hidden_layers": 6, "vocab_size": 30522, "pad_token_id": 0}
+        sizes: dict[str, Any] = {"hidden_size": 384, "num_hidden_layers": 6, "vocab_size": 30522, "pad_token_id": 0}
         if architecture == "modernbert":
             config: Any = transformers.ModernBertConfig(
                 num_attention_heads=6, intermediate_size=576, max_position_embeddings=512, **sizes

@@ -87,7 +87,9 @@ def main() -> None:
         for size in (int(s) for s in args.batches.split(",")):
             batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
             # [variant][clock][batch]: that batch's times, one per round
-            times = {name: {clock: [[] for _ in batches] for clock in CLOCKS} for name in ("padded", "packed")}
+            times: dict[str, dict[str, list[list[float]]]] = {
+                name: {clock: [[] for _ in batches] for clock in CLOCKS} for name in ("padded", "packed")
+            }
             vectors: dict[str, list[npt.NDArray[np.float32]]] = {"padded": [], "packed": []}
             for round_ in range(args.rounds):
                 for index, batch in enumerate(batches):

@@ -57,14 +57,15 @@ def packable(model: torch.nn.Module) -> bool:
     """Whether `model` is an encoder this module reproduces exactly, or a sequence classifier (a cross-encoder)
     over one."""
     kind = type(model)
+    head: Any = model  # what a classifier holds, read by its class's attribute names
     if kind is BertForSequenceClassification:
-        return model.bert.pooler is not None and packable(model.bert)
+        return head.bert.pooler is not None and packable(head.bert)
     if kind in ROBERTA_CLASSIFIERS:
-        return packable(model.roberta)  # type: ignore[arg-type]
+        return packable(head.roberta)
     if kind is MPNetForSequenceClassification:
-        return packable(model.mpnet)  # type: ignore[arg-type]
+        return packable(head.mpnet)
     if kind is ModernBertForSequenceClassification:
-        return model.config.classifier_pooling in ("cls", "mean") and packable(model.model)  # type: ignore[arg-type]
+        return head.config.classifier_pooling in ("cls", "mean") and packable(head.model)
     config: Any = getattr(model, "config", None)
     if config is None:
         return False
@@ -84,20 +85,26 @@ def packable(model: torch.nn.Module) -> bool:
 
 class Grid:
     """A right-padded batch's real tokens, packed end to end, and the way to and from the padded grid
-    [inputs, longest] that attention runs on."""
+    [inputs, longest] that attention runs on. A batch without padding (one input, or inputs of one length) is its
+    own grid: no copies to and fro, and no mask (`keys` None) for attention within each input."""
 
     def __init__(self, mask: torch.Tensor, hidden: int, heads: int):
         self.count, self.width = mask.shape
         self.where = mask.reshape(-1).nonzero().squeeze(1)  # the real tokens' places in the padded grid
-        self.keys = mask[:, None, None, :]  # each input attends to its own real tokens
+        self.is_full = len(self.where) == self.count * self.width
+        # each input attends to its own real tokens
+        self.keys: torch.Tensor | None = None if self.is_full else mask[:, None, None, :]
         self.hidden, self.heads = hidden, heads
 
     def take(self, grid: torch.Tensor) -> torch.Tensor:
         """The real tokens' values of a [inputs, longest, ...] grid, packed: [tokens, ...]."""
-        return grid.reshape(self.count * self.width, *grid.shape[2:])[self.where]
+        flat = grid.reshape(self.count * self.width, *grid.shape[2:])
+        return flat if self.is_full else flat[self.where]
 
     def on_grid(self, states: torch.Tensor) -> torch.Tensor:
         """Packed [tokens, ...] states back on the padded grid [inputs, longest, ...], zeros at the padding."""
+        if self.is_full:
+            return states.reshape(self.count, self.width, *states.shape[1:])
         grid = states.new_zeros(self.count * self.width, *states.shape[1:])
         grid[self.where] = states
         return grid.view(self.count, self.width, *states.shape[1:])
@@ -109,10 +116,10 @@ class Grid:
         return grid.transpose(1, 2)
 
     def attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
     ) -> torch.Tensor:
         """Attention of packed query, key and value states within each input (`mask`: boolean, or a float bias
-        with -inf at the padding), packed again: [tokens, hidden]."""
+        with -inf at the padding; None: every place of the grid), packed again: [tokens, hidden]."""
         context = F.scaled_dot_product_attention(
             self.by_head(query), self.by_head(key), self.by_head(value), attn_mask=mask, scale=scale
         )
@@ -131,7 +138,8 @@ def packed_last_hidden_state(
     if isinstance(model, ModernBertModel):
         return grid.on_grid(run_modernbert(model, grid, input_ids))
     if isinstance(model, ROBERTAS):
-        positions = model.embeddings.create_position_ids_from_input_ids(input_ids, model.embeddings.padding_idx)
+        embeddings = model.embeddings
+        positions = embeddings.create_position_ids_from_input_ids(input_ids, embeddings.padding_idx)  # type: ignore[no-untyped-call]
     else:
         positions = torch.arange(grid.width, device=input_ids.device).expand(grid.count, grid.width)
     return grid.on_grid(run_bert(model, grid, input_ids, grid.take(positions), token_type_ids))
@@ -144,7 +152,7 @@ def run_bert(
     ids = grid.take(input_ids)
     types = torch.zeros_like(ids) if token_type_ids is None else grid.take(token_type_ids)
     embeddings = model.embeddings
-    x = embeddings.word_embeddings(ids) + embeddings.token_type_embeddings(types)
+    x: torch.Tensor = embeddings.word_embeddings(ids) + embeddings.token_type_embeddings(types)
     x = embeddings.LayerNorm(x + embeddings.position_embeddings(positions))
     for layer in model.encoder.layer:
         attention = layer.attention.self
@@ -158,13 +166,13 @@ def run_mpnet(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Tensor:
     """MPNet's encoder on the packed tokens: its relative position bias is the grid's, the same for every input
     (a place's distance to another is the same in the input and on the right-padded grid)."""
     embeddings = model.embeddings
-    positions = grid.take(create_position_ids_from_input_ids(input_ids, embeddings.padding_idx))
-    x = embeddings.LayerNorm(
+    positions = grid.take(create_position_ids_from_input_ids(input_ids, embeddings.padding_idx))  # type: ignore[no-untyped-call]
+    x: torch.Tensor = embeddings.LayerNorm(
         embeddings.word_embeddings(grid.take(input_ids)) + embeddings.position_embeddings(positions)
     )
     shape = x.new_empty(1, grid.width, 1)  # compute_position_bias reads the batch and length off its input
     bias = model.encoder.compute_position_bias(shape).expand(grid.count, -1, -1, -1)
-    mask = bias.masked_fill(~grid.keys, float("-inf"))
+    mask = bias if grid.keys is None else bias.masked_fill(~grid.keys, float("-inf"))
     for layer in model.encoder.layer:
         attention = layer.attention.attn
         scale = attention.attention_head_size**-0.5
@@ -181,7 +189,7 @@ def run_modernbert(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Ten
     x = model.embeddings.norm(model.embeddings.tok_embeddings(grid.take(input_ids)))
     places = torch.arange(grid.width, device=input_ids.device)
     within = (places[None, :] - places[:, None]).abs() <= config.sliding_window
-    masks = {"full_attention": grid.keys, "sliding_attention": grid.keys & within}
+    masks = {"full_attention": grid.keys, "sliding_attention": within if grid.keys is None else grid.keys & within}
     angles = {}
     for layer_type in set(config.layer_types):
         cos, sin = model.rotary_emb(x, places[None, :], layer_type)
@@ -198,7 +206,7 @@ def run_modernbert(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Ten
 
 
 def packed_logits(
-    model: Any,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     mask: torch.Tensor,
     token_type_ids: torch.Tensor | None,
@@ -206,16 +214,19 @@ def packed_logits(
     """A packable sequence classifier's logits: its encoder on the real tokens, then its own head as its forward
     applies it (BERT: the pooler, first token, dense, tanh, then the classifier; RoBERTa, MPNet: the classifier
     reads the first token; ModernBERT: its first token or mean, then its head and classifier)."""
+    head: Any = model  # read by its class's attribute names
+    logits: torch.Tensor
     if isinstance(model, BertForSequenceClassification):
-        hidden = packed_last_hidden_state(model.bert, input_ids, mask, token_type_ids)
-        return model.classifier(model.bert.pooler(hidden))  # type: ignore[no-any-return]
-    if isinstance(model, ROBERTA_CLASSIFIERS):
-        return model.classifier(packed_last_hidden_state(model.roberta, input_ids, mask, token_type_ids))  # type: ignore[no-any-return]
-    if isinstance(model, MPNetForSequenceClassification):
-        return model.classifier(packed_last_hidden_state(model.mpnet, input_ids, mask, token_type_ids))  # type: ignore[no-any-return]
-    hidden = packed_last_hidden_state(model.model, input_ids, mask, token_type_ids)
-    if model.config.classifier_pooling == "cls":
-        pooled = hidden[:, 0]
-    else:  # the padding's states are zeros: the sum over the grid is the sum over the real tokens
-        pooled = hidden.sum(dim=1) / mask.sum(dim=1, keepdim=True)
-    return model.classifier(model.head(pooled))  # type: ignore[no-any-return]
+        logits = head.classifier(head.bert.pooler(packed_last_hidden_state(head.bert, input_ids, mask, token_type_ids)))
+    elif isinstance(model, ROBERTA_CLASSIFIERS):
+        logits = head.classifier(packed_last_hidden_state(head.roberta, input_ids, mask, token_type_ids))
+    elif isinstance(model, MPNetForSequenceClassification):
+        logits = head.classifier(packed_last_hidden_state(head.mpnet, input_ids, mask, token_type_ids))
+    else:
+        hidden = packed_last_hidden_state(head.model, input_ids, mask, token_type_ids)
+        if head.config.classifier_pooling == "cls":
+            pooled = hidden[:, 0]
+        else:  # the padding's states are zeros: the sum over the grid is the sum over the real tokens
+            pooled = hidden.sum(dim=1) / mask.sum(dim=1, keepdim=True)
+        logits = head.classifier(head.head(pooled))
+    return logits

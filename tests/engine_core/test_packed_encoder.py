@@ -62,7 +62,10 @@ def test_the_bundled_model_packed_gives_the_padded_forward_s_token_states_and_po
     rows = rows_of(LENGTHS, seed=0)
     padded = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU)
     packed = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU, packed=True)
-    np.testing.assert_allclose(packed.run_texts(rows, None), padded.run_texts(rows, None), atol=1e-5, rtol=0)
+    for batch_rows in (rows, rows[:1], rows_of([17, 17, 17], seed=6)):  # and batches without padding
+        np.testing.assert_allclose(
+            packed.run_texts(batch_rows, None), padded.run_texts(batch_rows, None), atol=1e-5, rtol=0
+        )
     asked = [i % 2 == 0 for i in range(len(rows))]
     for mine, theirs in zip(
         packed.run_texts_per_token(rows, None, asked), padded.run_texts_per_token(rows, None, asked), strict=True
@@ -157,6 +160,10 @@ def test_each_architecture_packed_gives_its_padded_forward_s_token_states_and_po
     assert not states[~batch.mask].any(), "the padding's states are zeros"
     for i, own in enumerate(alone):  # each input's positions are its own: as it runs alone
         torch.testing.assert_close(states[i, : len(rows[i])], own, atol=1e-5, rtol=0)
+    for unpadded in (rows[:1], rows_of([17, 17, 17], seed=6)):  # batches without padding run on their own grid
+        np.testing.assert_allclose(
+            packed.run_texts(unpadded, None), padded.run_texts(unpadded, None), atol=1e-5, rtol=0
+        )
 
 
 CLASSIFIERS = {
