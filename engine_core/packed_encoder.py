@@ -12,7 +12,7 @@ places, which are each input's own. The result is the eager model's last hidden 
 
 Measured (bench/packed_trial.py; docs/benchmarks.md, "CPU engine"): batches of 8 to 32 corpus
 sentences as they arrive run in 0.67-0.76 of the bundled MiniLM's padded time, lowest cosine to it
-0.9999999; RoBERTa/XLM-RoBERTa, MPNet and ModernBERT of MiniLM's width gain alike (same section).
+0.9999999; XLM-RoBERTa, MPNet and ModernBERT of MiniLM's width alike, 0.69-0.78 ("Token packing beyond BERT").
 With padding no longer a cost, the scheduler fills each batch to its caps instead of cutting windows
 by length (engine_core/scheduler.py).
 
