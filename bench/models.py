@@ -12,10 +12,15 @@ from __future__ import annotations
 import importlib.resources
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "splade", "simgpu")
+# The encoders token packing runs (engine_core/packed_encoder.py) at MiniLM's size (6 layers, 384 wide), and
+# ModernBERT also at its base model's width (768), random weights: bench/packed_trial.py compares them packed and
+# padded.
+PACKED_KINDS = ("bert384", "xlmr384", "mpnet384", "modernbert384", "modernbert768", "xlmr384_reranker")
+MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "splade", "simgpu", *PACKED_KINDS)
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "2"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
@@ -176,7 +181,44 @@ def build_splade(folder: Path) -> None:
     shutil.rmtree(base)
 
 
+def encoder_builder(architecture: str, classifier: bool = False, width: int = 384) -> Callable[[Path], None]:
+    """A random encoder of MiniLM's and multilingual-e5-small's size (6 layers, 384 wide, 512 positions) over the
+    bundled BERT tokenizer, in one of the architectures token packing runs: `bert` (MiniLM's), `xlmr` (bge-m3's and
+    multilingual-e5's, RoBERTa's: positions from the padding id on), `mpnet` (all-mpnet's: relative attention bias),
+    `modernbert` (its GLU 1.5 times as wide as the model, rotary angles, and a local window of 128 in two layers of
+    three, with heads of 64 as ModernBERT has). `classifier`: its sequence classifier with one label (bge-reranker's
+    shape for `xlmr`). `width`: the hidden size (768: ModernBERT-base's, with its 1152-wide GLU)."""
+
+    def build(folder: Path) -> None:
+        import torch
+        import transformers
+
+        sizes: dict[str, Any] = {"hidden_size": width, "num_hidden_layers": 6, "vocab_size": 30522, "pad_token_id": 0}
+        if architecture == "modernbert":
+            config: Any = transformers.ModernBertConfig(
+                num_attention_heads=width // 64, intermediate_size=width * 3 // 2, max_position_embeddings=512,
+                **sizes,
+            )  # fmt: skip
+        else:
+            # RoBERTa's and MPNet's positions count from the padding id + 1: 512 tokens need 514.
+            positions = 512 if architecture == "bert" else 514
+            name = {"bert": "Bert", "xlmr": "XLMRoberta", "mpnet": "MPNet"}[architecture]
+            config = getattr(transformers, f"{name}Config")(
+                num_attention_heads=12, intermediate_size=1536, max_position_embeddings=positions, **sizes
+            )
+        name = type(config).__name__.removesuffix("Config")
+        torch.manual_seed(9)
+        config.num_labels = 1
+        model = getattr(transformers, f"{name}{'ForSequenceClassification' if classifier else 'Model'}")(config)
+        save_with_tokenizer(model.eval(), folder)
+
+    return build
+
+
 BUILDERS = {
+    **{kind: encoder_builder(kind.removesuffix("384")) for kind in ("bert384", "xlmr384", "mpnet384", "modernbert384")},
+    "modernbert768": encoder_builder("modernbert", width=768),
+    "xlmr384_reranker": encoder_builder("xlmr", classifier=True),
     "clip": build_clip,
     "tiny512": build_tiny512,
     "static256": build_static256,

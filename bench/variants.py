@@ -61,6 +61,7 @@ def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, 
     return {
         "variant": variant,
         "requests_per_s": round(result["requests_per_s"], 1),
+        "errors": sum(result["errors"].values()),
         "p50_ms": round(latency["p50"], 1),
         "p90_ms": round(latency["p90"], 1),
         "p99_ms": round(latency["p99"], 1),

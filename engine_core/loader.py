@@ -474,8 +474,8 @@ def uses_token_packing(choice: TokenPacking, device: torch.device, model: torch.
         return False
     if not packable(model):
         if choice == "on":
-            logger.warning("--token-packing on: %s is not a BERT model this server packs; it runs padded",
-                           type(model).__name__)  # fmt: skip
+            logger.warning("--token-packing on: %s is not an encoder this server packs (BERT, RoBERTa, XLM-RoBERTa, "
+                           "MPNet, ModernBERT); it runs padded", type(model).__name__)  # fmt: skip
         return False
     packed = choice == "on" or device.type == "cpu"
     logger.info("token packing %s for %s on %s", "on" if packed else "off", type(model).__name__, device.type)

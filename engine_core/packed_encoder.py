@@ -1,20 +1,24 @@
-"""A BERT encoder run on its inputs' real tokens: no compute spent on padding outside attention.
+"""Encoders run on their inputs' real tokens: no compute spent on padding outside attention.
 
 A padded batch of inputs of different lengths spends the linear layers' work (nearly all of an
 encoder's compute at embedding lengths) on its padding too. Here every linear layer, layer norm
 and embedding sees the batch's tokens packed end to end, [tokens, hidden]; only attention, which
 must keep each input to its own tokens, runs on the padded grid [inputs, heads, longest, head size]
-with the padding masked out, as the eager model does. The result is the eager model's last hidden
-state, padded again (zeros at the padding) so that pooling and per-token outputs are unchanged.
+with the padding masked out, as the eager model does. Positions are each input's own, computed as
+the model computes them on the padded batch: BERT's from 0, RoBERTa's and MPNet's from the padding
+id + 1, MPNet's relative attention bias and ModernBERT's rotary angles and local window on the grid's
+places, which are each input's own. The result is the eager model's last hidden state, padded again
+(zeros at the padding) so that pooling and per-token outputs are unchanged.
 
 Measured (bench/packed_trial.py; docs/benchmarks.md, "CPU engine"): batches of 8 to 32 corpus
 sentences as they arrive run in 0.67-0.76 of the bundled MiniLM's padded time, lowest cosine to it
-0.9999999. With padding no longer a cost, the scheduler fills each batch to its caps instead of
-cutting windows by length (engine_core/scheduler.py).
+0.9999999; XLM-RoBERTa, MPNet and ModernBERT of MiniLM's width alike, 0.69-0.78 ("Token packing beyond BERT").
+With padding no longer a cost, the scheduler fills each batch to its caps instead of cutting windows
+by length (engine_core/scheduler.py).
 
-Only `BertModel` itself (model_type "bert", absolute positions, an encoder) and
-`BertForSequenceClassification` over one (cross-encoders) are run this way; other architectures keep
-their own forward (`packable`).
+Run this way (`packable`): `BertModel`, `RobertaModel`, `XLMRobertaModel`, `MPNetModel` and
+`ModernBertModel` as encoders with their usual options, and the sequence classifiers (cross-encoders)
+over them; other architectures keep their own forward.
 """
 
 from __future__ import annotations
@@ -23,73 +27,206 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import BertForSequenceClassification, BertModel
+from transformers import (
+    BertForSequenceClassification,
+    BertModel,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+    MPNetForSequenceClassification,
+    MPNetModel,
+    RobertaForSequenceClassification,
+    RobertaModel,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaModel,
+)
+from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
+from transformers.models.mpnet.modeling_mpnet import create_position_ids_from_input_ids
+
+ROBERTAS = (RobertaModel, XLMRobertaModel)
+# The model type each BERT-layered encoder's config must say (a config of another type would mean other embeddings).
+BERT_LAYERED: dict[type[torch.nn.Module], str] = {
+    BertModel: "bert",
+    RobertaModel: "roberta",
+    XLMRobertaModel: "xlm-roberta",
+}
+ROBERTA_CLASSIFIERS = (RobertaForSequenceClassification, XLMRobertaForSequenceClassification)
+MODERNBERT_LAYERS = {"full_attention", "sliding_attention"}
 
 
 def packable(model: torch.nn.Module) -> bool:
-    """Whether `model` is a BERT encoder this module reproduces exactly, or a BERT sequence classifier
-    (a cross-encoder) over one."""
-    if type(model) is BertForSequenceClassification:
-        return model.bert.pooler is not None and packable(model.bert)
-    config = getattr(model, "config", None)
-    return (
-        type(model) is BertModel
-        and config is not None
-        and config.model_type == "bert"
-        and not config.is_decoder
-        and getattr(config, "position_embedding_type", "absolute") == "absolute"
-        and getattr(config, "chunk_size_feed_forward", 0) == 0
-    )
+    """Whether `model` is an encoder this module reproduces exactly, or a sequence classifier (a cross-encoder)
+    over one."""
+    kind = type(model)
+    head: Any = model  # what a classifier holds, read by its class's attribute names
+    if kind is BertForSequenceClassification:
+        return head.bert.pooler is not None and packable(head.bert)
+    if kind in ROBERTA_CLASSIFIERS:
+        return packable(head.roberta)
+    if kind is MPNetForSequenceClassification:
+        return packable(head.mpnet)
+    if kind is ModernBertForSequenceClassification:
+        return head.config.classifier_pooling in ("cls", "mean") and packable(head.model)
+    config: Any = getattr(model, "config", None)
+    if config is None:
+        return False
+    if kind in BERT_LAYERED:
+        return (
+            config.model_type == BERT_LAYERED[kind]
+            and not config.is_decoder
+            and getattr(config, "position_embedding_type", "absolute") == "absolute"
+            and getattr(config, "chunk_size_feed_forward", 0) == 0
+        )
+    if kind is MPNetModel:
+        return config.model_type == "mpnet"  # type: ignore[no-any-return]
+    if kind is ModernBertModel:
+        return config.model_type == "modernbert" and set(config.layer_types) <= MODERNBERT_LAYERS
+    return False
+
+
+class Grid:
+    """A right-padded batch's real tokens, packed end to end, and the way to and from the padded grid
+    [inputs, longest] that attention runs on. A batch without padding (one input, or inputs of one length) is its
+    own grid: no copies to and fro, and no mask (`keys` None) for attention within each input."""
+
+    def __init__(self, mask: torch.Tensor, hidden: int, heads: int):
+        self.count, self.width = mask.shape
+        self.where = mask.reshape(-1).nonzero().squeeze(1)  # the real tokens' places in the padded grid
+        self.is_full = len(self.where) == self.count * self.width
+        # each input attends to its own real tokens
+        self.keys: torch.Tensor | None = None if self.is_full else mask[:, None, None, :]
+        self.hidden, self.heads = hidden, heads
+
+    def take(self, grid: torch.Tensor) -> torch.Tensor:
+        """The real tokens' values of a [inputs, longest, ...] grid, packed: [tokens, ...]."""
+        flat = grid.reshape(self.count * self.width, *grid.shape[2:])
+        return flat if self.is_full else flat[self.where]
+
+    def on_grid(self, states: torch.Tensor) -> torch.Tensor:
+        """Packed [tokens, ...] states back on the padded grid [inputs, longest, ...], zeros at the padding."""
+        if self.is_full:
+            return states.reshape(self.count, self.width, *states.shape[1:])
+        grid = states.new_zeros(self.count * self.width, *states.shape[1:])
+        grid[self.where] = states
+        return grid.view(self.count, self.width, *states.shape[1:])
+
+    def by_head(self, states: torch.Tensor) -> torch.Tensor:
+        """Packed states ([tokens, hidden] or [tokens, heads, head size]) on the grid attention runs on:
+        [inputs, heads, longest, head size]."""
+        grid = self.on_grid(states.reshape(len(states), self.heads, -1))
+        return grid.transpose(1, 2)
+
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+    ) -> torch.Tensor:
+        """Attention of packed query, key and value states within each input (`mask`: boolean, or a float bias
+        with -inf at the padding; None: every place of the grid), packed again: [tokens, hidden]."""
+        context = F.scaled_dot_product_attention(
+            self.by_head(query), self.by_head(key), self.by_head(value), attn_mask=mask, scale=scale
+        )
+        return self.take(context.transpose(1, 2)).reshape(len(self.where), self.hidden)
 
 
 def packed_last_hidden_state(
     model: Any, input_ids: torch.Tensor, mask: torch.Tensor, token_type_ids: torch.Tensor | None
 ) -> torch.Tensor:
     """The eager model's `last_hidden_state` for right-padded `input_ids` ([inputs, longest]; `mask`
-    True at real tokens), with zeros at the padding. `model`: a BertModel that is `packable`."""
-    count, width = input_ids.shape
-    where = mask.reshape(-1).nonzero().squeeze(1)  # the real tokens' places in the padded grid
-    ids = input_ids.reshape(-1)[where]
-    positions = torch.arange(width, device=input_ids.device).expand(count, width).reshape(-1)[where]
-    types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids.reshape(-1)[where]
+    True at real tokens), with zeros at the padding. `model`: an encoder that is `packable`."""
+    config = model.config
+    grid = Grid(mask, config.hidden_size, config.num_attention_heads)
+    if isinstance(model, MPNetModel):
+        return grid.on_grid(run_mpnet(model, grid, input_ids))
+    if isinstance(model, ModernBertModel):
+        return grid.on_grid(run_modernbert(model, grid, input_ids))
+    if isinstance(model, ROBERTAS):
+        embeddings = model.embeddings
+        positions = embeddings.create_position_ids_from_input_ids(input_ids, embeddings.padding_idx)  # type: ignore[no-untyped-call]
+    else:
+        positions = torch.arange(grid.width, device=input_ids.device).expand(grid.count, grid.width)
+    return grid.on_grid(run_bert(model, grid, input_ids, grid.take(positions), token_type_ids))
+
+
+def run_bert(
+    model: Any, grid: Grid, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """BERT's and RoBERTa's encoder (the same layers; their positions differ) on the packed tokens."""
+    ids = grid.take(input_ids)
+    types = torch.zeros_like(ids) if token_type_ids is None else grid.take(token_type_ids)
     embeddings = model.embeddings
-    x = embeddings.word_embeddings(ids) + embeddings.token_type_embeddings(types)
+    x: torch.Tensor = embeddings.word_embeddings(ids) + embeddings.token_type_embeddings(types)
     x = embeddings.LayerNorm(x + embeddings.position_embeddings(positions))
-    hidden = x.shape[1]
-    heads = model.config.num_attention_heads
-    keys_mask = mask[:, None, None, :]
-
-    def on_grid(states: torch.Tensor) -> torch.Tensor:
-        """Packed [tokens, hidden] states back on the padded grid [inputs, longest, hidden], zeros at the padding."""
-        grid = states.new_zeros(count * width, hidden)
-        grid[where] = states
-        return grid.view(count, width, hidden)
-
-    def by_head(states: torch.Tensor) -> torch.Tensor:
-        """Packed states on the grid attention runs on: [inputs, heads, longest, head size]."""
-        return on_grid(states).view(count, width, heads, hidden // heads).transpose(1, 2)
-
     for layer in model.encoder.layer:
         attention = layer.attention.self
-        context = F.scaled_dot_product_attention(
-            by_head(attention.query(x)),
-            by_head(attention.key(x)),
-            by_head(attention.value(x)),
-            attn_mask=keys_mask,
-            scale=attention.scaling,
-        )
-        context = context.transpose(1, 2).reshape(count * width, hidden)[where]
+        context = grid.attend(attention.query(x), attention.key(x), attention.value(x), grid.keys, attention.scaling)
         x = layer.attention.output.LayerNorm(layer.attention.output.dense(context) + x)
         x = layer.output.LayerNorm(layer.output.dense(layer.intermediate(x)) + x)
-    return on_grid(x)
+    return x
+
+
+def run_mpnet(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Tensor:
+    """MPNet's encoder on the packed tokens: its relative position bias is the grid's, the same for every input
+    (a place's distance to another is the same in the input and on the right-padded grid)."""
+    embeddings = model.embeddings
+    positions = grid.take(create_position_ids_from_input_ids(input_ids, embeddings.padding_idx))  # type: ignore[no-untyped-call]
+    x: torch.Tensor = embeddings.LayerNorm(
+        embeddings.word_embeddings(grid.take(input_ids)) + embeddings.position_embeddings(positions)
+    )
+    shape = x.new_empty(1, grid.width, 1)  # compute_position_bias reads the batch and length off its input
+    bias = model.encoder.compute_position_bias(shape).expand(grid.count, -1, -1, -1)
+    mask = bias if grid.keys is None else bias.masked_fill(~grid.keys, float("-inf"))
+    for layer in model.encoder.layer:
+        attention = layer.attention.attn
+        scale = attention.attention_head_size**-0.5
+        context = grid.attend(attention.q(x), attention.k(x), attention.v(x), mask, scale)
+        x = layer.attention.LayerNorm(attention.o(context) + x)
+        x = layer.output.LayerNorm(layer.output.dense(layer.intermediate(x)) + x)
+    return x
+
+
+def run_modernbert(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Tensor:
+    """ModernBERT's encoder on the packed tokens: rotary angles of each token's place in its input, and the
+    local layers' window (places at most `sliding_window` apart) on the grid."""
+    config = model.config
+    x = model.embeddings.norm(model.embeddings.tok_embeddings(grid.take(input_ids)))
+    places = torch.arange(grid.width, device=input_ids.device)
+    within = (places[None, :] - places[:, None]).abs() <= config.sliding_window
+    masks = {"full_attention": grid.keys, "sliding_attention": within if grid.keys is None else grid.keys & within}
+    angles = {}
+    for layer_type in set(config.layer_types):
+        cos, sin = model.rotary_emb(x, places[None, :], layer_type)
+        angles[layer_type] = grid.take(cos.expand(grid.count, -1, -1)), grid.take(sin.expand(grid.count, -1, -1))
+    heads = config.num_attention_heads
+    for layer in model.layers:
+        attention = layer.attn
+        query, key, value = attention.Wqkv(layer.attn_norm(x)).view(len(x), 3, heads, -1).unbind(dim=1)
+        query, key = apply_rotary_pos_emb(query, key, *angles[layer.attention_type], unsqueeze_dim=1)
+        context = grid.attend(query, key, value, masks[layer.attention_type], attention.head_dim**-0.5)
+        x = x + attention.Wo(context)
+        x = x + layer.mlp(layer.mlp_norm(x))
+    return model.final_norm(x)  # type: ignore[no-any-return]
 
 
 def packed_logits(
-    model: Any,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     mask: torch.Tensor,
     token_type_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """A packable BertForSequenceClassification's logits: its pooler (first token, dense, tanh), then its head."""
-    hidden = packed_last_hidden_state(model.bert, input_ids, mask, token_type_ids)
-    return model.classifier(model.bert.pooler(hidden))  # type: ignore[no-any-return]
+    """A packable sequence classifier's logits: its encoder on the real tokens, then its own head as its forward
+    applies it (BERT: the pooler, first token, dense, tanh, then the classifier; RoBERTa, MPNet: the classifier
+    reads the first token; ModernBERT: its first token or mean, then its head and classifier)."""
+    head: Any = model  # read by its class's attribute names
+    logits: torch.Tensor
+    if isinstance(model, BertForSequenceClassification):
+        logits = head.classifier(head.bert.pooler(packed_last_hidden_state(head.bert, input_ids, mask, token_type_ids)))
+    elif isinstance(model, ROBERTA_CLASSIFIERS):
+        logits = head.classifier(packed_last_hidden_state(head.roberta, input_ids, mask, token_type_ids))
+    elif isinstance(model, MPNetForSequenceClassification):
+        logits = head.classifier(packed_last_hidden_state(head.mpnet, input_ids, mask, token_type_ids))
+    else:
+        hidden = packed_last_hidden_state(head.model, input_ids, mask, token_type_ids)
+        if head.config.classifier_pooling == "cls":
+            pooled = hidden[:, 0]
+        else:  # the padding's states are zeros: the sum over the grid is the sum over the real tokens
+            pooled = hidden.sum(dim=1) / mask.sum(dim=1, keepdim=True)
+        logits = head.classifier(head.head(pooled))
+    return logits

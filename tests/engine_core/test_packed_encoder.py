@@ -1,5 +1,5 @@
-"""Token packing (engine_core/packed_encoder.py): a BERT model run on its real tokens answers what its
-own padded forward answers, and the loader turns it on only where it is meant to."""
+"""Token packing (engine_core/packed_encoder.py): a BERT, RoBERTa, XLM-RoBERTa, MPNet or ModernBERT model run on its
+real tokens answers what its own padded forward answers, and the loader turns it on only where it is meant to."""
 
 from __future__ import annotations
 
@@ -14,8 +14,19 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     BertModel,
+    DistilBertConfig,
+    DistilBertModel,
+    ModernBertConfig,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+    MPNetConfig,
+    MPNetForSequenceClassification,
+    MPNetModel,
     RobertaConfig,
     RobertaModel,
+    XLMRobertaConfig,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaModel,
 )
 
 from bench.models import TINY, save_with_tokenizer
@@ -51,7 +62,10 @@ def test_the_bundled_model_packed_gives_the_padded_forward_s_token_states_and_po
     rows = rows_of(LENGTHS, seed=0)
     padded = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU)
     packed = EmbeddingRunner(minilm, pooling=("mean",), pad_token_id=0, device=CPU, packed=True)
-    np.testing.assert_allclose(packed.run_texts(rows, None), padded.run_texts(rows, None), atol=1e-5, rtol=0)
+    for batch_rows in (rows, rows[:1], rows_of([17, 17, 17], seed=6)):  # and batches without padding
+        np.testing.assert_allclose(
+            packed.run_texts(batch_rows, None), padded.run_texts(batch_rows, None), atol=1e-5, rtol=0
+        )
     asked = [i % 2 == 0 for i in range(len(rows))]
     for mine, theirs in zip(
         packed.run_texts_per_token(rows, None, asked), padded.run_texts_per_token(rows, None, asked), strict=True
@@ -106,30 +120,112 @@ def test_a_bert_cross_encoder_packed_gives_its_logits() -> None:
         assert packed_logits(model, batch.input_ids, batch.mask, batch.token_type_ids).shape == (4, 3)
 
 
-def test_only_the_bert_encoders_it_reproduces_are_packable() -> None:
+# RoBERTa's, XLM-RoBERTa's and MPNet's padding id is 1 (their positions count from 2, each input's own); ModernBERT's
+# local window of 8 places either side is shorter than most of LENGTHS, so the window is on the grid's places too.
+ROBERTA_SIZES = {"vocab_size": 30522, "max_position_embeddings": 130, "pad_token_id": 1, **TINY}
+MODERNBERT_SIZES = {"vocab_size": 30522, "max_position_embeddings": 128, "pad_token_id": 0, "local_attention": 16,
+                    "bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101, "sep_token_id": 102,
+                    **TINY}  # fmt: skip
+ENCODERS = {
+    "xlm-roberta": (lambda: XLMRobertaModel(XLMRobertaConfig(**ROBERTA_SIZES)), 1),
+    "roberta": (lambda: RobertaModel(RobertaConfig(**ROBERTA_SIZES)), 1),
+    "mpnet": (lambda: MPNetModel(MPNetConfig(**{**ROBERTA_SIZES, "num_hidden_layers": 3})), 1),
+    "modernbert": (lambda: ModernBertModel(ModernBertConfig(**{**MODERNBERT_SIZES, "num_hidden_layers": 3})), 0),
+}
+
+
+@pytest.mark.parametrize("architecture", list(ENCODERS))
+def test_each_architecture_packed_gives_its_padded_forward_s_token_states_and_pooled_rows(architecture: str) -> None:
+    build, pad = ENCODERS[architecture]
+    torch.manual_seed(8)
+    model = build().eval()
+    assert packable(model)
+    rows = rows_of([*LENGTHS, 100, 2], seed=4)
+    for pooling in (("mean",), ("cls",)):
+        padded = EmbeddingRunner(model, pooling=pooling, pad_token_id=pad, device=CPU)
+        packed = EmbeddingRunner(model, pooling=pooling, pad_token_id=pad, device=CPU, packed=True)
+        np.testing.assert_allclose(packed.run_texts(rows, None), padded.run_texts(rows, None), atol=1e-5, rtol=0)
+    asked = [True] * len(rows)
+    for mine, theirs in zip(
+        packed.run_texts_per_token(rows, None, asked), padded.run_texts_per_token(rows, None, asked), strict=True
+    ):
+        assert mine.shape == theirs.shape
+        np.testing.assert_allclose(mine, theirs, atol=1e-5, rtol=0)
+    with torch.inference_mode():
+        batch = TextBatch(rows, None, pad, CPU)
+        states = packed_last_hidden_state(model, batch.input_ids, batch.mask, None)
+        alone = [
+            model(input_ids=batch.input_ids[i : i + 1, : len(row)]).last_hidden_state[0] for i, row in enumerate(rows)
+        ]
+    assert not states[~batch.mask].any(), "the padding's states are zeros"
+    for i, own in enumerate(alone):  # each input's positions are its own: as it runs alone
+        torch.testing.assert_close(states[i, : len(rows[i])], own, atol=1e-5, rtol=0)
+    for unpadded in (rows[:1], rows_of([17, 17, 17], seed=6)):  # batches without padding run on their own grid
+        np.testing.assert_allclose(
+            packed.run_texts(unpadded, None), padded.run_texts(unpadded, None), atol=1e-5, rtol=0
+        )
+
+
+CLASSIFIERS = {
+    "xlm-roberta": (lambda: XLMRobertaForSequenceClassification(XLMRobertaConfig(num_labels=1, **ROBERTA_SIZES)), 1),
+    "mpnet": (lambda: MPNetForSequenceClassification(MPNetConfig(num_labels=2, **ROBERTA_SIZES)), 1),
+    "modernbert-cls": (
+        lambda: ModernBertForSequenceClassification(ModernBertConfig(num_labels=1, **MODERNBERT_SIZES)),
+        0,
+    ),
+    "modernbert-mean": (
+        lambda: ModernBertForSequenceClassification(
+            ModernBertConfig(num_labels=3, classifier_pooling="mean", **MODERNBERT_SIZES)
+        ),
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("architecture", list(CLASSIFIERS))
+def test_each_architecture_s_cross_encoder_packed_gives_its_logits(architecture: str) -> None:
+    build, pad = CLASSIFIERS[architecture]
+    torch.manual_seed(9)
+    model = build().eval()
+    assert packable(model)
+    rows = rows_of([40, 6, 22, 13, 90], seed=5)
+    padded = ClassifierRunner(model, pad_token_id=pad, device=CPU).run_texts(rows, None)
+    packed = ClassifierRunner(model, pad_token_id=pad, device=CPU, packed=True).run_texts(rows, None)
+    assert packed.shape == (5, model.config.num_labels)
+    np.testing.assert_allclose(packed, padded, atol=1e-5, rtol=0)
+
+
+def test_only_the_encoders_it_reproduces_are_packable() -> None:
     assert packable(tiny_bert())
     assert not packable(tiny_bert(is_decoder=True))
-    roberta = RobertaModel(RobertaConfig(vocab_size=30522, max_position_embeddings=130, **TINY)).eval()
-    assert not packable(roberta), "RoBERTa counts positions from its padding id: not BERT's embeddings"
+    assert not packable(RobertaModel(RobertaConfig(is_decoder=True, **ROBERTA_SIZES)))
+    distilbert = DistilBertModel(
+        DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    ).eval()
+    assert not packable(distilbert)
     headless = BertForSequenceClassification(BertConfig(vocab_size=30522, num_labels=2, **TINY)).eval()
     headless.bert.pooler = None
     assert not packable(headless)
 
 
-def test_the_loader_packs_bert_on_the_cpu_unless_told_not_to(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_loader_packs_on_the_cpu_unless_told_not_to(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     auto = load_model(Config(device="cpu", dtype="float32"))
     assert auto.packs_tokens and auto.runner.packed  # type: ignore[attr-defined]
     off = load_model(Config(device="cpu", dtype="float32", token_packing="off"))
     assert not off.packs_tokens and not off.runner.packed  # type: ignore[attr-defined]
-    folder = tmp_path / "roberta"
     torch.manual_seed(7)
+    folder = tmp_path / "xlm-roberta"
+    save_with_tokenizer(XLMRobertaModel(XLMRobertaConfig(**{**ROBERTA_SIZES, "pad_token_id": 0})).eval(), folder)
+    assert load_model(Config(model=str(folder), device="cpu", dtype="float32")).packs_tokens
+    folder = tmp_path / "distilbert"
     save_with_tokenizer(
-        RobertaModel(RobertaConfig(vocab_size=30522, max_position_embeddings=130, **TINY)).eval(), folder
+        DistilBertModel(DistilBertConfig(vocab_size=30522, dim=32, n_layers=2, n_heads=4, hidden_dim=64)).eval(),
+        folder,
     )
     with caplog.at_level(logging.WARNING, logger="poolserve.engine"):
-        roberta = load_model(Config(model=str(folder), device="cpu", dtype="float32", token_packing="on"))
-    assert not roberta.packs_tokens
-    assert "is not a BERT model this server packs" in caplog.text
+        distilbert = load_model(Config(model=str(folder), device="cpu", dtype="float32", token_packing="on"))
+    assert not distilbert.packs_tokens
+    assert "is not an encoder this server packs" in caplog.text
 
 
 def test_a_packed_runner_s_window_is_filled_to_the_caps_not_cut_by_length() -> None:

@@ -461,6 +461,103 @@ def build_splade_distilbert(folder: Path) -> None:
     SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
 
 
+# Architectures beyond BERT, run packed on a CPU (engine_core/packed_encoder.py) ----------------------------------
+# RoBERTa's, XLM-RoBERTa's and MPNet's positions count from their padding id + 1 (2 here, as theirs): 130 places
+# hold the tokenizer's 128 tokens. ModernBERT's local window (16 places: 8 either side) is shorter than most test
+# texts, so both its global and its local layers are held.
+ROBERTA_POSITIONS = 130
+
+
+def roberta_tokenizer(folder: Path) -> Any:
+    """XLM-RoBERTa's (and MPNet's) tokenizer shape, trained here (no hub): a Unigram over Metaspace pieces, <s> 0,
+    <pad> 1, </s> 2, <unk> 3, a text as `<s> A </s>` and a pair as `<s> A </s></s> B </s>`, 128 tokens at most."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from bench.corpus import make_sentences
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=1500, special_tokens=specials, unk_token="<unk>", show_progress=False)
+    tokenizer.train_from_iterator(make_sentences(400, seed=9), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
+        pad_token="<pad>", unk_token="<unk>", mask_token="<mask>", model_max_length=ROBERTA_POSITIONS - 2,
+    )  # fmt: skip
+    fast.save_pretrained(folder)
+    return fast
+
+
+def encoder_base(folder: Path, architecture: str, seed: int, classifier: bool = False) -> Path:
+    """A tiny random XLM-RoBERTa (bge-m3's, multilingual-e5's, bge-reranker's), MPNet (all-mpnet's) or ModernBERT
+    (gte-modernbert's, modernbert-embed's) beside its tokenizer in the architecture's shape (RoBERTa's for the first
+    two, the bundled BERT tokenizer's for ModernBERT), as `classifier` its sequence classifier with one label."""
+    import transformers
+
+    base = folder.parent / f"{folder.name}-base"
+    if architecture == "modernbert":
+        transformers.AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
+        ids = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102, "cls_token_id": 101, "sep_token_id": 102}
+        config: Any = transformers.ModernBertConfig(
+            vocab_size=30522, max_position_embeddings=128, local_attention=16, **ids, **TINY
+        )
+    else:
+        tokenizer = roberta_tokenizer(base)
+        sizes = {"vocab_size": len(tokenizer), "max_position_embeddings": ROBERTA_POSITIONS, "pad_token_id": 1}
+        if architecture == "xlm-roberta":
+            config = transformers.XLMRobertaConfig(type_vocab_size=1, bos_token_id=0, eos_token_id=2, **sizes, **TINY)
+        else:
+            config = transformers.MPNetConfig(bos_token_id=0, eos_token_id=2, **sizes, **TINY)
+    config.num_labels = 1
+    name = type(config).__name__.removesuffix("Config")
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{name}{'ForSequenceClassification' if classifier else 'Model'}")(config)
+    model.eval().save_pretrained(base)
+    return base
+
+
+def build_xlm_roberta_cls(folder: Path) -> None:
+    """bge-m3's dense embedder: XLM-RoBERTa, the first token's state, normalized."""
+    from sentence_transformers.base.modules import Transformer
+
+    st_model(folder, Transformer(str(encoder_base(folder, "xlm-roberta", 26))), pooling("cls"), normalize())
+
+
+def build_mpnet_mean(folder: Path) -> None:
+    """all-mpnet-base-v2's shape: MPNet (relative attention bias), mean pooling, normalized."""
+    from sentence_transformers.base.modules import Transformer
+
+    st_model(folder, Transformer(str(encoder_base(folder, "mpnet", 27))), pooling("mean"), normalize())
+
+
+def build_modernbert_mean_prompts(folder: Path) -> None:
+    """modernbert-embed's shape: ModernBERT (global and local layers, rotary positions), mean pooling, normalized,
+    its `search_query: ` and `search_document: ` prompts."""
+    from sentence_transformers.base.modules import Transformer
+
+    st_model(
+        folder, Transformer(str(encoder_base(folder, "modernbert", 28))), pooling("mean"), normalize(),
+        prompts={"query": "search_query: ", "document": "search_document: "},
+    )  # fmt: skip
+
+
+def cross_encoder_over(architecture: str, seed: int) -> Callable[[Path], None]:
+    """bge-reranker's shape (XLM-RoBERTa) or gte-reranker-modernbert's: a sequence classifier with one label, saved
+    by sentence-transformers as a CrossEncoder (its default activation for one label, Sigmoid)."""
+
+    def build(folder: Path) -> None:
+        from sentence_transformers import CrossEncoder
+
+        CrossEncoder(str(encoder_base(folder, architecture, seed, classifier=True)), device="cpu").save(str(folder))
+
+    return build
+
+
 # Late interaction (ColBERT) -----------------------------------------------------------------------------------
 
 
@@ -601,6 +698,11 @@ SERVED = [
     Served("static-model2vec-layout", build_model2vec_layout),
     Served("cross-encoder-identity", cross_encoder_builder(torch.nn.Identity()), reference="cross"),
     Served("cross-encoder-sigmoid", cross_encoder_builder(torch.nn.Sigmoid()), reference="cross"),
+    Served("st-xlm-roberta-cls", build_xlm_roberta_cls),
+    Served("st-mpnet-mean", build_mpnet_mean),
+    Served("st-modernbert-mean-prompts", build_modernbert_mean_prompts),
+    Served("cross-encoder-xlm-roberta", cross_encoder_over("xlm-roberta", 29), reference="cross"),
+    Served("cross-encoder-modernbert", cross_encoder_over("modernbert", 30), reference="cross"),
     Served("llm-reranker-logit-score", build_logit_score, reference="llm"),
     Served("llm-reranker-one-token", build_one_token_logit_score, reference="llm"),
     Served("llm-reranker-seq-cls-template", build_sequence_classification_template, reference="llm"),

@@ -20,11 +20,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from engine_core.loader import LoadedModel
 from tests.fidelity.bge_m3_layouts import bge_m3_reference
 from tests.fidelity.format_layouts import GEMMA_PROMPT, gemma_scores, mxbai_scores
 from tests.fidelity.layouts import SERVED, Served
 from tests.fidelity.reranker_layouts import qwen3_card_scores
 from tests.fidelity.stack import load, serve_in_process
+from tests.fidelity.test_models_doc import documented_rows
 
 F32 = npt.NDArray[np.float32]
 TEXTS = ["Hello world!", "A MUCH longer sentence, about Servers and EMBEDDINGS.", "x", "déjà vu"]
@@ -62,6 +64,7 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
     layout, folder = case
     flags = layout.flags_for(folder)
     loaded = load(folder, **flags)
+    check_documented_pass(layout.id, loaded)
     with serve_in_process(loaded, **flags) as client:
         if layout.reference == "cross":
             check_cross_encoder(client, folder)
@@ -82,6 +85,15 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
         else:
             plain = layout.reference == "plain"
             check_embedder(client, folder, one_by_one=layout.reference == "one_by_one" or plain, normalized=plain)
+
+
+def check_documented_pass(layout_id: str, loaded: LoadedModel) -> None:
+    """docs/models.md's "packed or padded (CPU)" column says how the engine runs the layout's model on a CPU."""
+    documented = documented_rows()[layout_id].rstrip(" |").rsplit("|", 1)[-1].strip()
+    if documented == "packed":
+        assert loaded.packs_tokens, f"{layout_id} is documented packed but runs padded"
+    elif documented.startswith("padded"):
+        assert not loaded.packs_tokens, f"{layout_id} is documented padded but runs packed"
 
 
 def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool, normalized: bool = False) -> None:
