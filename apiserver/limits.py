@@ -3,7 +3,7 @@ the limit, and the flag that sets it ("... more than this server's limit of N pe
 
 The body-size limit is checked before a byte is read (body_limit.py); the count of inputs before
 any is tokenized (by each endpoint's parse, which knows the field that holds them); images before
-any is fetched; tokens and the queue once the job is built, before it goes to the engine.
+any is fetched; tokens and the queue once the job is built, before it goes to the engine (inputs/job_limits.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 from apiserver.errors import ApiError
 
-if TYPE_CHECKING:  # inputs/ checks its counts here: a run-time import would be circular
-    from apiserver.inputs.job import EngineJob
+if TYPE_CHECKING:
     from poolserve.config import Config
     from poolserve.protocol import ModelCard
 
@@ -70,32 +69,10 @@ def token_budget(config: Config) -> TokenBudget:
     return TokenBudget(config.max_tokens_per_request)
 
 
-def check_fits_queue(job: EngineJob, config: Config, card: ModelCard) -> None:
-    """A request bigger than the engine's whole queue would get 429 forever: it is a 413 instead."""
-    inputs = len(job.rows) + len(job.images)
-    tokens = job.prompt_tokens + len(job.images) * card.image_tokens
-    if inputs > config.max_queued_inputs or tokens > config.max_queued_tokens:
-        raise ApiError(
-            413,
-            f"This request has {inputs} inputs and {tokens} tokens, more than the server's whole queue holds: "
-            f"{config.max_queued_inputs} inputs and {config.max_queued_tokens} tokens "
-            "(--max-queued-inputs, --max-queued-tokens). Split it.",
-        )
-
-
 # Values one per-token answer (/embed_all, /pooling's token_embed) may hold: tokens x hidden size. Every
 # token's vector comes back, so at --max-tokens-per-request's default a 384-wide model would answer 400 MB
 # of float32 (several GB of JSON); this keeps one answer near 32 MB of float32 (a few 100 MB of JSON).
 MAX_TOKEN_STATE_VALUES = 8 * 1024 * 1024
-
-
-def check_token_states(job: EngineJob, card: ModelCard) -> None:
-    if job.per_token and job.prompt_tokens * card.output_size > MAX_TOKEN_STATE_VALUES:
-        limit = MAX_TOKEN_STATE_VALUES // card.output_size
-        raise over_limit(
-            "This request", job.prompt_tokens, "tokens", limit, f"every token's {card.output_size} values back",
-            param=None, code="too_many_tokens",
-        )  # fmt: skip
 
 
 def check_priority(priority: int, config: Config) -> None:
@@ -108,14 +85,6 @@ def check_priority(priority: int, config: Config) -> None:
             param="priority",
             code="priority_too_urgent",
         )
-
-
-def check_job(job: EngineJob, config: Config, card: ModelCard) -> None:
-    """The limits every engine job meets before it is sent, whichever endpoint (or plugin) built it."""
-    check_image_count(len(job.images), config.max_images_per_request)
-    token_budget(config).check(job.prompt_tokens)
-    check_token_states(job, card)
-    check_fits_queue(job, config, card)
 
 
 # --max-request-bytes 0 chooses by model. With images: one image inline as a base64 data URL (4/3 of

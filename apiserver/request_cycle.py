@@ -24,7 +24,8 @@ from starlette.responses import Response
 from apiserver import client_gone
 from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorStyle
 from apiserver.inputs.job import EngineJob
-from apiserver.limits import check_image_count, check_job, check_priority
+from apiserver.inputs.job_limits import check_job
+from apiserver.limits import check_image_count, check_priority
 from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS, series
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
 from apiserver.state import AppState

@@ -46,7 +46,7 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from engine_core.cpu_precision import has_native_bf16
-    from engine_core.loader import load_model
+    from engine_core.load_model import load_model
     from poolserve.config import Config
 
     models = {name: load_model(Config(device="cpu", dtype=name)) for name in ("float32", "bfloat16")}

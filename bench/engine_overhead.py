@@ -66,7 +66,7 @@ def main() -> None:
 
     from engine_core.admission import AdmissionLimit
     from engine_core.core import EngineCore
-    from engine_core.loader import load_model
+    from engine_core.load_model import load_model
     from engine_core.request_state import check_request
     from poolserve.config import Config
     from poolserve.protocol import PoolJob

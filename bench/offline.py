@@ -2,7 +2,7 @@
 
     python -m bench.offline --workload a --batch-sizes 1,8,16,32,64 --seconds 3
 
-Loads the workload's model with engine_core.loader.load_model (the server's own loading code
+Loads the workload's model with engine_core.load_model.load_model (the server's own loading code
 and runner), prepares the workload's inputs as the API servers would (token ids, uint8 pixels),
 then times runner.run_texts / run_images over the corpus at each batch size, in corpus order
 and sorted by length (the scheduler sorts a window by length, so the sorted figure is what it
@@ -93,7 +93,7 @@ def measure(
 ) -> dict[str, Any]:
     import torch
 
-    from engine_core.loader import load_model
+    from engine_core.load_model import load_model
     from poolserve.config import Config
 
     workload = build_workload(workload_name, seed=seed)

@@ -53,7 +53,7 @@ def main() -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from engine_core.loader import load_model
+    from engine_core.load_model import load_model
     from engine_core.packed_encoder import packable
     from engine_core.runner import ClassifierRunner, EmbeddingRunner
     from poolserve.config import Config

@@ -25,7 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.utils import LaunchedServer, Samples, scrape
+from bench.scrape import scrape, total
+from bench.server_process import REPO, PoolserveProcess
 
 
 def cpu_ticks() -> list[int]:
@@ -33,15 +34,10 @@ def cpu_ticks() -> list[int]:
         return [int(field) for field in stat.readline().split()[1:]]
 
 
-def total(samples: Samples, name: str) -> float:
-    """A sample summed over its labels (engines, modalities)."""
-    return sum(value for (sample, _), value in samples.items() if sample == name)
-
-
 def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, object]:
     flags = shlex.split(variant)
     cwd = Path(flags.pop(0).removeprefix("cwd=")) if flags and flags[0].startswith("cwd=") else None
-    server = LaunchedServer("--api-server-count", "2", "--preprocess-workers", "1", *flags, cwd=cwd)
+    server = PoolserveProcess(["--api-server-count", "2", "--preprocess-workers", "1", *flags], cwd=cwd or REPO)
     try:
         server.wait_ready(120)
         before = cpu_ticks()

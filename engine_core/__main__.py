@@ -69,7 +69,7 @@ def main() -> int:
         from engine_core.engine import EngineProcess
         from engine_core.flight_recorder import FlightRecorder
         from engine_core.folder_choices import LoadError
-        from engine_core.loader import load_model
+        from engine_core.load_model import load_model
         from engine_core.scheduler import PriorityPolicy
     except Exception as exc:
         report_boot(spec, BootReport(status="failed", message=f"cannot import the engine: {exc}"))

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import torch
-import transformers
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -48,7 +47,6 @@ from engine_core.folder_choices import (
     measure_prompt_lengths,
     model_kind,
     not_exact,
-    read_folder,
     read_text_template,
     select_dtype,
     tasks_of,
@@ -159,28 +157,6 @@ def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) 
     except Exception as exc:
         raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
     return model  # type: ignore[no-any-return]
-
-
-def load_model(config: Config) -> LoadedModel:
-    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    folder = resolve_model_folder(config.model)
-    device = select_device(config.device)
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    if device.type == "cuda":
-        # torch's cuDNN attention (its first choice on Hopper in half precision) builds a graph for
-        # every new (batch, length) shape: 50 ms each on an H100, against 10 ms without it, and a
-        # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    st = read_folder(folder)
-    if st.static_folder is not None:
-        return load_static_model(config, folder, st, device)
-    if st.router is not None:
-        from engine_core.router import load_router_model  # which builds on this module
-
-        return load_router_model(config, folder, st, device)
-    return load_folder(config, folder, st, device)
 
 
 def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:

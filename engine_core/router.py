@@ -37,7 +37,14 @@ from engine_core.folder_choices import (
     select_dtype,
     tasks_of,
 )
-from engine_core.loader import LoadedModel, batch_caps, load_weights, measure_batch_overhead, uses_token_packing
+from engine_core.loader import (
+    LoadedModel,
+    batch_caps,
+    load_folder,
+    load_weights,
+    measure_batch_overhead,
+    uses_token_packing,
+)
 from engine_core.runner import EmbeddingRunner, ModelRunner, Rows, to_numpy
 from engine_core.st_heads import build_heads, read_module_state
 from engine_core.st_modules import MetadataError, StFolder
@@ -263,8 +270,6 @@ def load_inference_free(config: Config, folder: Path, st: StFolder, device: torc
     """An inference-free SPLADE: its document chain loaded as any SPLADE folder is, its queries' weights beside it,
     refused where the query's tokenizer is not the document's (the same texts, special tokens aside, at the same
     maximum length) or its weights do not cover the vocabulary."""
-    from engine_core.loader import load_folder
-
     assert st.router is not None and st.router.query.sparse_static_folder is not None
     static = st.router.query.sparse_static_folder
     document = load_folder(config, folder, replace(st, router=None), device)

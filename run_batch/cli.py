@@ -16,6 +16,7 @@ import httpx
 import msgspec
 
 from poolserve.config import Config, ConfigError
+from poolserve.config_flags import add_flag, flag_fields, value_of
 from run_batch.inputs import InputError, InputFormat, Item, Request, Text, count_items, detect_format, read_items
 from run_batch.job import BatchDriver, Counts, JobOptions
 from run_batch.output import Existing, OrderedOutput, recover
@@ -44,8 +45,6 @@ Run the same command again after an interruption: the lines already in OUTPUT ar
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supervisor.cli import add_flag, flag_fields
-
     parser = argparse.ArgumentParser(prog="launch run-batch", description=DESCRIPTION, formatter_class=HelpFormatter)
     add_job_flags(parser.add_argument_group("job"))
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -96,8 +95,6 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def check_launch_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
-    from supervisor.cli import flag_fields, value_of
-
     try:
         values = {f.name: value_of(args, f) for f in flag_fields() if f.name not in NOT_FORWARDED}
         return Config(**values)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.server_process import REPO, PoolserveProcess, wait_until
 from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
@@ -94,27 +93,6 @@ def runtime_dirs_of(pid: int) -> set[str]:
         if len(fields) >= 8 and fields[6] in inodes and "poolserve-" in fields[7]:
             dirs.add(str(Path(fields[7]).parent))
     return dirs
-
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    """One scrape of /metrics on a new connection (so any API server may answer), as sample -> value."""
-    with httpx.Client(base_url=url, timeout=10) as client:
-        response = client.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample `name` with exactly these labels; 0 when the scrape has none."""
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def reranker_card(

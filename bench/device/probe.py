@@ -13,10 +13,10 @@ import sys
 
 import httpx
 
-from tests.utils import LaunchedServer
+from bench.server_process import PoolserveProcess
 
 servers, clients, workload = sys.argv[1], sys.argv[2], sys.argv[3]
-launched = LaunchedServer("--device", "cuda", "--api-server-count", servers)
+launched = PoolserveProcess(["--device", "cuda", "--api-server-count", servers])
 try:
     launched.wait_ready(120)
     done = subprocess.run(

@@ -22,7 +22,7 @@ import torch
 from tokenizers import Tokenizer
 
 from bench.corpus import make_sentence
-from engine_core.loader import load_model
+from engine_core.load_model import load_model
 from poolserve.config import Config
 
 

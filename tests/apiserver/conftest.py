@@ -1,21 +1,65 @@
-"""The API layer's fixtures: `serve` (the real app over an in-process engine, tests/apiserver/test_request_cycle.py)
+"""The API layer's fixtures: `serve` (the real app over an in-process engine, tests/apiserver/served_app.py)
 for every module of this folder; `hf_tokenizer`, a Qwen-style BPE tokenizer (bench/llm_reranker.py) for the LLM
 rerankers' prompt readers (tests/utils.py's `reranker_card` makes a card over it)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
+from apiserver.app import build_app
+from apiserver.endpoints import Endpoint
+from apiserver.fair_accept import ServerLoad
+from apiserver.inputs.image_sources import ImageLoader
+from apiserver.media import MediaFetcher
+from apiserver.preprocess import Preprocessor
+from apiserver.state import AppState
+from apiserver.tokenizer import TextTokenizer
 from bench.llm_reranker import bpe_tokenizer
-from tests.apiserver.test_request_cycle import serve
-
-__all__ = ["hf_tokenizer", "serve"]
+from engine_client import InProcessEngine
+from poolserve.config import Config
+from poolserve.load_board import LoadBoard
+from tests.apiserver.served_app import Served, answering, make_card
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder: Path = tmp_path_factory.mktemp("bpe")
     return bpe_tokenizer(folder)
+
+
+@pytest.fixture
+def serve(bundled_model: Path) -> Iterator[Any]:
+    """serve(card changes, config changes, engine answer, extra endpoints) -> Served."""
+    board = LoadBoard.create()
+    opened: list[tuple[TestClient, Preprocessor]] = []
+
+    def start(
+        card: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        engine_answer: Any = None,
+        extra: list[Endpoint] | None = None,
+    ) -> Served:
+        model_card = make_card(bundled_model, **(card or {}))
+        settings = Config(**(config or {}))
+        engine = InProcessEngine(engine_answer or answering(model_card.output_size))
+        preprocess = Preprocessor(settings.preprocess_workers)
+        media = MediaFetcher(max_bytes=settings.max_image_bytes, timeout=1.0, allowed_local_path="")
+        state = AppState(
+            config=settings, card=model_card, engine=engine, tokenizer=TextTokenizer(model_card.tokenizer_json),
+            preprocess=preprocess, images=ImageLoader(media, model_card.image, settings.max_image_pixels),
+            server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
+        )  # fmt: skip
+        client = TestClient(build_app(state, extra or []))
+        opened.append((client, preprocess))
+        return Served(client.__enter__(), engine, state)
+
+    yield start
+    for client, preprocess in opened:
+        client.__exit__(None, None, None)
+        preprocess.close()
+    board.close()

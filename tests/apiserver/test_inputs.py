@@ -16,7 +16,7 @@ from apiserver.schemas.embeddings import EmbeddingRequest
 from apiserver.tokenizer import TextTokenizer
 from apiserver.validation import check_dimensions, check_model, decode_body, require_task
 from poolserve.protocol import TOKEN_DTYPE, ImageProcessing
-from tests.poolserve.test_protocol import CARD
+from tests.cards import CARD
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
 

@@ -22,10 +22,7 @@ from apiserver.schemas.pooling import PoolingRequest
 from apiserver.schemas.scoring import RerankRequest, ScoreRequest
 from apiserver.schemas.tokenize import DetokenizeRequest, TokenizeRequest
 from poolserve.protocol import CLASSIFIER
-from tests.apiserver import test_request_cycle
-from tests.apiserver.test_request_cycle import CLASSIFIER_CHANGES, DIM, text_row
-
-serve = test_request_cycle.serve  # the app with an in-process engine, as that module serves it
+from tests.apiserver.served_app import CLASSIFIER_CHANGES, DIM, text_row
 
 CROSS_ENCODER: dict[str, Any] = {
     "architecture": "BertForSequenceClassification", "kind": CLASSIFIER, "tasks": ["score", "pool", "tokenize"],

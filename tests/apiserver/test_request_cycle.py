@@ -9,135 +9,21 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 import pytest
-from starlette.testclient import TestClient
 
-from apiserver.app import build_app
-from apiserver.endpoints import Endpoint, post
-from apiserver.fair_accept import ServerLoad
-from apiserver.inputs.image_sources import ImageLoader
+from apiserver.endpoints import post
 from apiserver.inputs.job import EngineJob
-from apiserver.media import MediaFetcher
 from apiserver.operation import Operation, Plan, Rows
-from apiserver.preprocess import INLINE_MAX_BYTES, Preprocessor
+from apiserver.preprocess import INLINE_MAX_BYTES
 from apiserver.responses import encode_json
 from apiserver.state import AppState
-from apiserver.tokenizer import TextTokenizer
-from engine_client import EngineError, EngineOverloaded, EngineUnavailable, InProcessEngine, PooledResult
-from poolserve.config import Config
-from poolserve.load_board import LoadBoard
-from poolserve.protocol import CLASSIFIER, ImageProcessing, ModelCard, PoolJob, PoolRequest
-
-DIM = 8
-PIXEL_PNG = (
-    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
-)
-MESSAGE = (
-    "`{param}` has {count} inputs, more than this server's limit of {limit} per request (--max-inputs-per-request)."
-)
-
-
-def text_row(ids: list[int], dim: int) -> list[float]:
-    """The fake engine's row for a text input: its length, its id sum, then a ramp, all from the ids."""
-    return [float(len(ids)), float(sum(ids) % 1000), *(float(ids[0] + j) for j in range(dim - 2))]
-
-
-def image_row(pixels: np.ndarray[Any, Any], dim: int) -> list[float]:
-    return [-1.0, float(pixels.mean()), *([0.0] * (dim - 2))]
-
-
-def answering(output_size: int) -> Callable[[PoolRequest, PoolJob], PooledResult]:
-    """An engine of `output_size`-long rows, computed from the inputs, in the engine's order: texts, then images."""
-
-    def answer(request: PoolRequest, job: PoolJob) -> PooledResult:
-        ids = job.tokens
-        dim = request.dimensions or output_size
-        rows, start = [], 0
-        for length in request.lengths:
-            rows.append(text_row(ids[start : start + length].tolist(), output_size)[:dim])
-            start += length
-        if job.pixels is not None:
-            pixels = job.pixels.reshape(request.images, -1)
-            rows.extend(image_row(image, output_size)[:dim] for image in pixels)
-        return PooledResult(np.asarray(rows, dtype=np.float32).reshape(len(rows), dim))
-
-    return answer
-
-
-def make_card(bundled_model: Path, **changes: Any) -> ModelCard:
-    card = ModelCard(
-        path=str(bundled_model), architecture="BertModel", kind="embedding",
-        tasks=["embed", "score", "pool", "tokenize"], max_model_len=256, output_size=DIM, vocab_size=30522,
-        pooling="mean", normalize=True, pad_token_id=0,
-        tokenizer_json=(bundled_model / "tokenizer.json").read_text(), device="cpu", dtype="float32",
-    )  # fmt: skip
-    return msgspec.structs.replace(card, **changes)
-
-
-CLASSIFIER_CHANGES: dict[str, Any] = {
-    "architecture": "BertForSequenceClassification", "kind": CLASSIFIER, "tasks": ["classify", "pool", "tokenize"],
-    "output_size": 3, "labels": ["negative", "neutral", "positive"], "activation": "softmax",
-}  # fmt: skip
-CLIP_CHANGES: dict[str, Any] = {
-    "architecture": "CLIPModel", "kind": "clip",
-    "image": ImageProcessing(resize_shortest_edge=2, crop_height=2, crop_width=2), "image_tokens": 4,
-}  # fmt: skip
-
-
-class Served:
-    """A test client of the real app, and the in-process engine behind it."""
-
-    def __init__(self, client: TestClient, engine: InProcessEngine, state: AppState):
-        self.client = client
-        self.engine = engine
-        self.state = state
-
-    def post(self, path: str, body: object, status: int = 200) -> Any:
-        response = self.client.post(path, json=body)
-        assert response.status_code == status, response.text
-        return response.json()
-
-    def tokens(self, text: str) -> list[int]:
-        return self.state.tokenizer.encode([text])[0]
-
-
-@pytest.fixture
-def serve(bundled_model: Path) -> Iterator[Any]:
-    """serve(card changes, config changes, engine answer, extra endpoints) -> Served."""
-    board = LoadBoard.create()
-    opened: list[tuple[TestClient, Preprocessor]] = []
-
-    def start(
-        card: dict[str, Any] | None = None,
-        config: dict[str, Any] | None = None,
-        engine_answer: Any = None,
-        extra: list[Endpoint] | None = None,
-    ) -> Served:
-        model_card = make_card(bundled_model, **(card or {}))
-        settings = Config(**(config or {}))
-        engine = InProcessEngine(engine_answer or answering(model_card.output_size))
-        preprocess = Preprocessor(settings.preprocess_workers)
-        media = MediaFetcher(max_bytes=settings.max_image_bytes, timeout=1.0, allowed_local_path="")
-        state = AppState(
-            config=settings, card=model_card, engine=engine, tokenizer=TextTokenizer(model_card.tokenizer_json),
-            preprocess=preprocess, images=ImageLoader(media, model_card.image, settings.max_image_pixels),
-            server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
-        )  # fmt: skip
-        client = TestClient(build_app(state, extra or []))
-        opened.append((client, preprocess))
-        return Served(client.__enter__(), engine, state)
-
-    yield start
-    for client, preprocess in opened:
-        client.__exit__(None, None, None)
-        preprocess.close()
-    board.close()
+from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PooledResult
+from poolserve.protocol import PoolJob, PoolRequest
+from tests.apiserver.served_app import CLASSIFIER_CHANGES, CLIP_CHANGES, DIM, MESSAGE, PIXEL_PNG, text_row
 
 
 def test_embeddings_are_the_engine_rows_of_the_tokenized_inputs(serve: Any) -> None:

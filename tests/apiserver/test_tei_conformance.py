@@ -1,5 +1,5 @@
 """TEI's routes against TEI's published OpenAPI document (tests/data/tei-openapi.json): every answer and every
-error body, through the real app with an in-process engine (test_request_cycle.py's `serve`)."""
+error body, through the real app with an in-process engine (conftest.py's `serve`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PooledResult
 from poolserve.protocol import PoolJob, PoolRequest
-from tests.apiserver.test_request_cycle import CLASSIFIER_CHANGES, DIM, answering, text_row
+from tests.apiserver.served_app import CLASSIFIER_CHANGES, DIM, answering, text_row
 
 SPEC = json.loads((Path(__file__).parent.parent / "data" / "tei-openapi.json").read_text())
 RERANKER_CHANGES: dict[str, Any] = {

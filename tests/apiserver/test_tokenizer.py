@@ -15,7 +15,7 @@ from apiserver.errors import ApiError
 from apiserver.inputs.text import tokenize_pairs, tokenize_texts
 from apiserver.limits import TokenBudget
 from apiserver.tokenizer import Direction, TextTokenizer, longest_first
-from tests.poolserve.test_protocol import CARD
+from tests.cards import CARD
 from tests.sentences import SENTENCES
 
 

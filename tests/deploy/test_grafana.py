@@ -3,13 +3,10 @@ docs/metrics.md documents, with labels they have, and the dashboard is one Grafa
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -19,10 +16,10 @@ import apiserver.metrics
 import engine_core.metrics
 import supervisor.metrics
 from poolserve.metric_files import DROPPED_NAME
+from tests.deploy.dashboard import all_panels, load_dashboard, queries
 from tests.deploy.promql import Checked, ParseError, Vector, check
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy" / "grafana" / "poolserve.json"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Labels Prometheus gives every series of a target; the dashboard's variables filter on them.
@@ -74,25 +71,6 @@ def documented_series() -> dict[str, frozenset[str]]:
         else:
             documented[name] = labels
     return documented
-
-
-def load_dashboard() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
-
-
-def all_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Every panel, rows and the panels a collapsed row holds included."""
-    for panel in panels:
-        yield panel
-        yield from all_panels(panel.get("panels", []))
-
-
-def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) for every panel target."""
-    for panel in all_panels(dashboard["panels"]):
-        for target in panel.get("targets", []):
-            yield f"panel {panel['id']} {panel['title']!r} target {target['refId']}", target["expr"]
 
 
 def checked(expr: str, labels: dict[str, frozenset[str]]) -> Checked:

@@ -18,9 +18,10 @@ import msgspec
 import pytest
 
 from bench.clients import RawClient, prepare_request
+from bench.scrape import scrape, value
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
-from tests.utils import LaunchedServer, scrape, value
+from tests.utils import LaunchedServer
 
 NGINX_CONF = """
 daemon off;

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,24 +18,8 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
 from tests.conftest import CLIP_MAX_IMAGE_BYTES
+from tests.images import bomb_png, data_url, encode, make_image
 from tests.utils import FLOAT32_CPU, LaunchedServer, api_server_pids
-
-
-def make_image(width: int, height: int, seed: int, mode: str = "RGB") -> Image.Image:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels).convert(mode)
-
-
-def encode(image: Image.Image, fmt: str = "PNG") -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-def data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
 
 IMAGES = [make_image(64, 48, 1), make_image(30, 90, 2), make_image(32, 32, 3, "L"), make_image(17, 5, 4, "RGBA")]
 TEXTS = ["a photo of a cat", "a diagram of a transformer", "red"]
@@ -171,19 +153,6 @@ def test_images_fetched_over_http_and_from_the_allowed_folder(
     np.testing.assert_allclose(local, direct.images(IMAGES[1:2]), atol=1e-5)
     as_url = embed(clip, {"input": [{"image": f"file://{local_image}"}]})
     np.testing.assert_allclose(as_url, local, atol=1e-6)
-
-
-def bomb_png(width: int, height: int) -> bytes:
-    """A valid PNG header and a tiny IDAT that claim a huge canvas."""
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        body = kind + payload
-        return len(payload).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
-
-    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-    )
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.scrape import Samples, scrape, value
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from poolserve.config import BUNDLED_MODEL_NAME
-from tests.utils import LaunchedServer, Samples, scrape, value
+from tests.utils import LaunchedServer
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
 
@@ -313,7 +314,7 @@ def test_the_grafana_dashboards_queries_answer_from_a_real_prometheus(metered: L
     """Every query in deploy/grafana/poolserve.json, Grafana's variables filled in, runs on a Prometheus that
     scrapes the server, and every one not in QUIET_PANELS returns series (tests/deploy/test_grafana.py checks
     names and labels offline; this shows the data behind them)."""
-    from tests.deploy.test_grafana import load_dashboard, queries
+    from tests.deploy.dashboard import load_dashboard, queries
 
     prometheus = tool("prometheus")
     (tmp_path / "prometheus.yml").write_text(

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fidelity.compare import DOCUMENTS, QUERY, TEXTS, assert_same
 from tests.fidelity.layouts import build_router_shared_transformer
-from tests.fidelity.test_served import DOCUMENTS, QUERY, TEXTS, assert_same
 from tests.utils import FLOAT32_CPU, LaunchedServer
 
 

@@ -38,7 +38,7 @@ from tests.conftest import (
     GUARDED_CACHE_BYTES,
     GUARDED_TOKEN_LIMIT,
 )
-from tests.e2e.test_clip import bomb_png, data_url, encode, make_image
+from tests.images import bomb_png, data_url, encode, make_image
 from tests.utils import LaunchedServer, is_alive, ready_line_time, runtime_dirs_of, socket_inodes
 
 KEY, ORIGIN, BODY_LIMIT, TOKEN_LIMIT = API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT

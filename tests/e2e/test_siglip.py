@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.e2e.test_clip import data_url, encode, make_image
 from tests.fidelity.image_text_layouts import ImageTextReference, build_siglip
+from tests.images import data_url, encode, make_image
 from tests.utils import FLOAT32_CPU, LaunchedServer
 
 IMAGES = [make_image(64, 48, 1), make_image(30, 90, 2), make_image(32, 32, 3, "L"), make_image(17, 5, 4, "RGBA")]

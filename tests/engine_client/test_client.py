@@ -21,7 +21,7 @@ from poolserve.protocol import (
     Ready,
     RequestFailed,
 )
-from tests.poolserve.test_protocol import CARD
+from tests.cards import CARD
 
 
 class FakeEngine:

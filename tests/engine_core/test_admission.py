@@ -6,7 +6,7 @@ import pytest
 
 from engine_core.request_state import InvalidRequest, PendingRequest, check_request
 from poolserve.protocol import ModelCard, PoolJob, PoolRequest, decode_job
-from tests.poolserve.test_protocol import CARD, CLIP_CARD
+from tests.cards import CARD, CLIP_CARD
 
 
 def tokens(*ids: int) -> bytes:

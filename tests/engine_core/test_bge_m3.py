@@ -16,7 +16,8 @@ from engine_core.admission import AdmissionLimit
 from engine_core.bge_m3 import M3Heads, M3Runner
 from engine_core.core import EngineCore
 from engine_core.embedding_cache import EmbeddingCache
-from engine_core.loader import LoadedModel, load_model
+from engine_core.load_model import load_model
+from engine_core.loader import LoadedModel
 from engine_core.request_state import InvalidRequest, check_request
 from engine_core.runner import SparseRow
 from poolserve.config import Config

@@ -16,7 +16,8 @@ import pytest
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore, StepOutputs
 from engine_core.embedding_cache import EmbeddingCache
-from engine_core.loader import LoadedModel, load_model
+from engine_core.load_model import load_model
+from engine_core.loader import LoadedModel
 from engine_core.postprocess import l2_normalize
 from engine_core.request_state import InvalidRequest, check_request
 from engine_core.scheduler import PriorityPolicy

@@ -16,7 +16,8 @@ from engine_core.cpu_precision import (
     choose_auto_dtype,
     measure_agreement,
 )
-from engine_core.loader import LoadedModel, load_model
+from engine_core.load_model import load_model
+from engine_core.loader import LoadedModel
 from poolserve.config import Config
 
 CLOSE = Agreement(min_cosine=0.999, top_overlap=1.0)

@@ -11,7 +11,8 @@ import torch
 from tokenizers import Tokenizer
 
 from bench.corpus import make_sentence
-from engine_core.loader import LoadedModel, load_model
+from engine_core.load_model import load_model
+from engine_core.loader import LoadedModel
 from engine_core.runner import to_device
 from poolserve.config import Config
 from tests.sentences import SENTENCES

@@ -30,12 +30,12 @@ from transformers import (
 )
 
 from bench.models import TINY, save_with_tokenizer
-from engine_core.loader import load_model
+from engine_core.load_model import load_model
 from engine_core.packed_encoder import packable, packed_last_hidden_state, packed_logits
 from engine_core.runner import ClassifierRunner, EmbeddingRunner, TextBatch
 from engine_core.scheduler import Scheduler, WorkItem
 from poolserve.config import Config
-from tests.engine_core.test_scheduler import make_request
+from tests.engine_core.pending import make_request
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from engine_core.postprocess import finish_rows, l2_normalize, sigmoid, softmax, truncate_dimensions
-from tests.poolserve.test_protocol import CARD
+from tests.cards import CARD
 
 RNG = np.random.default_rng(0)
 

@@ -5,18 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from engine_core.request_state import PendingRequest
 from engine_core.scheduler import AGING_S, PriorityPolicy, Scheduler, WorkItem
-
-
-def make_request(
-    request_id: int, lengths: list[int], identity: bytes = b"api-0", *, priority: int = 0
-) -> PendingRequest:
-    lengths_array = np.asarray(lengths, dtype=np.int64)
-    tokens = np.arange(int(lengths_array.sum()), dtype=np.int32)
-    return PendingRequest(
-        identity=identity, id=request_id, lengths=lengths_array, tokens=tokens, dimensions=0, priority=priority
-    )
+from tests.engine_core.pending import make_request
 
 
 def drain(scheduler: Scheduler) -> list[list[WorkItem]]:

@@ -26,7 +26,8 @@ from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineError, InProcessEngine, PooledResult
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore
-from engine_core.loader import LoadedModel, load_model
+from engine_core.load_model import load_model
+from engine_core.loader import LoadedModel
 from engine_core.request_state import check_request
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard

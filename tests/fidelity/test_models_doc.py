@@ -5,21 +5,11 @@ names a layout the suite holds (or a test that exists), and every refusal's docu
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from tests.fidelity.layouts import REFUSED, SERVED
+from tests.fidelity.models_doc import ROOT, documented_rows
 
-ROOT = Path(__file__).resolve().parents[2]
-ROW = re.compile(r"^\| `([a-z0-9-]+)`(?: \(refused\))? \|(.*)$", re.MULTILINE)
 TEST_REFERENCE = re.compile(r"`(tests/[\w/]+\.py)(?:::(\w+))?`")
-
-
-def documented_rows() -> dict[str, str]:
-    rows: dict[str, str] = {}
-    for layout_id, rest in ROW.findall((ROOT / "docs" / "models.md").read_text()):
-        assert layout_id not in rows, f"{layout_id} has two rows"
-        rows[layout_id] = rest
-    return rows
 
 
 def test_every_layout_of_the_suite_has_its_row_and_every_refusal_its_sentence() -> None:

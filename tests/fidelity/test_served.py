@@ -17,22 +17,18 @@ from typing import Any
 import cohere
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from engine_core.loader import LoadedModel
 from tests.fidelity.bge_m3_layouts import bge_m3_reference
+from tests.fidelity.compare import DOCUMENTS, F32, QUERY, TEXTS, assert_same
 from tests.fidelity.format_layouts import GEMMA_PROMPT, gemma_scores, mxbai_scores
 from tests.fidelity.layouts import SERVED, Served
+from tests.fidelity.models_doc import documented_rows
 from tests.fidelity.reranker_layouts import qwen3_card_scores
 from tests.fidelity.stack import load, serve_in_process
-from tests.fidelity.test_models_doc import documented_rows
 
-F32 = npt.NDArray[np.float32]
-TEXTS = ["Hello world!", "A MUCH longer sentence, about Servers and EMBEDDINGS.", "x", "déjà vu"]
 LONG = " ".join(["tokens"] * 200)
-QUERY = "where are the servers?"
-DOCUMENTS = ["servers run in racks", "a cat sat on a mat", "Embeddings live in vector stores."]
 
 
 @pytest.fixture(scope="module", params=SERVED, ids=[case.id for case in SERVED])
@@ -49,15 +45,6 @@ def embeddings(client: httpx.Client, body: dict[str, Any]) -> F32:
     response = client.post("/v1/embeddings", json={**body, "truncate_prompt_tokens": -1})
     assert response.status_code == 200, response.text
     return np.asarray([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
-
-
-def assert_same(served: F32, reference: F32) -> None:
-    assert served.shape == reference.shape
-    cosine = (
-        np.einsum("ij,ij->i", served, reference) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
-    )
-    assert cosine.min() >= 0.9999, cosine
-    np.testing.assert_allclose(served, reference, atol=1e-5, rtol=1e-4)
 
 
 def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[Served, Path]) -> None:
@@ -142,8 +129,8 @@ def check_image_text(client: httpx.Client, folder: Path) -> None:
     """SigLIP: texts (one cut at its 64 tokens) and images, apart and in one request, raw (`normalize: false`) and
     normalized (its default, as CLIP's), equal to get_text_features / get_image_features on what transformers'
     processor makes of them; `usage` counts the texts' own tokens, not their padding."""
-    from tests.e2e.test_clip import data_url, encode, make_image
     from tests.fidelity.image_text_layouts import ImageTextReference
+    from tests.images import data_url, encode, make_image
 
     reference = ImageTextReference(folder)
     texts = [*TEXTS, LONG]

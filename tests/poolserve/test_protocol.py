@@ -14,9 +14,7 @@ from poolserve.protocol import (
     EngineWire,
     Frame,
     Hello,
-    ImageProcessing,
     LateInteraction,
-    ModelCard,
     OutputRows,
     Outputs,
     Ping,
@@ -31,29 +29,7 @@ from poolserve.protocol import (
     decode_job,
     decode_rows,
 )
-
-CARD = ModelCard(
-    path="/models/m",
-    architecture="BertModel",
-    kind="embedding",
-    tasks=["embed", "score", "pool", "tokenize"],
-    max_model_len=256,
-    output_size=384,
-    vocab_size=30522,
-    pooling="mean",
-    normalize=True,
-    pad_token_id=0,
-    tokenizer_json="{}",
-    device="cpu",
-    dtype="float32",
-)
-CLIP_CARD = msgspec.structs.replace(
-    CARD,
-    kind="clip",
-    pooling="projection",
-    image=ImageProcessing(crop_height=4, crop_width=3),
-    image_tokens=50,
-)
+from tests.cards import CARD, CLIP_CARD
 
 
 def received(frames: Sequence[Frame]) -> list[bytes]:
