@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -156,17 +156,41 @@ def tokenize_rendered_pairs(
             param=truncation.option,
         )
     template = template_of(card)
+    tail = template_tail(template, instruction, tokenizer) if truncation.limit is not None else ()
+    return encode_rendered(
+        lambda i: template.render(*pairs[i], instruction),
+        len(pairs),
+        params,
+        truncation,
+        tail=tail,
+        tokenizer=tokenizer,
+        card=card,
+        budget=budget,
+    )
+
+
+def encode_rendered(
+    render: Callable[[int], str],
+    count: int,
+    params: Sequence[str],
+    truncation: Truncation,
+    *,
+    tail: tuple[int, ...],
+    tokenizer: TextTokenizer,
+    card: ModelCard,
+    budget: TokenBudget | None,
+) -> list[list[int]]:
+    """Token ids of `count` inputs, input i rendered by `render(i)` (a template's whole text, its special tokens
+    in it). Over the request's limit: cut from the right with the template's `tail` written back; over the
+    model's maximum without one: refused."""
     limit = truncation.limit
-    tail: tuple[int, ...] = ()
     if limit is not None:
-        tail = template_tail(template, instruction, tokenizer)
         check_room(limit, len(tail), truncation.option)
     rows: list[list[int]] = []
     total = 0
-    for begin in range(0, len(pairs), CHUNK_INPUTS):
-        chunk = range(begin, min(begin + CHUNK_INPUTS, len(pairs)))
-        texts = [template.render(*pairs[i], instruction) for i in chunk]
-        for i, ids in zip(chunk, tokenizer.encode(texts, add_special_tokens=False), strict=True):
+    for begin in range(0, count, CHUNK_INPUTS):
+        chunk = range(begin, min(begin + CHUNK_INPUTS, count))
+        for i, ids in zip(chunk, tokenizer.encode([render(i) for i in chunk], add_special_tokens=False), strict=True):
             row = ids
             if limit is not None and len(ids) > limit:
                 row = ids[:limit]
@@ -177,5 +201,5 @@ def tokenize_rendered_pairs(
             rows.append(row)
             total += len(row)
         if budget is not None:
-            budget.check(total, so_far=chunk.stop < len(pairs))
+            budget.check(total, so_far=chunk.stop < count)
     return rows

@@ -20,9 +20,9 @@ from typing import Any
 import jinja2
 
 from apiserver.errors import bad_request
-from apiserver.inputs.text import CHUNK_INPUTS, Truncation, check_room, too_long
+from apiserver.inputs.text import Truncation
 from apiserver.limits import TokenBudget
-from apiserver.pair_template import SUFFIX_FILLERS, compile_template
+from apiserver.pair_template import SUFFIX_FILLERS, compile_template, encode_rendered
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import ModelCard, TextTemplate
 
@@ -94,25 +94,14 @@ def tokenize_rendered_texts(
             param=truncation.option,
         )
     chat = chat_texts(card)
-    tail: tuple[int, ...] = ()
-    if limit is not None:
-        tail = text_tail(chat, prompt, task, tokenizer)
-        check_room(limit, len(tail), truncation.option)
-    rows: list[list[int]] = []
-    total = 0
-    for begin in range(0, len(texts), CHUNK_INPUTS):
-        chunk = range(begin, min(begin + CHUNK_INPUTS, len(texts)))
-        rendered = [chat.render(texts[i], prompt, task) for i in chunk]
-        for i, ids in zip(chunk, tokenizer.encode(rendered, add_special_tokens=False), strict=True):
-            row = ids
-            if limit is not None and len(ids) > limit:
-                row = ids[:limit]
-                if tail:
-                    row[-len(tail) :] = tail
-            elif len(row) > card.max_model_len:
-                raise too_long(params[i], len(row), card, f"set `{truncation.option}`")
-            rows.append(row)
-            total += len(row)
-        if budget is not None:
-            budget.check(total, so_far=chunk.stop < len(texts))
-    return rows
+    tail = text_tail(chat, prompt, task, tokenizer) if limit is not None else ()
+    return encode_rendered(
+        lambda i: chat.render(texts[i], prompt, task),
+        len(texts),
+        params,
+        truncation,
+        tail=tail,
+        tokenizer=tokenizer,
+        card=card,
+        budget=budget,
+    )
