@@ -114,6 +114,11 @@ def template_tail(template: PairTemplate, instruction: str | None, tokenizer: Te
     first, second = tokenizer.encode(
         [template.render(filler, filler, instruction) for filler in SUFFIX_FILLERS], add_special_tokens=False
     )
+    return common_tail(first, second)
+
+
+def common_tail(first: list[int], second: list[int]) -> tuple[int, ...]:
+    """The ids two renders with different fillers end with: the template's tail."""
     count = 0
     for left, right in zip(reversed(first), reversed(second), strict=False):
         if left != right:

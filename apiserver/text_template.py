@@ -22,7 +22,7 @@ import jinja2
 from apiserver.errors import bad_request
 from apiserver.inputs.text import Truncation
 from apiserver.limits import TokenBudget
-from apiserver.pair_template import SUFFIX_FILLERS, compile_template, encode_rendered
+from apiserver.pair_template import SUFFIX_FILLERS, common_tail, compile_template, encode_rendered
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import ModelCard, TextTemplate
 
@@ -63,13 +63,7 @@ def text_tail(chat: ChatTexts, prompt: str, task: str | None, tokenizer: TextTok
     first, second = tokenizer.encode(
         [chat.render(filler, prompt, task) for filler in SUFFIX_FILLERS], add_special_tokens=False
     )
-    count = 0
-    for left, right in zip(reversed(first), reversed(second), strict=False):
-        if left != right:
-            break
-        count += 1
-    # Renders that never diverge have no content to tell the tail by.
-    return tuple(first[len(first) - count :]) if 0 < count < min(len(first), len(second)) else ()
+    return common_tail(first, second)
 
 
 def tokenize_rendered_texts(

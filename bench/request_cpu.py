@@ -134,40 +134,32 @@ def main() -> None:
     if args.model == "simgpu":
         flags += ["--trust-remote-code", *GPU_CAPS]
     rows: list[dict[str, Any]] = []
-    server = PoolserveProcess(flags)
-    try:
-        server.wait_ready(300)
+
+    def measure_all(url: str, pid: int, target: str) -> None:
         for workload in workloads:
             figures = measure(
-                server.url,
-                server.pid,
+                url,
+                pid,
                 workload,
                 clients=args.clients,
                 seconds=args.seconds,
                 warmup=args.warmup,
                 generator=args.generator,
             )
-            row = {"target": f"poolserve {args.model}", **figures}
+            row = {"target": target, **figures}
             print(json.dumps(row), flush=True)
             rows.append(row)
+
+    server = PoolserveProcess(flags)
+    try:
+        server.wait_ready(300)
+        measure_all(server.url, server.pid, f"poolserve {args.model}")
     finally:
         server.stop()
     if not args.no_bare:
         bare, url = start_bare()
         try:
-            for workload in workloads:
-                figures = measure(
-                    url,
-                    bare.pid,
-                    workload,
-                    clients=args.clients,
-                    seconds=args.seconds,
-                    warmup=args.warmup,
-                    generator=args.generator,
-                )
-                row = {"target": "bare app", **figures}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            measure_all(url, bare.pid, "bare app")
         finally:
             bare.stop()
     if args.out:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from tokenizers import Tokenizer, normalizers
@@ -373,3 +373,22 @@ def select_dtype(requested: str, device: torch.device, model_config: PretrainedC
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def served_tokenizer(tokenizer: Any, do_lower_case: bool = False) -> Tokenizer:
+    """A fast tokenizer's backend as the API servers run it: its own padding and truncation off (the engine pads,
+    the API servers cut), lowercasing first where the Transformer module asks for it."""
+    backend: Tokenizer = tokenizer.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    if do_lower_case:
+        lowercase_first(backend)
+    return backend
+
+
+def pad_token_id_of(tokenizer: Any, model_config: Any) -> int:
+    """The tokenizer's pad id, else the config's, else 0."""
+    pad_token_id = tokenizer.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = getattr(model_config, "pad_token_id", None) or 0
+    return int(pad_token_id)

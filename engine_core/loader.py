@@ -43,12 +43,13 @@ from engine_core.folder_choices import (
     classifier_activation,
     first_line,
     image_text_padding,
-    lowercase_first,
     measure_prompt_lengths,
     model_kind,
     not_exact,
+    pad_token_id_of,
     read_text_template,
     select_dtype,
+    served_tokenizer,
     tasks_of,
     text_config_of,
     vision_tokens,
@@ -233,14 +234,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         raise not_exact(folder, exc) from exc
     m3_heads = read_m3_heads(folder, int(text_config.hidden_size), device) if m3 else None
 
-    pad_token_id = tokenizer.pad_token_id
-    if pad_token_id is None:
-        pad_token_id = getattr(text_config, "pad_token_id", None) or 0
-    backend = tokenizer.backend_tokenizer
-    backend.no_padding()
-    backend.no_truncation()
-    if st.do_lower_case:
-        lowercase_first(backend)
+    pad_token_id = pad_token_id_of(tokenizer, text_config)
+    backend = served_tokenizer(tokenizer, st.do_lower_case)
     # A folder without Sentence-Transformers files whose tokenizer has a chat template: texts rendered through it.
     text_template = None
     if kind == EMBEDDING and not stanford and st.late_interaction is None:

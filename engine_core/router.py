@@ -30,11 +30,12 @@ from engine_core.folder_choices import (
     choose_pooling,
     choose_prompts,
     first_line,
-    lowercase_first,
     measure_prompt_lengths,
     model_kind,
     not_exact,
+    pad_token_id_of,
     select_dtype,
+    served_tokenizer,
     tasks_of,
 )
 from engine_core.loader import (
@@ -222,14 +223,8 @@ def load_route(
         heads = build_heads(chain.heads, device)
     except MetadataError as exc:
         raise not_exact(folder, exc) from exc
-    pad_token_id = tokenizer.pad_token_id
-    if pad_token_id is None:
-        pad_token_id = getattr(model_config, "pad_token_id", None) or 0
-    backend = tokenizer.backend_tokenizer
-    backend.no_padding()
-    backend.no_truncation()
-    if chain.do_lower_case:
-        lowercase_first(backend)
+    pad_token_id = pad_token_id_of(tokenizer, model_config)
+    backend = served_tokenizer(tokenizer, chain.do_lower_case)
     packed = uses_token_packing(config.token_packing, device, model)
     runner = EmbeddingRunner(
         model, pooling=pooling, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
@@ -280,9 +275,7 @@ def load_inference_free(config: Config, folder: Path, st: StFolder, device: torc
         raise not_exact(folder, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
         raise LoadError(f"cannot load the SparseStaticEmbedding in {static}: {first_line(exc)}") from exc
-    backend = tokenizer.backend_tokenizer
-    backend.no_padding()
-    backend.no_truncation()
+    backend = served_tokenizer(tokenizer)
     card = document.card
     names = st.router.names
     refusal = ""
