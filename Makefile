@@ -33,7 +33,7 @@ PYLATE_STAMP := $(PYLATE_VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: install serve test test-pylate lint format typecheck bench bench-peers clean
+.PHONY: install test-tools serve test test-pylate lint format typecheck bench bench-peers clean
 
 install: $(STAMP)
 
@@ -45,10 +45,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps "$(FLAGEMBEDDING_SPEC)"
 	touch $(STAMP)
 
+# Programs some end-to-end tests drive (nginx in front; promtool and prometheus reading /metrics), from Debian's
+# packages where missing; without root or apt-get, those tests skip and say why.
+TEST_PACKAGES ?= nginx prometheus
+test-tools:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null \
+	    && { command -v nginx >/dev/null || test -x /usr/sbin/nginx; }; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing $(TEST_PACKAGES) for the end-to-end tests"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends $(TEST_PACKAGES) >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(TEST_PACKAGES) >/dev/null 2>&1; } \
+	    || echo "$(TEST_PACKAGES) could not be installed: the tests that drive them skip"; \
+	else echo "$(TEST_PACKAGES) missing and apt-get needs root: the tests that drive them skip"; fi
+
 serve: $(STAMP)
 	$(BIN)/launch --api-server-count $(API_SERVERS) --host $(HOST) --port $(PORT)
 
-test: lint typecheck
+test: lint typecheck test-tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

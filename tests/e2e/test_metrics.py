@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -37,23 +36,11 @@ def metered() -> Iterator[LaunchedServer]:
 
 
 def tool(name: str) -> str:
-    """promtool and prometheus come from Debian's `prometheus` package, installed here when missing."""
-    if shutil.which(name) is None:
-        install_prometheus()
+    """promtool and prometheus, from Debian's `prometheus` package (`make test-tools` installs it)."""
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} is not installed and `apt-get install prometheus` could not install it here")
+        pytest.skip(f"{name} is not installed: `make test-tools` installs Debian's prometheus package (as root)")
     return path
-
-
-def install_prometheus() -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "prometheus"]
-    for command in (install, ["apt-get", "update", "-q"], install):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(command, env=env, capture_output=True, timeout=600, check=False)
-        if shutil.which("promtool") and shutil.which("prometheus"):
-            return
 
 
 def test_every_scrape_reports_the_whole_servers_count_whichever_process_answers(metered: LaunchedServer) -> None:
