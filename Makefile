@@ -27,13 +27,18 @@ BENCH_STAMP := $(VENV)/.bench-installed
 PEERS_VENV ?= bench/.peers-venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 INFINITY_SPEC ?= infinity-emb[server,torch]==0.0.78
+ONNX_EXPORT_VENV ?= bench/.onnx-export-venv
+ONNX_PEER_VENV ?= bench/.onnx-peer-venv
+# Infinity's ONNX Runtime engine and what it needs beside it (bench/onnx_peer.py says why each pin).
+ONNX_PEER_SPECS ?= "infinity-emb[server]==0.0.78" "optimum[onnxruntime]==1.24.0" "transformers<4.49" "numpy<2" \
+	"sentence-transformers==3.4.1" "pyarrow<21"
 PYLATE_VENV ?= tests/.pylate-venv
 PYLATE_STAMP := $(PYLATE_VENV)/.installed
 
 export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: install test-tools serve test test-pylate lint format typecheck bench bench-peers clean
+.PHONY: install test-tools serve test bench-onnx-peer test-pylate lint format typecheck bench bench-peers clean
 
 install: $(STAMP)
 
@@ -97,6 +102,23 @@ $(PEERS_STAMP):
 	touch $(PEERS_STAMP)
 
 bench-peers: $(PEERS_STAMP)
+
+# Infinity's ONNX Runtime engine (issue 33): the exporter's venv (optimum-onnx) and the peer's, apart.
+bench-onnx-peer: $(ONNX_EXPORT_VENV)/.installed $(ONNX_PEER_VENV)/.installed
+
+$(ONNX_EXPORT_VENV)/.installed:
+	test -x $(ONNX_EXPORT_VENV)/bin/python || $(PYTHON) -m venv $(ONNX_EXPORT_VENV)
+	$(ONNX_EXPORT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ONNX_EXPORT_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(ONNX_EXPORT_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "optimum-onnx[onnxruntime]"
+	touch $@
+
+$(ONNX_PEER_VENV)/.installed:
+	test -x $(ONNX_PEER_VENV)/bin/python || $(PYTHON) -m venv $(ONNX_PEER_VENV)
+	$(ONNX_PEER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ONNX_PEER_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(ONNX_PEER_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(ONNX_PEER_SPECS)
+	touch $@
 
 # PyLate, the reference of its ColBERT layout, pins sentence-transformers 5.3 and transformers <= 5.3: its own
 # virtualenv (torch pinned as above), its index dependencies (fast-plaid, fastkmeans) left out with --no-deps,

@@ -201,16 +201,20 @@ def start_infinity(
     batch_size: int = 32,
     timeout: float = 300.0,
     dtype: str = "float32",
+    engine: str = "torch",
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
-    """infinity_emb v2 on loopback, torch engine on the CPU at `dtype` (its --dtype), offline, no telemetry."""
+    """infinity_emb v2 on loopback, its `engine` (torch at `dtype`, its --dtype; or optimum: ONNX Runtime) on the
+    CPU, offline, no telemetry; `extra` flags after these."""
     port = free_port()
     argv = [
         str(infinity), "v2", "--model-id", str(model_folder), "--served-model-name", served_name,
-        "--engine", "torch", "--device", "cpu", "--batch-size", str(batch_size), "--dtype", dtype,
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+        "--engine", engine, "--device", "cpu", "--batch-size", str(batch_size), "--dtype", dtype,
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra,
     ]  # fmt: skip
-    env = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    server = ServerProcess("infinity", argv, env=env)
+    quiet = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    server = ServerProcess("infinity", argv, env={**quiet, **(env or {})})
     server.port = port
     try:
         server.wait_for(lambda: answers_200(f"{server.url}/health"), timeout)

@@ -1,0 +1,157 @@
+"""The CPU race against ONNX Runtime (issue 33): poolserve's default and `--dtype float32` beside Infinity's ONNX
+Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
+
+    make bench-onnx-peer
+    python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...] [--out FILE]
+
+A point is `clients:workload` (bench/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
+target once and runs every point on it; the second pass runs the targets in the opposite order, so neither side
+always goes first on this shared host. Per run: requests/s, p50 and p99, and the cores the target's whole process
+tree used over the measured window (CPU seconds from /proc over wall seconds). Each target's vectors are checked
+against sentence-transformers' float32 ones first (cos min over 64 corpus sentences). At the end, per point and
+pass: the issue's ratios (throughput, and p99 the other way up), each computed within one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import onnx_peer
+from bench.corpus import make_sentences
+from bench.cpu_use import cpu_seconds
+from bench.models import bundled_model_folder
+from bench.server_process import PoolserveProcess, ServerProcess, process_tree
+
+SERVED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    path: str  # where its embeddings route is
+    start: Callable[[], ServerProcess]
+
+
+def poolserve(*flags: str) -> Callable[[], ServerProcess]:
+    def start() -> ServerProcess:
+        return PoolserveProcess(["--api-server-count", "2", *flags]).wait_ready(300)
+
+    return start
+
+
+def infinity(folders: dict[str, Path], variant: str) -> Callable[[], ServerProcess]:
+    return lambda: onnx_peer.start(folders[variant], SERVED_NAME)
+
+
+def tree_cpu(root: int) -> float:
+    return sum(cpu_seconds(pid) for pid in process_tree(root))
+
+
+def measure(server: ServerProcess, path: str, clients: int, workload: str, seconds: float) -> dict[str, Any]:
+    """One closed-loop run of bench.loadgen; the target's CPU is read over (about) its measured window."""
+    warmup = 2.0
+    argv = [sys.executable, "-m", "bench.loadgen", "--url", server.url, "--workload", workload, "--path", path,
+            "--model-name", SERVED_NAME, "--concurrency", str(clients), "--duration", str(seconds),
+            "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
+    loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    time.sleep(warmup + 0.5)  # loadgen's start-up and warm-up
+    before, started = tree_cpu(server.pid), time.monotonic()
+    time.sleep(max(seconds - 1.0, 0.5))
+    cores = (tree_cpu(server.pid) - before) / (time.monotonic() - started)
+    out, _ = loadgen.communicate(timeout=seconds + 120)
+    result = json.loads(out.splitlines()[-1])
+    return {
+        "clients": clients,
+        "workload": workload,
+        "requests_per_s": round(result["requests_per_s"], 1),
+        "p50_ms": round(result["latency_ms"]["p50"], 1),
+        "p99_ms": round(result["latency_ms"]["p99"], 1),
+        "cores": round(cores, 2),
+        "errors": sum(result["errors"].values()),
+    }
+
+
+# The issue's ratios: (numerator, denominator).
+RATIOS = {
+    "float32 / onnx fp32": ("poolserve float32", "infinity onnx fp32"),
+    "default / onnx int8": ("poolserve default", "infinity onnx int8"),
+    "default / onnx fp32": ("poolserve default", "infinity onnx fp32"),
+}
+
+
+def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ratio at each point within one pass: throughput, and p99 (numerator's over denominator's)."""
+    rows = []
+    by_key = {(r["pass"], r["target"], r["clients"], r["workload"]): r for r in runs}
+    for (pass_, target, clients, workload), run in by_key.items():
+        for label, (top, bottom) in RATIOS.items():
+            other = by_key.get((pass_, bottom, clients, workload))
+            if target != top or other is None or not other["requests_per_s"]:
+                continue
+            rows.append({
+                "pass": pass_, "ratio": label, "point": f"{clients}:{workload}",
+                "throughput": round(run["requests_per_s"] / other["requests_per_s"], 2),
+                "p99": round(run["p99_ms"] / max(other["p99_ms"], 1e-9), 2),
+            })  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", default="1:a,32:a,8:b", help="clients:workload, comma-separated")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument(
+        "--targets",
+        default="poolserve default,poolserve float32,infinity onnx fp32,infinity onnx int8",
+        help="comma-separated; the peer's need `make bench-onnx-peer`",
+    )
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    points = [(int(c), w) for c, w in (p.split(":") for p in args.points.split(","))]
+    wanted = args.targets.split(",")
+    targets = {
+        "poolserve default": Target("poolserve default", "/v1/embeddings", poolserve()),
+        "poolserve float32": Target("poolserve float32", "/v1/embeddings", poolserve("--dtype", "float32")),
+    }
+    if any(name.startswith("infinity") for name in wanted):
+        if reason := onnx_peer.missing():
+            raise SystemExit(reason)
+        folders = onnx_peer.prepare(bundled_model_folder())
+        targets["infinity onnx fp32"] = Target("infinity onnx fp32", "/embeddings", infinity(folders, "fp32"))
+        targets["infinity onnx int8"] = Target("infinity onnx int8", "/embeddings", infinity(folders, "int8"))
+    order = [targets[name] for name in wanted]
+    texts = make_sentences(64, 0)
+    reference = onnx_peer.reference_vectors(bundled_model_folder(), texts)
+    runs: list[dict[str, Any]] = []
+    parity: dict[str, float] = {}
+    for pass_ in range(args.passes):
+        for target in order if pass_ % 2 == 0 else order[::-1]:
+            server = target.start()
+            try:
+                if target.name not in parity:
+                    served = onnx_peer.vectors(server.url, target.path, SERVED_NAME, texts)
+                    parity[target.name] = round(onnx_peer.cosine_min(served, reference), 5)
+                for clients, workload in points:
+                    row = {"pass": pass_, "target": target.name,
+                           **measure(server, target.path, clients, workload, args.seconds)}  # fmt: skip
+                    print(json.dumps(row), flush=True)
+                    runs.append(row)
+            finally:
+                server.stop()
+    summary = {"cos_min": parity, "ratios": ratios(runs)}
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, **summary}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
