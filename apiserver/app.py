@@ -21,12 +21,17 @@ from apiserver.metrics import get_metrics
 from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
 from apiserver.request_cycle import Handler
+from apiserver.served_models import ServedModels
 from apiserver.state import AppState
 from poolserve.config import Config
 
 
-def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Starlette:
-    """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json."""
+def build_app(
+    state: AppState, extra_endpoints: Sequence[Endpoint] = (), models: ServedModels | None = None
+) -> Starlette:
+    """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json. `state`: the
+    default model's; `models`: every model served, when several (apiserver/served_models.py)."""
+    models = models or ServedModels([state])
     endpoints = [*ENDPOINTS, *model_endpoints(state.card), *extra_endpoints]
     routes = routes_of(endpoints)
     key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
@@ -50,12 +55,16 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
                 cache_hits_header=state.config.cache_hits_header,
             ),
             *access_middleware(
-                state.config, body_limit=request_body_limit(state.config, state.card), server_index=state.server_index
+                state.config,
+                # One limit for the server: the largest any of its models takes (a model of images takes more).
+                body_limit=max(request_body_limit(model.config, model.card) for model in models.states),
+                server_index=state.server_index,
             ),
         ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.poolserve = state
+    app.state.models = models
     return app
 
 

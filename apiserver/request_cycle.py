@@ -28,6 +28,7 @@ from apiserver.inputs.job_limits import check_job
 from apiserver.limits import check_image_count, check_priority
 from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS, series
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
+from apiserver.served_models import ServedModels
 from apiserver.state import AppState
 from apiserver.validation import decode_body
 from poolserve.protocol import SparseRows
@@ -61,9 +62,11 @@ def handler_of(operation: AnyOperation) -> Handler:
 
 
 async def answer(request: Request, operation: AnyOperation, decoder: msgspec.json.Decoder[Any]) -> Response:
-    state: AppState = request.app.state.poolserve
+    models: ServedModels = request.app.state.models
     body = await request.body()
-    decoded, style, parsed = await off_loop(request, PARSING, len(body), parse_body, body, decoder, operation, state)
+    decoded, style, parsed, state = await off_loop(
+        request, PARSING, len(body), parse_body, body, decoder, operation, models
+    )
     if style is not None:  # what fails from here on (the engine, a timeout) answers in the body's style
         setattr(request.state, ERROR_STYLE, style)
     if inspect.isawaitable(parsed):
@@ -82,7 +85,7 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     job = await job_of(request, plan, state)
     if job is not None:
         job.priority = priority
-    output = NO_ROWS if job is None else await run_job(request, job)
+    output = NO_ROWS if job is None else await run_job(request, job, state)
     rows = rows_for(operation, plan, output)
     size = rows.nbytes or (0 if plan.sparse is None else plan.sparse.values.nbytes * 4)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
@@ -102,14 +105,16 @@ def rows_for(operation: AnyOperation, plan: Plan[Any], output: Rows | SparseRows
 
 
 def parse_body(
-    body: bytes, decoder: msgspec.json.Decoder[Any], operation: AnyOperation, state: AppState
-) -> tuple[Any, ErrorStyle | None, Plan[Any] | Awaitable[Plan[Any]]]:
-    """The decoded request, the error style its body asks for, and its plan; an async parse only creates
-    its coroutine here, to be awaited on the loop."""
+    body: bytes, decoder: msgspec.json.Decoder[Any], operation: AnyOperation, models: ServedModels
+) -> tuple[Any, ErrorStyle | None, Plan[Any] | Awaitable[Plan[Any]], AppState]:
+    """The decoded request, the error style its body asks for, its plan, and the model that answers it (the one
+    its `model` field names; a body without one, the default); an async parse only creates its coroutine here, to
+    be awaited on the loop."""
     decoded = decode_body(body, decoder)
     style = None if operation.error_style is None else operation.error_style(decoded)
     try:
-        return decoded, style, operation.parse(decoded, state)
+        state = models.pick(getattr(decoded, "model", None))
+        return decoded, style, operation.parse(decoded, state), state
     except ApiError as exc:
         exc.style = exc.style or style
         raise
@@ -145,13 +150,12 @@ async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJo
     return plan.job
 
 
-async def run_job(request: Request, job: EngineJob) -> Rows | SparseRows:
-    """The job's output rows, one per request input, in the request's order.
+async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | SparseRows:
+    """The job's output rows, one per request input, in the request's order, from `state`'s model's engines.
 
     The engine drops the work (an Abort) when the client disconnects or the request's deadline
     passes first: nobody would read the answer. Both cancel this task while it waits
     (apiserver/client_gone.py, asyncio.timeout)."""
-    state: AppState = request.app.state.poolserve
     check_job(job, state.config, state.card)
     timeout = state.config.request_timeout
     remaining = timeout - (time.monotonic() - request.state.started) if timeout else None

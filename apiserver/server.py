@@ -23,6 +23,7 @@ from apiserver.media import MediaFetcher
 from apiserver.metrics import sample_loop_lag
 from apiserver.plugins import PluginError, load_plugins
 from apiserver.preprocess import Preprocessor
+from apiserver.served_models import ServedModels
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
 from engine_client import EngineClient, EngineUnavailable
@@ -35,6 +36,7 @@ from poolserve.boot import (
 )
 from poolserve.load_board import LoadBoard
 from poolserve.logs import configure_logging
+from poolserve.protocol import ModelCard
 
 logger = logging.getLogger("poolserve.api")
 
@@ -62,15 +64,26 @@ async def beat(spec: ChildSpec) -> None:
         await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
 
-async def fail_waiting_on_exit(server: uvicorn.Server, engine: EngineClient) -> None:
+async def fail_waiting_on_exit(server: uvicorn.Server, engines: list[EngineClient]) -> None:
     """Once asked to stop, requests waiting for an engine that is not there get their 503 now,
     instead of holding the drain open until --shutdown-timeout."""
     while not server.should_exit:
         await asyncio.sleep(0.1)
     while True:
-        if not engine.is_ready:
-            engine.fail_waiting("the API server is stopping and no engine is running")
+        for engine in engines:
+            if not engine.is_ready:
+                engine.fail_waiting("the API server is stopping and no engine is running")
         await asyncio.sleep(0.1)
+
+
+async def connect_all(engines: list[EngineClient], timeout: float) -> list[ModelCard]:
+    """Each model's card, once one of its engines answers (all models: each needs its tokenizer to serve)."""
+    return list(await asyncio.gather(*(engine.connect(timeout) for engine in engines)))
+
+
+async def close_all(engines: list[EngineClient]) -> None:
+    for engine in engines:
+        await engine.close()
 
 
 def run(spec: ChildSpec) -> int:
@@ -92,29 +105,33 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     except PluginError as exc:
         report_boot(spec, BootReport(status="failed", message=f"API server {spec.index}: {exc}"))
         return EXIT_BOOT_ERROR
-    engine = EngineClient(
-        spec.engine_endpoints,
-        spec.index,
-        wait_timeout=config.engine_wait_timeout,
-        stall_limit=config.engine_stall_limit,
-    )
+    # One client per model, each over that model's engines (several models: poolserve/served_models.py).
+    engines = [
+        EngineClient(
+            spec.engine_endpoints_of(number),
+            spec.index,
+            wait_timeout=config.engine_wait_timeout,
+            stall_limit=config.engine_stall_limit,
+        )
+        for number in range(len(spec.served_models))
+    ]
     # A replacement API server may start while the engine itself restarts: wait as long as an engine
     # boot, but stop waiting at once when told to stop.
-    connecting = asyncio.create_task(engine.connect(config.engine_start_timeout))
+    connecting = asyncio.create_task(connect_all(engines, config.engine_start_timeout))
     while not connecting.done() and not exit_request.is_requested:
         await asyncio.wait({connecting}, timeout=0.1)
     if not connecting.done():
         connecting.cancel()
-        await engine.close()
+        await close_all(engines)
         return 0
     try:
-        card = connecting.result()
+        cards = connecting.result()
     except (EngineUnavailable, TimeoutError) as exc:
         report_boot(
             spec,
             BootReport(status="failed", message=f"API server {spec.index} cannot reach the engine: {exc}"),
         )
-        await engine.close()
+        await close_all(engines)
         return EXIT_BOOT_ERROR
     preprocess = Preprocessor(config.preprocess_workers)
     media = MediaFetcher(
@@ -124,20 +141,26 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         policy=FetchPolicy(allowed_domains=config.allowed_media_domains, allow_private=config.allow_private_media_urls),
     )
     load = ServerLoad(LoadBoard.attach(spec.board_fd), spec.board_slot, spec.index)
-    state = AppState(
-        config=config,
-        card=card,
-        engine=engine,
-        tokenizer=TextTokenizer(card.tokenizer_json),
-        preprocess=preprocess,
-        images=ImageLoader(media, card.image, config.max_image_pixels),
-        server_index=spec.index,
-        started_at=int(time.time()),
-        load=load,
+    started_at = int(time.time())
+    models = ServedModels(
+        [
+            AppState(
+                config=model,
+                card=card,
+                engine=engine,
+                tokenizer=TextTokenizer(card.tokenizer_json),
+                preprocess=preprocess,
+                images=ImageLoader(media, card.image, config.max_image_pixels),
+                server_index=spec.index,
+                started_at=started_at,
+                load=load,
+            )
+            for model, card, engine in zip(spec.served_models, cards, engines, strict=True)
+        ]
     )
     server = GatedServer(
         uvicorn.Config(
-            build_app(state, plugins),
+            build_app(models.default, plugins, models),
             lifespan="off",
             ws="none",  # poolserve serves no WebSocket; apiserver/http_protocol.py, "Upgrades"
             access_log=False,
@@ -170,7 +193,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         report_boot(spec, BootReport(status="ready"))
     guards = [
         asyncio.create_task(beat(spec)),
-        asyncio.create_task(fail_waiting_on_exit(server, engine)),
+        asyncio.create_task(fail_waiting_on_exit(server, engines)),
         asyncio.create_task(sample_loop_lag(spec.index)),
     ]
     try:
@@ -180,5 +203,5 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
             guard.cancel()
         preprocess.close()
         await media.aclose()
-        await engine.close()
+        await close_all(engines)
     return 0

@@ -77,11 +77,13 @@ def main() -> int:
     try:
         config = spec.config
         loaded = load_model(config)
+        # Several models: `index` counts across them (EngineLayout); the queue limits are shared by the model's own.
+        layout = spec.layout
         engine = EngineProcess(
             loaded,
-            engine_endpoint(spec.runtime_dir, spec.index, config.engine_count),
+            engine_endpoint(spec.runtime_dir, spec.index, layout.total),
             admission=AdmissionLimit.for_engine(
-                config.max_queued_inputs, config.max_queued_tokens, spec.index, config.engine_count
+                config.max_queued_inputs, config.max_queued_tokens, layout.local_index(spec.index), config.engine_count
             ),
             # Its own file: a restarted engine names what it was running, not what a sibling was.
             recorder=FlightRecorder(os.path.join(spec.runtime_dir, f"{spec.name}-flight")),

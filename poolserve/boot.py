@@ -7,7 +7,7 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -33,16 +33,57 @@ class ChildSpec(msgspec.Struct, kw_only=True, frozen=True):
     # API servers: the load board's memfd (apiserver/load_board.py) and this process's slot on it.
     board_fd: int = -1
     board_slot: int = 0
+    # Several models (poolserve/served_models.py): every model's Config, the default (`config`) first, for an API
+    # server; and every child gets each model's engine count, since an engine's `index` counts across all models'
+    # engines (the first model's first), which keeps engine names, sockets and metric labels apart. Empty: one model.
+    models: list[Config] = msgspec.field(default_factory=list)
+    engine_counts: list[int] = msgspec.field(default_factory=list)
+
+    @property
+    def served_models(self) -> list[Config]:
+        return self.models or [self.config]
+
+    @property
+    def layout(self) -> EngineLayout:
+        return EngineLayout(self.engine_counts or [self.config.engine_count])
 
     @property
     def engine_endpoints(self) -> list[str]:
-        """Every engine's endpoint, in engine order: an API server connects to all of them."""
-        count = self.config.engine_count
-        return [engine_endpoint(self.runtime_dir, index, count) for index in range(count)]
+        """The default model's engines' endpoints, in engine order."""
+        return self.engine_endpoints_of(0)
+
+    def engine_endpoints_of(self, model: int) -> list[str]:
+        """Model `model`'s engines' endpoints, in engine order: an API server connects to all of them."""
+        layout = self.layout
+        return [engine_endpoint(self.runtime_dir, index, layout.total) for index in layout.engines_of(model)]
 
     @property
     def name(self) -> str:
-        return child_name(self.role, self.index, self.config.engine_count)
+        return child_name(self.role, self.index, self.layout.total)
+
+
+class EngineLayout(NamedTuple):
+    """Which engines are whose: engine numbers run across the models, each model's in a block, in model order."""
+
+    counts: list[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def engines_of(self, model: int) -> range:
+        first = sum(self.counts[:model])
+        return range(first, first + self.counts[model])
+
+    def model_of(self, engine: int) -> int:
+        for model in range(len(self.counts)):
+            if engine in self.engines_of(model):
+                return model
+        raise IndexError(f"engine {engine} of {self.total}")
+
+    def local_index(self, engine: int) -> int:
+        """The engine's place among its own model's engines."""
+        return engine - self.engines_of(self.model_of(engine)).start
 
 
 def child_name(role: Role, index: int, engine_count: int) -> str:

@@ -73,6 +73,13 @@ class Flag:
     # A list given one value per flag (`--plugin a --plugin b`), under this singular name instead of
     # the field's.
     repeated_as: str | None = None
+    # A setting each model of several may have its own of (a `[[models]]` table of --config sets it; on the
+    # command line it is every model's): the model's own flags, and the engine's that shape its processes.
+    per_model: bool = False
+
+    @property
+    def is_per_model(self) -> bool:
+        return self.per_model or self.group == "model"
 
 
 class Config(msgspec.Struct, kw_only=True, frozen=True):
@@ -83,7 +90,15 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     """
 
     model: Annotated[
-        str, Flag("model", "Model folder (a Hugging Face layout) or hub id. Empty: the bundled all-MiniLM-L6-v2.")
+        str,
+        Flag(
+            "model",
+            "Model folder (a Hugging Face layout) or hub id. Not given, or empty: the bundled all-MiniLM-L6-v2. "
+            "Repeat it to serve several models, each with its own engines, as NAME=PATH (NAME: what requests put in "
+            "`model`; an empty PATH: the bundled model); the first is the default, which routes without a `model` "
+            "field (TEI's) use. The other flags apply to every model; --config gives each its own.",
+            metavar="[NAME=]PATH",
+        ),
     ] = ""
     revision: Annotated[
         str,
@@ -98,10 +113,23 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         Flag(
             "model",
             "Name(s) clients use in the `model` field; the first is reported in responses. "
-            "Default: --model as given, or sentence-transformers/all-MiniLM-L6-v2 for the bundled model.",
+            "Default: --model as given, or sentence-transformers/all-MiniLM-L6-v2 for the bundled model. "
+            "One model only (several take NAME=PATH, or --config).",
             metavar="NAME",
         ),
     ] = msgspec.field(default_factory=list)
+    config: Annotated[
+        str,
+        Flag(
+            "model",
+            "A TOML file declaring the models to serve, one [[models]] table each: `model` (the folder; absent: the "
+            "bundled model), `served_model_name` (a list), and any of the per-model flags by their field name "
+            "(engine_count, dtype, max_batch_size, max_batch_tokens, device, torch_threads, token_packing, and "
+            "the model flags); unset keys take the command line's values. The first table is the default model. "
+            "Not with --model (docs/operations.md, 'Several models').",
+            metavar="FILE",
+        ),
+    ] = ""
     max_model_len: Annotated[
         int,
         Flag(
@@ -467,7 +495,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = msgspec.field(default_factory=list)
 
-    device: Annotated[Device, Flag("engine", "auto: CUDA when visible, else CPU.")] = "auto"
+    device: Annotated[Device, Flag("engine", "auto: CUDA when visible, else CPU.", per_model=True)] = "auto"
     engine_count: Annotated[
         int,
         Flag(
@@ -479,6 +507,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "each gets an equal share of the usable cores as torch threads unless --torch-threads is set. Use one "
             "engine per GPU. On the CPU, engines of 1 thread each beat one engine of all the threads (2 cores: "
             "+15-37% throughput with 2 engines x 1 thread; docs/scaling.md) at the cost of a model copy each.",
+            per_model=True,
         ),
     ] = 1
     dtype: Annotated[
@@ -488,6 +517,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 "
             "(AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 "
             "overlap >= 0.9), else float32.",
+            per_model=True,
         ),
     ] = "auto"
     token_packing: Annotated[
@@ -499,13 +529,20 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "auto: on the CPU (32 sentences as they arrive: 0.67 x the padded pass's time, equal outputs; "
             "docs/benchmarks.md); on: on CUDA too (not measured there); off: the model's own padded forward. "
             "Other architectures, and late-interaction (ColBERT) models, always run padded.",
+            per_model=True,
         ),
     ] = "auto"
     max_batch_tokens: Annotated[
         int,
-        Flag("engine", "Token budget of one forward pass, padding included. 0: 8192 on CPU, 32768 on CUDA."),
+        Flag(
+            "engine",
+            "Token budget of one forward pass, padding included. 0: 8192 on CPU, 32768 on CUDA.",
+            per_model=True,
+        ),
     ] = 0
-    max_batch_size: Annotated[int, Flag("engine", "Most inputs in one forward pass. 0: 32 on CPU, 256 on CUDA.")] = 0
+    max_batch_size: Annotated[
+        int, Flag("engine", "Most inputs in one forward pass. 0: 32 on CPU, 256 on CUDA.", per_model=True)
+    ] = 0
     torch_threads: Annotated[
         int,
         Flag(
@@ -513,6 +550,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "torch intra-op threads in the engine; 0: torch's default (the usable cores). On CPU a batch of at most "
             "128 padded tokens runs on one of them unless it holds a request with priority < 0 "
             "(engine_core/threads.py).",
+            per_model=True,
         ),
     ] = 0
     engine_start_timeout: Annotated[

@@ -12,6 +12,10 @@ from typing import Any, NamedTuple
 import msgspec
 
 from poolserve.config import Config, ConfigError, Flag
+from poolserve.served_models import model_configs
+
+# The flag that, repeated, declares another model.
+MODEL_FIELD = "model"
 
 
 class FlagField(NamedTuple):
@@ -47,7 +51,10 @@ def add_flag(group: argparse._ArgumentGroup, field: FlagField) -> None:
         options["metavar"] = field.flag.metavar
     if field.flag.env:
         options["default"] = argparse.SUPPRESS  # the environment's value is read after parsing
-    if field.type is bool:
+    if field.name == MODEL_FIELD:
+        # Repeated, it declares several models (poolserve/served_models.py); the values come back as a list.
+        options["action"], options["default"] = "append", None
+    elif field.type is bool:
         if field.default is not False:
             raise TypeError(f"{field.option} is a switch, so Config.{field.name} must default to False")
         options["action"] = "store_true"
@@ -80,3 +87,8 @@ def value_of(args: argparse.Namespace, field: FlagField) -> Any:
             "to run without one."
         )
     return field.default if given is None else given
+
+
+def configs_of(args: argparse.Namespace, fields: list[FlagField]) -> list[Config]:
+    """Each declared model's Config from the parsed flags, the default model first."""
+    return model_configs({field.name: value_of(args, field) for field in fields})

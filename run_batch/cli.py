@@ -17,6 +17,7 @@ import msgspec
 
 from poolserve.config import Config, ConfigError
 from poolserve.config_flags import add_flag, flag_fields, value_of
+from poolserve.served_models import model_configs
 from run_batch.inputs import InputError, InputFormat, Item, Request, Text, count_items, detect_format, read_items
 from run_batch.job import BatchDriver, Counts, JobOptions
 from run_batch.output import Existing, OrderedOutput, recover
@@ -97,7 +98,8 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def check_launch_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
     try:
         values = {f.name: value_of(args, f) for f in flag_fields() if f.name not in NOT_FORWARDED}
-        return Config(**values)
+        # The server serves every model declared; the job's own defaults follow the default (first) model.
+        return model_configs(values)[0]
     except ConfigError as exc:
         parser.error(str(exc))
 

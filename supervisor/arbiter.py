@@ -18,11 +18,12 @@ import socket
 import sys
 import time
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from types import FrameType, ModuleType
 
 import msgspec
 
-from poolserve.boot import EXIT_BOOT_ERROR, child_name
+from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, child_name
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard, SlotState, Word
 from supervisor.children import CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
@@ -63,12 +64,18 @@ class StopRequested(Exception):
 
 
 class Supervisor:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, models: Sequence[Config] = ()):
+        """`models`: every model's Config, `config` (the default model's) first, when it serves several
+        (poolserve/served_models.py); their server-wide settings are `config`'s."""
         self.config = config
+        self.models = list(models) or [config]
+        self.layout = EngineLayout([model.engine_count for model in self.models])
         self.api_server_count = config.api_server_count
-        # The engine of each index (--engine-count); one that died is absent until its restart.
+        # The engine of each index (each model's --engine-count, numbered across the models: EngineLayout); one
+        # that died is absent until its restart.
         self.engines: dict[int, ChildProcess] = {}
-        self.engine_slots = {child_name("engine", i, config.engine_count): i for i in range(config.engine_count)}
+        total = self.layout.total
+        self.engine_slots = {child_name("engine", i, total): i for i in range(total)}
         # The serving (or booting) API server of each index.
         self.api_servers: dict[int, ChildProcess] = {}
         # SIGHUP: the new process of an index, booting while the old one still serves.
@@ -132,7 +139,7 @@ class Supervisor:
                 f"cannot create the runtime folder{where}: {exc.strerror or exc} (TMPDIR names where it goes)"
             ) from exc
         # Not a reason to refuse: with no room at all the server serves, and only metrics miss series.
-        shortfall = room_shortfall(self.runtime_dir, self.api_server_count + config.engine_count + 1)
+        shortfall = room_shortfall(self.runtime_dir, self.api_server_count + self.layout.total + 1)
         if shortfall:
             logger.warning(
                 "%s: /metrics will miss series (counted in poolserve_metric_series_dropped_total)", shortfall
@@ -144,15 +151,15 @@ class Supervisor:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
         self.board = LoadBoard.create()
         gpus = gpu_names(os.environ.get(CUDA_DEVICES_ENV))
-        if config.engine_count > len(gpus) > 0 and config.device != "cpu":
+        if self.layout.total > len(gpus) > 0 and any(model.device != "cpu" for model in self.models):
             logger.warning(
                 "%d engines on %d GPU(s): engine i gets GPU i mod %d, so some share one (a copy of the model each)",
-                config.engine_count,
+                self.layout.total,
                 len(gpus),
                 len(gpus),
             )
         # All at once: each loads its own copy of the model, and start-up waits for the slowest.
-        for index in range(config.engine_count):
+        for index in range(self.layout.total):
             self.engines[index] = self._spawn("engine", index)
         self._await_ready(list(self.engines.values()), config.engine_start_timeout)
         for index in range(self.api_server_count):
@@ -161,9 +168,12 @@ class Supervisor:
         self._announced.update(child.pid for child in self.children)
         if config.binds_beyond_loopback and not config.api_key:
             logger.warning("listening on %s without an API key: anyone who can reach the port can use it", config.host)
-        first = self.engines[0].boot_report
-        summary = first.message if first else ""
-        print(ready_line(config, bound_port(self.listener), time.perf_counter() - started, summary), flush=True)
+        reports = []
+        for model in range(len(self.models)):
+            first = self.engines[self.layout.engines_of(model).start].boot_report
+            reports.append(first.message if first else "")
+        seconds = time.perf_counter() - started
+        print(ready_line(config, bound_port(self.listener), seconds, reports[0], self._others(reports)), flush=True)
 
     def _prepare_metrics(self) -> None:
         """Every process writes its series here; any API server's /metrics reads them all. Set before
@@ -233,6 +243,11 @@ class Supervisor:
             + list(self.replacements.values())
             + self.retiring
         )
+
+    @property
+    def _engine_counts(self) -> list[int] | None:
+        """Each model's engine count for the children's specs, with several models (one: the spec's own config)."""
+        return self.layout.counts if len(self.models) > 1 else None
 
     def _seconds_to_next_event(self) -> float:
         now = time.monotonic()
@@ -315,9 +330,11 @@ class Supervisor:
             if child.role == "engine":
                 consequence = (
                     "; the API servers move what was in flight to the other engines"
-                    if self.config.engine_count > 1
+                    if self._model_of(child).engine_count > 1
                     else "; the API servers keep what was in flight and resubmit it"
                 )
+                if len(self.models) > 1:
+                    consequence += f" (model {self._model_of(child).model_names[0]}; the other models serve on)"
             logger.error(
                 "%s (pid %d) %s; restarting it%s%s",
                 child.name,
@@ -332,8 +349,18 @@ class Supervisor:
             self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
 
     def _others_serve(self, engine: ChildProcess) -> bool:
-        """Whether another engine is up (started, not out of service) to serve while this one cannot."""
-        return any(other is not engine and other.poll() is None for other in self.engines.values())
+        """Whether another engine of its model is up (started, not out of service) to serve while this one cannot."""
+        siblings = self.layout.engines_of(self.layout.model_of(engine.index))
+        return any(
+            other is not engine and other.index in siblings and other.poll() is None for other in self.engines.values()
+        )
+
+    def _model_of(self, engine: ChildProcess) -> Config:
+        return self.models[self.layout.model_of(engine.index)]
+
+    def _others(self, reports: list[str]) -> list[tuple[Config, str]]:
+        """The models after the default, each with its first engine's boot report (the ready line names them)."""
+        return list(zip(self.models[1:], reports[1:], strict=True))
 
     def _take_out_of_service(self, child: ChildProcess, crashes: int, code: int, now: float) -> None:
         """A crash-looping engine beside others that serve: it alone stops, for OUT_OF_SERVICE_S, then gets a
@@ -430,13 +457,21 @@ class Supervisor:
         if role == "engine":
             # The engine has no use for the API key: one process fewer holds it. --protect-metrics goes with
             # it, since the copy is validated again and a protected /metrics without a key is refused.
+            model = self.models[self.layout.model_of(index)]
             keyless = msgspec.structs.replace(
-                self.config, api_key="", protect_metrics=False, torch_threads=self.config.engine_torch_threads
+                model, api_key="", protect_metrics=False, torch_threads=model.engine_torch_threads
             )
-            child = spawn_child("engine", keyless, self.runtime_dir, index=index)
+            child = spawn_child("engine", keyless, self.runtime_dir, index=index, engine_counts=self._engine_counts)
         else:
             child = spawn_child(
-                "api", self.config, self.runtime_dir, index=index, listener=self.listener, board=self.board
+                "api",
+                self.config,
+                self.runtime_dir,
+                index=index,
+                listener=self.listener,
+                board=self.board,
+                models=self.models if len(self.models) > 1 else None,
+                engine_counts=self._engine_counts,
             )
         self._selector.register(child.pipe_fd, selectors.EVENT_READ)
         return child
@@ -522,12 +557,24 @@ class Supervisor:
                         os.read(self._wakeup_r, 4096)
 
 
-def ready_line(config: Config, port: int, seconds: float, engine_report: str) -> str:
-    """The one line that says the server is up, where, and who may reach it."""
+def ready_line(
+    config: Config, port: int, seconds: float, engine_report: str, others: Sequence[tuple[Config, str]] = ()
+) -> str:
+    """The one line that says the server is up, where, and who may reach it; `others`: the models served beside
+    the default one, each with its first engine's report."""
     reach = " (listening beyond loopback: reachable from other machines)" if config.binds_beyond_loopback else ""
     key = ", API key required" if config.api_key else ""
-    engines = f", {config.engine_count} engines" if config.engine_count > 1 else ""
+    if others:  # each model with its own engine count; the first is the default
+        described = [f"model {config.model_names[0]} (the default: {engine_report}{engines_of(config)})"]
+        described += [f"model {model.model_names[0]} ({report}{engines_of(model)})" for model, report in others]
+        models, engines = ", ".join(described), ""
+    else:
+        models, engines = f"model {config.model_names[0]} ({engine_report})", engines_of(config)
     return (
         f"poolserve ready in {seconds:.1f}s on http://{config.host}:{port}{reach}: "
-        f"model {config.model_names[0]} ({engine_report}), {config.api_server_count} API server(s){engines}{key}"
+        f"{models}, {config.api_server_count} API server(s){engines}{key}"
     )
+
+
+def engines_of(config: Config) -> str:
+    return f", {config.engine_count} engines" if config.engine_count > 1 else ""

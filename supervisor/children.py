@@ -128,7 +128,11 @@ def spawn_child(
     index: int = 0,
     listener: socket.socket | None = None,
     board: LoadBoard | None = None,
+    models: list[Config] | None = None,
+    engine_counts: list[int] | None = None,
 ) -> ChildProcess:
+    """`models`: every model's Config, for an API server of several; `engine_counts`: each model's engine count,
+    with several models (poolserve/boot.py, EngineLayout)."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     listen_fd = listener.fileno() if listener is not None else -1
@@ -143,6 +147,8 @@ def spawn_child(
         listen_fd=listen_fd,
         board_fd=board.fd if board is not None else -1,
         board_slot=board_slot,
+        models=models or [],
+        engine_counts=engine_counts or [],
     )
     env = dict(os.environ)
     # The key reaches the API servers inside their spec; the variable it came from goes to no child.
@@ -151,7 +157,7 @@ def spawn_child(
     if role == "api":
         # One tokenizer thread per API server: parallelism comes from running N of them.
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    elif config.engine_count > 1:
+    elif spec.layout.total > 1:
         env[CUDA_DEVICES_ENV] = engine_gpu(index, env.get(CUDA_DEVICES_ENV))
     module = "engine_core" if role == "engine" else "apiserver"
     pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
@@ -166,7 +172,7 @@ def spawn_child(
         os.close(write_fd)
     if board is not None:
         board.set_pid(board_slot, popen.pid)
-    return ChildProcess(role, index, popen, read_fd, board_slot, engine_count=config.engine_count)
+    return ChildProcess(role, index, popen, read_fd, board_slot, engine_count=spec.layout.total)
 
 
 def gpu_names(visible: str | None, driver_dir: Path = NVIDIA_GPUS_DIR) -> list[str]:

@@ -7,7 +7,7 @@ import os
 import sys
 
 from poolserve.config import Config, ConfigError
-from poolserve.config_flags import add_flag, flag_fields, value_of
+from poolserve.config_flags import add_flag, configs_of, flag_fields
 from poolserve.logs import configure_logging
 from supervisor.arbiter import Supervisor
 
@@ -36,14 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv: list[str] | None = None) -> Config:
+def parse_configs(argv: list[str] | None = None) -> list[Config]:
+    """Each model's Config (one, unless --model is repeated or --config lists several), the default first."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        values = {field.name: value_of(args, field) for field in flag_fields()}
-        return Config(**values)
+        return configs_of(args, flag_fields())
     except ConfigError as exc:
         parser.error(str(exc))
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """The default model's Config: the whole of it for a one-model server."""
+    return parse_configs(argv)[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         from run_batch.cli import main as run_batch
 
         sys.exit(run_batch(args[1:]))
-    config = parse_config(argv)
+    configs = parse_configs(argv)
+    config = configs[0]
     configure_logging("supervisor", config.log_level, config.log_format)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    sys.exit(Supervisor(config).run())
+    sys.exit(Supervisor(config, configs).run())

@@ -19,7 +19,13 @@ def module_name(path: Path) -> str:
 
 
 def modules(*packages: str) -> dict[str, Path]:
-    return {module_name(path): path for package in packages for path in sorted((ROOT / package).rglob("*.py"))}
+    """The packages' own modules (not the virtualenvs bench and tests keep in dot-folders)."""
+    return {
+        module_name(path): path
+        for package in packages
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
+    }
 
 
 def imported(name: str, path: Path) -> Iterator[str]:

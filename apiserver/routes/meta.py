@@ -9,14 +9,15 @@ from starlette.responses import Response
 
 from apiserver.errors import error_response, style_of
 from apiserver.responses import json_response
-from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelList, VersionResponse
-from apiserver.state import AppState
+from apiserver.schemas.meta import EngineHealth, HealthResponse, ModelEntry, ModelHealth, ModelList, VersionResponse
+from apiserver.served_models import ServedModels
 
 LIVE = b'{"status":"ok"}'
 
 
 async def list_models(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
+    """Every name of every model served, the default model's first."""
+    models: ServedModels = request.app.state.models
     entries = [
         ModelEntry(
             id=name,
@@ -28,6 +29,7 @@ async def list_models(request: Request) -> Response:
             output=state.card.output,
             outputs=list(state.card.outputs),
         )
+        for state in models.states
         for name in state.model_names
     ]
     return json_response(ModelList(data=entries))
@@ -43,21 +45,35 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """200 when the engine answered the background ping lately and is not stuck in one forward pass;
-    else 503. Reading the latest answer, not waiting for a new one, keeps probes fast under load."""
-    state: AppState = request.app.state.poolserve
-    pong = state.engine.latest_pong()
-    if pong is None:
-        message = "The model engine is not answering (loading, restarting or down)."
-        return error_response(503, message, code="engine_unavailable", style=style_of(request.scope))
-    if pong.stalled_for > state.config.engine_stall_limit:
-        return error_response(
-            503,
-            f"The model engine has been inside one forward pass for {pong.stalled_for:.0f}s: it looks hung.",
-            code="engine_hung",
-            style=style_of(request.scope),
+    """200 when every model's engines answered the background ping lately and are not stuck in one forward pass;
+    else 503, naming the model when there are several. Reading the latest answer, not waiting for a new one, keeps
+    probes fast under load."""
+    models: ServedModels = request.app.state.models
+    several = len(models.states) > 1
+    healths: dict[str, ModelHealth] = {}
+    for state in models.states:
+        which = f" of model {state.model_name!r}" if several else ""
+        pong = state.engine.latest_pong()
+        if pong is None:
+            message = f"The model engine{which} is not answering (loading, restarting or down)."
+            return error_response(503, message, code="engine_unavailable", style=style_of(request.scope))
+        if pong.stalled_for > state.config.engine_stall_limit:
+            return error_response(
+                503,
+                f"The model engine{which} has been inside one forward pass for {pong.stalled_for:.0f}s: it looks hung.",
+                code="engine_hung",
+                style=style_of(request.scope),
+            )
+        engine = EngineHealth(
+            queued_inputs=pong.queued_inputs, queued_tokens=pong.queued_tokens, busy_seconds=round(pong.stalled_for, 3)
         )
-    engine = EngineHealth(
-        queued_inputs=pong.queued_inputs, queued_tokens=pong.queued_tokens, busy_seconds=round(pong.stalled_for, 3)
+        healths[state.model_name] = ModelHealth(engine=engine, silent_engines=state.engine.silent_engines())
+    default = healths[models.default.model_name]
+    return json_response(
+        HealthResponse(
+            status="ok",
+            engine=default.engine,
+            silent_engines=default.silent_engines,
+            models=healths if several else {},
+        )
     )
-    return json_response(HealthResponse(status="ok", engine=engine, silent_engines=state.engine.silent_engines()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
+import msgspec
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,8 +28,10 @@ from apiserver.schemas.tei import (
     ModelType,
     Prediction,
     PredictRequest,
+    ServedModelInfo,
     SparseValue,
 )
+from apiserver.served_models import ServedModels
 from apiserver.sparse import pruned
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, require_task
@@ -213,7 +216,9 @@ def model_type(state: AppState) -> ModelType:
 
 
 async def get_info(request: Request) -> Response:
-    state: AppState = request.app.state.poolserve
+    """The default model's info, as TEI's; with several models, each one's in `models` too."""
+    models: ServedModels = request.app.state.models
+    state = models.default
     config, card = state.config, state.card
     return json_response(
         InfoResponse(
@@ -232,5 +237,20 @@ async def get_info(request: Request) -> Response:
             tokenization_workers=config.preprocess_workers * config.api_server_count,
             version=version("poolserve"),
             outputs=list(card.outputs),
+            models=[model_info(each) for each in models.states] if len(models.states) > 1 else msgspec.UNSET,
         )
+    )
+
+
+def model_info(state: AppState) -> ServedModelInfo:
+    card = state.card
+    return ServedModelInfo(
+        model_id=state.model_name,
+        served_model_name=state.model_name,
+        model_dtype=card.dtype,
+        model_type=model_type(state),
+        max_input_length=card.max_model_len,
+        max_batch_tokens=card.max_batch_tokens,
+        max_batch_requests=card.max_batch_size,
+        outputs=list(card.outputs),
     )

@@ -43,8 +43,17 @@ class EngineHealth(msgspec.Struct, kw_only=True):
     busy_seconds: float
 
 
+class ModelHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One model's engines, on a server of several."""
+
+    engine: EngineHealth
+    silent_engines: list[int] = msgspec.field(default_factory=list)
+
+
 class HealthResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: str
     engine: EngineHealth | None = None
     # With several engines: those not answering now (restarting, or out of service), while the others serve.
     silent_engines: list[int] = msgspec.field(default_factory=list)
+    # With several models: each one's own `engine` and `silent_engines` (the fields above are the default model's).
+    models: dict[str, ModelHealth] = msgspec.field(default_factory=dict)

@@ -113,6 +113,19 @@ class ModelType(msgspec.Struct, omit_defaults=True):
     reranker: ClassifierModelType | None = None
 
 
+class ServedModelInfo(msgspec.Struct, kw_only=True):
+    """One model of several: /info's fields that are the model's own."""
+
+    model_id: str
+    served_model_name: str
+    model_dtype: str
+    model_type: ModelType
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    outputs: list[str]
+
+
 class InfoResponse(msgspec.Struct, kw_only=True):
     model_id: str
     served_model_name: str
@@ -129,3 +142,5 @@ class InfoResponse(msgspec.Struct, kw_only=True):
     version: str
     # poolserve's: every output a request may ask for, the model's own first (/v1/models' `outputs`).
     outputs: list[str] = msgspec.field(default_factory=list)
+    # poolserve's, with several models only: each model's own fields (the ones above are the default model's).
+    models: list[ServedModelInfo] | msgspec.UnsetType = msgspec.UNSET

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 
@@ -17,6 +18,7 @@ from apiserver.fair_accept import ServerLoad
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
 from apiserver.preprocess import Preprocessor
+from apiserver.served_models import ServedModels
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
 from bench.llm_reranker import bpe_tokenizer
@@ -34,7 +36,9 @@ def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def serve(bundled_model: Path) -> Iterator[Any]:
-    """serve(card changes, config changes, engine answer, extra endpoints) -> Served."""
+    """serve(card changes, config changes, engine answer, extra endpoints, other models) -> Served. `others`: more
+    models served beside the first (the default), each as (card changes, config changes), over engines of their own
+    (Served.states)."""
     board = LoadBoard.create()
     opened: list[tuple[TestClient, Preprocessor]] = []
 
@@ -43,20 +47,28 @@ def serve(bundled_model: Path) -> Iterator[Any]:
         config: dict[str, Any] | None = None,
         engine_answer: Any = None,
         extra: list[Endpoint] | None = None,
+        others: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
     ) -> Served:
-        model_card = make_card(bundled_model, **(card or {}))
         settings = Config(**(config or {}))
-        engine = InProcessEngine(engine_answer or answering(model_card.output_size))
         preprocess = Preprocessor(settings.preprocess_workers)
         media = MediaFetcher(max_bytes=settings.max_image_bytes, timeout=1.0, allowed_local_path="")
-        state = AppState(
-            config=settings, card=model_card, engine=engine, tokenizer=TextTokenizer(model_card.tokenizer_json),
-            preprocess=preprocess, images=ImageLoader(media, model_card.image, settings.max_image_pixels),
-            server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
-        )  # fmt: skip
-        client = TestClient(build_app(state, extra or []))
+
+        def model_state(card_changes: dict[str, Any], config_changes: dict[str, Any], answer: Any) -> AppState:
+            model_card = make_card(bundled_model, **card_changes)
+            model_config = msgspec.structs.replace(settings, **config_changes)
+            return AppState(
+                config=model_config, card=model_card,
+                engine=InProcessEngine(answer or answering(model_card.output_size)),
+                tokenizer=TextTokenizer(model_card.tokenizer_json), preprocess=preprocess,
+                images=ImageLoader(media, model_card.image, settings.max_image_pixels),
+                server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
+            )  # fmt: skip
+
+        states = [model_state(card or {}, {}, engine_answer)]
+        states += [model_state(card_changes, config_changes, None) for card_changes, config_changes in others or []]
+        client = TestClient(build_app(states[0], extra or [], ServedModels(states)))
         opened.append((client, preprocess))
-        return Served(client.__enter__(), engine, state)
+        return Served(client.__enter__(), states)
 
     yield start
     for client, preprocess in opened:

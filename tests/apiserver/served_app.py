@@ -75,10 +75,13 @@ CLIP_CHANGES: dict[str, Any] = {
 class Served:
     """A test client of the real app, and the in-process engine behind it."""
 
-    def __init__(self, client: TestClient, engine: InProcessEngine, state: AppState):
+    def __init__(self, client: TestClient, states: list[AppState]):
         self.client = client
-        self.engine = engine
-        self.state = state
+        # Every model's state, the default first: `state` and `engine` are the default model's.
+        self.states = states
+        self.state = states[0]
+        assert isinstance(self.state.engine, InProcessEngine)
+        self.engine: InProcessEngine = self.state.engine
 
     def post(self, path: str, body: object, status: int = 200) -> Any:
         response = self.client.post(path, json=body)

@@ -271,6 +271,8 @@ def test_every_config_field_is_exactly_one_flag_with_the_field_s_default(monkeyp
         expected = field.default if field.default_factory is msgspec.NODEFAULT else field.default_factory()
         if field.name == "api_key":  # read from the environment after parsing, so it stays out of --help
             assert defaults[field.name] is argparse.SUPPRESS
+        elif field.name == "model":  # repeatable: the list of values given, none by default
+            assert defaults[field.name] is None
         else:
             assert defaults[field.name] == expected, field.name
     assert parse_config([]) == Config()
