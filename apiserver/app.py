@@ -22,6 +22,7 @@ from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
 from apiserver.request_cycle import Handler
 from apiserver.state import AppState
+from apiserver.tracing import TraceRequests
 from poolserve.config import Config
 
 
@@ -49,6 +50,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = ()) -> Star
                 error_styles={e.path: e.error_style for e in endpoints},
                 cache_hits_header=state.config.cache_hits_header,
             ),
+            *tracing_middleware(state),
             *access_middleware(
                 state.config, body_limit=request_body_limit(state.config, state.card), server_index=state.server_index
             ),
@@ -77,6 +79,14 @@ def by_method(handlers: dict[str, Handler]) -> Handler:
         return await handlers["GET" if request.method == "HEAD" else request.method](request)
 
     return dispatch
+
+
+def tracing_middleware(state: AppState) -> list[Middleware]:
+    """Inside the request telemetry (its request id goes on the span) and outside the key and body checks (their
+    refusals are traced too); none when tracing is off."""
+    if state.tracer is None:
+        return []
+    return [Middleware(TraceRequests, tracer=state.tracer)]
 
 
 def access_middleware(config: Config, *, body_limit: int, server_index: int = 0) -> list[Middleware]:

@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 import uvloop
@@ -25,6 +26,7 @@ from apiserver.plugins import PluginError, load_plugins
 from apiserver.preprocess import Preprocessor
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
+from apiserver.tracing import start_tracing
 from engine_client import EngineClient, EngineUnavailable
 from poolserve.boot import (
     EXIT_BOOT_ERROR,
@@ -35,6 +37,9 @@ from poolserve.boot import (
 )
 from poolserve.load_board import LoadBoard
 from poolserve.logs import configure_logging
+
+if TYPE_CHECKING:
+    from apiserver.request_tracer import RequestTracer
 
 logger = logging.getLogger("poolserve.api")
 
@@ -81,11 +86,19 @@ def run(spec: ChildSpec) -> int:
     signal.signal(signal.SIGTERM, exit_request.handle_term)
     signal.signal(signal.SIGINT, exit_request.handle_term)
     listener = socket.socket(fileno=spec.listen_fd)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(spec, listener, exit_request))
+    tracer = start_tracing(spec.config, spec.index)
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(serve(spec, listener, exit_request, tracer))
+    finally:
+        # After the loop: the last spans (of the requests drained) are sent, and no request waits on it.
+        if tracer is not None:
+            tracer.shutdown()
 
 
-async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequest) -> int:
+async def serve(
+    spec: ChildSpec, listener: socket.socket, exit_request: ExitRequest, tracer: RequestTracer | None = None
+) -> int:
     config = spec.config
     try:
         plugins = load_plugins(config.plugins)
@@ -134,6 +147,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         server_index=spec.index,
         started_at=int(time.time()),
         load=load,
+        tracer=tracer,
     )
     server = GatedServer(
         uvicorn.Config(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -125,10 +126,13 @@ def main() -> None:
         default="loadgen",
         help="the load: bench.loadgen (Python, ~150 µs a request of its own) or bench.wrk_load (Debian's wrk)",
     )
+    parser.add_argument(
+        "--server-flags", default="", help="more `launch` flags, as one string ('--otlp-endpoint http://...')"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     workloads = args.workloads.split(",")
-    flags = ["--api-server-count", str(args.api_servers), "--dtype", "float32"]
+    flags = ["--api-server-count", str(args.api_servers), "--dtype", "float32", *shlex.split(args.server_flags)]
     if args.model != "bundled":
         flags = ["--model", str(model_folder(args.model)), *flags]
     if args.model == "simgpu":
