@@ -34,7 +34,7 @@ def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def serve(bundled_model: Path) -> Iterator[Any]:
-    """serve(card changes, config changes, engine answer, extra endpoints) -> Served."""
+    """serve(card changes, config changes, engine answer, extra endpoints, tracer) -> Served."""
     board = LoadBoard.create()
     opened: list[tuple[TestClient, Preprocessor]] = []
 
@@ -43,6 +43,7 @@ def serve(bundled_model: Path) -> Iterator[Any]:
         config: dict[str, Any] | None = None,
         engine_answer: Any = None,
         extra: list[Endpoint] | None = None,
+        tracer: Any = None,
     ) -> Served:
         model_card = make_card(bundled_model, **(card or {}))
         settings = Config(**(config or {}))
@@ -52,7 +53,7 @@ def serve(bundled_model: Path) -> Iterator[Any]:
         state = AppState(
             config=settings, card=model_card, engine=engine, tokenizer=TextTokenizer(model_card.tokenizer_json),
             preprocess=preprocess, images=ImageLoader(media, model_card.image, settings.max_image_pixels),
-            server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
+            server_index=0, started_at=0, load=ServerLoad(board, 0, 0), tracer=tracer,
         )  # fmt: skip
         client = TestClient(build_app(state, extra or []))
         opened.append((client, preprocess))
