@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.cpu_use import cpu_seconds
 from bench.models import model_folder
-from bench.server_process import PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
+from bench.server_process import REPO, PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
 
 BARE_READY = re.compile(r"bare app listening on http://(?P<host>[^:]+):(?P<port>\d+)")
 WORKLOADS = ("short", "batch16", "rerank8")
@@ -129,6 +129,9 @@ def main() -> None:
     parser.add_argument(
         "--server-flags", default="", help="more `launch` flags, as one string ('--otlp-endpoint http://...')"
     )
+    parser.add_argument(
+        "--cwd", type=Path, default=REPO, help="the checkout whose server runs (a `git worktree` of an earlier commit)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     workloads = args.workloads.split(",")
@@ -138,7 +141,7 @@ def main() -> None:
     if args.model == "simgpu":
         flags += ["--trust-remote-code", *GPU_CAPS]
     rows: list[dict[str, Any]] = []
-    server = PoolserveProcess(flags)
+    server = PoolserveProcess(flags, cwd=args.cwd)
     try:
         server.wait_ready(300)
         for workload in workloads:
