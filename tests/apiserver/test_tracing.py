@@ -61,14 +61,16 @@ def test_a_sampled_request_asks_the_engine_for_its_passes_and_draws_them_under_i
 
     served = serve(engine_answer=answer, tracer=tracer)
     try:
-        for flags in ("01", "00"):  # the client's sampled trace, then an unsampled one (parent-based: followed)
-            headers = {"traceparent": f"00-{TRACE}-b7ad6b7169203331-{flags}"}
+        # The client's sampled trace, its unsampled one (parent-based: followed), and a header that is no trace
+        # context (read as none: the root sampler, off here, decides).
+        for traceparent in (f"00-{TRACE}-b7ad6b7169203331-01", f"00-{TRACE}-b7ad6b7169203331-00", "00-garbage"):
+            headers = {"traceparent": traceparent}
             response = served.client.post("/v1/embeddings", json={"input": ["hello", "world"]}, headers=headers)
             assert response.status_code == 200, response.text
     finally:
         tracer.shutdown()  # sends what is queued
         receiver.stop()
-    assert [request.traced for request in served.engine.requests] == [True, False]
+    assert [request.traced for request in served.engine.requests] == [True, False, False]
     spans = {span.name: span for span in receiver.spans()}
     assert sorted(spans) == ["POST /v1/embeddings", "engine.forward", "engine.queue", "parse", "render"]
     forwards = [span for span in receiver.spans() if span.name == "engine.forward"]
