@@ -4,7 +4,7 @@ drawn with. Imported only when tracing is on (apiserver/tracing.py), so a server
 The engine's part of a request (its wait in the queue, each forward pass it rode in) is drawn here too, from the
 times the engine reports in its reply (`ForwardPass`), rather than by an SDK in the engine: the engine is the one
 process every API server shares, and its scheduler thread's time per request is what decides whether batches
-fill, so it only reads a clock and keeps four numbers per pass; spans, their export thread and protobuf encoding
+fill, so it only reads the clock twice and keeps six numbers per pass; spans, their export thread and protobuf encoding
 stay in the API servers, which scale out. Both ends read the same host's wall clock (the engine's socket is a
 local ipc path), and a request resubmitted after an engine died is drawn with the passes of the engine that
 answered it, from the same process that holds its span.
@@ -12,7 +12,6 @@ answered it, from the same process that holds its span.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable, Mapping
 
@@ -27,8 +26,6 @@ from starlette.types import Scope
 
 from poolserve.config import Config
 from poolserve.protocol import ForwardPass
-
-logger = logging.getLogger("poolserve.tracing")
 
 TRACES_PATH = "/v1/traces"
 # The headers W3C Trace Context reads: the parent span and the vendors' state.
