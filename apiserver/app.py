@@ -23,6 +23,7 @@ from apiserver.openapi import encode_openapi
 from apiserver.request_cycle import Handler
 from apiserver.served_models import ServedModels
 from apiserver.state import AppState
+from apiserver.tracing import TraceRequests
 from poolserve.config import Config
 
 
@@ -54,6 +55,7 @@ def build_app(
                 error_styles={e.path: e.error_style for e in endpoints},
                 cache_hits_header=state.config.cache_hits_header,
             ),
+            *tracing_middleware(state),
             *access_middleware(
                 state.config,
                 # One limit for the server: the largest any of its models takes (a model of images takes more).
@@ -86,6 +88,14 @@ def by_method(handlers: dict[str, Handler]) -> Handler:
         return await handlers["GET" if request.method == "HEAD" else request.method](request)
 
     return dispatch
+
+
+def tracing_middleware(state: AppState) -> list[Middleware]:
+    """Inside the request telemetry (its request id goes on the span) and outside the key and body checks (their
+    refusals are traced too); none when tracing is off."""
+    if state.tracer is None:
+        return []
+    return [Middleware(TraceRequests, tracer=state.tracer)]
 
 
 def access_middleware(config: Config, *, body_limit: int, server_index: int = 0) -> list[Middleware]:

@@ -30,6 +30,7 @@ from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
 from apiserver.served_models import ServedModels
 from apiserver.state import AppState
+from apiserver.tracing import TRACE_SPAN
 from apiserver.validation import decode_body
 from poolserve.protocol import SparseRows
 
@@ -41,14 +42,15 @@ Handler = Callable[[Request], Awaitable[Response]]
 @dataclass(frozen=True, slots=True)
 class Timer:
     """Where time off the loop is added up: a field of the request's state (read by the middleware's
-    timing headers) and a histogram by endpoint."""
+    timing headers), a histogram by endpoint, and a traced request's child span of this name."""
 
     field: str
     histogram: Histogram
+    span: str
 
 
-PARSING = Timer("preprocess_s", PREPROCESS_SECONDS)  # x-tokenization-time
-ENCODING = Timer("encode_s", ENCODE_SECONDS)  # x-encoding-time
+PARSING = Timer("preprocess_s", PREPROCESS_SECONDS, "parse")  # x-tokenization-time
+ENCODING = Timer("encode_s", ENCODE_SECONDS, "render")  # x-encoding-time
 
 
 def handler_of(operation: AnyOperation) -> Handler:
@@ -85,6 +87,16 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     job = await job_of(request, plan, state)
     if job is not None:
         job.priority = priority
+    span = request.scope["state"].get(TRACE_SPAN)
+    if span is not None:
+        span.set_attributes(
+            {
+                "http.route": request.scope["path"],
+                "poolserve.model": state.model_name,
+                "poolserve.inputs": 0 if job is None else len(job.rows) + len(job.images),
+                "poolserve.tokens": 0 if job is None else job.prompt_tokens,
+            }
+        )
     output = NO_ROWS if job is None else await run_job(request, job, state)
     rows = rows_for(operation, plan, output)
     size = rows.nbytes or (0 if plan.sparse is None else plan.sparse.values.nbytes * 4)
@@ -137,6 +149,10 @@ def add_time(request: Request, timer: Timer, elapsed: float) -> None:
     state = request.scope["state"]
     state[timer.field] = state.get(timer.field, 0.0) + elapsed
     series(timer.histogram, request.scope["path"]).observe(elapsed)
+    span = state.get(TRACE_SPAN)
+    if span is not None:
+        tracer = request.app.state.poolserve.tracer
+        tracer.add_step(span, timer.span, elapsed)
 
 
 async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJob | None:
@@ -162,9 +178,10 @@ async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | S
     scope_state = request.scope["state"]
     if not client_gone.watch(scope_state):
         raise ClientDisconnected
+    span = scope_state.get(TRACE_SPAN)
     try:
         async with asyncio.timeout(remaining):
-            result = await state.engine.pool(job.to_wire())
+            result = await state.engine.pool(job.to_wire(traced=span is not None))
     except TimeoutError:
         raise ApiError(
             504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"
@@ -185,6 +202,9 @@ async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | S
     series(PROMPT_TOKENS, path).inc(job.prompt_tokens)
     if job.images:
         series(IMAGES, path).inc(len(job.images))
+    if span is not None and state.tracer is not None:
+        span.set_attribute("poolserve.cached_inputs", result.cached)
+        state.tracer.add_engine(span, result.queue_time, result.passes or ())
     rows = result.vectors
     if isinstance(rows, SparseRows):  # a sparse model takes texts only: its rows are in the request's order
         return rows

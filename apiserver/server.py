@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 import uvloop
@@ -26,6 +27,7 @@ from apiserver.preprocess import Preprocessor
 from apiserver.served_models import ServedModels
 from apiserver.state import AppState
 from apiserver.tokenizer import TextTokenizer
+from apiserver.tracing import start_tracing
 from engine_client import EngineClient, EngineUnavailable
 from poolserve.boot import (
     EXIT_BOOT_ERROR,
@@ -37,6 +39,9 @@ from poolserve.boot import (
 from poolserve.load_board import LoadBoard
 from poolserve.logs import configure_logging
 from poolserve.protocol import ModelCard
+
+if TYPE_CHECKING:
+    from apiserver.request_tracer import RequestTracer
 
 logger = logging.getLogger("poolserve.api")
 
@@ -94,11 +99,19 @@ def run(spec: ChildSpec) -> int:
     signal.signal(signal.SIGTERM, exit_request.handle_term)
     signal.signal(signal.SIGINT, exit_request.handle_term)
     listener = socket.socket(fileno=spec.listen_fd)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(spec, listener, exit_request))
+    tracer = start_tracing(spec.config, spec.index)
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(serve(spec, listener, exit_request, tracer))
+    finally:
+        # After the loop: the last spans (of the requests drained) are sent, and no request waits on it.
+        if tracer is not None:
+            tracer.shutdown()
 
 
-async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequest) -> int:
+async def serve(
+    spec: ChildSpec, listener: socket.socket, exit_request: ExitRequest, tracer: RequestTracer | None = None
+) -> int:
     config = spec.config
     try:
         plugins = load_plugins(config.plugins)
@@ -154,6 +167,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
                 server_index=spec.index,
                 started_at=started_at,
                 load=load,
+                tracer=tracer,
             )
             for model, card, engine in zip(spec.served_models, cards, engines, strict=True)
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from apiserver.fair_accept import ServerLoad
 from apiserver.inputs.image_sources import ImageLoader
@@ -12,6 +13,9 @@ from apiserver.tokenizer import TextTokenizer
 from engine_client import PoolingEngine
 from poolserve.config import Config
 from poolserve.protocol import ModelCard
+
+if TYPE_CHECKING:
+    from apiserver.request_tracer import RequestTracer
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,8 @@ class AppState:
     server_index: int
     started_at: int
     load: ServerLoad
+    # Set when tracing is on (apiserver/tracing.py).
+    tracer: RequestTracer | None = None
 
     @property
     def model_name(self) -> str:

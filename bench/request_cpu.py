@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from typing import Any
 
 from bench.cpu_use import cpu_seconds
 from bench.models import model_folder
-from bench.server_process import PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
+from bench.server_process import REPO, PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
 
 BARE_READY = re.compile(r"bare app listening on http://(?P<host>[^:]+):(?P<port>\d+)")
 WORKLOADS = ("short", "batch16", "rerank8")
@@ -125,10 +126,16 @@ def main() -> None:
         default="loadgen",
         help="the load: bench.loadgen (Python, ~150 µs a request of its own) or bench.wrk_load (Debian's wrk)",
     )
+    parser.add_argument(
+        "--server-flags", default="", help="more `launch` flags, as one string ('--otlp-endpoint http://...')"
+    )
+    parser.add_argument(
+        "--cwd", type=Path, default=REPO, help="the checkout whose server runs (a `git worktree` of an earlier commit)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     workloads = args.workloads.split(",")
-    flags = ["--api-server-count", str(args.api_servers), "--dtype", "float32"]
+    flags = ["--api-server-count", str(args.api_servers), "--dtype", "float32", *shlex.split(args.server_flags)]
     if args.model != "bundled":
         flags = ["--model", str(model_folder(args.model)), *flags]
     if args.model == "simgpu":
@@ -150,7 +157,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
 
-    server = PoolserveProcess(flags)
+    server = PoolserveProcess(flags, cwd=args.cwd)
     try:
         server.wait_ready(300)
         measure_all(server.url, server.pid, f"poolserve {args.model}")

@@ -31,6 +31,7 @@ from poolserve.protocol import (
     ERROR_OVERLOADED,
     Abort,
     ClientWire,
+    ForwardPass,
     ModelCard,
     OutputRows,
     Outputs,
@@ -50,12 +51,13 @@ SEND_RETRY_S = 0.01
 @dataclass(frozen=True, slots=True)
 class PooledResult:
     """One float32 row per input (texts first, then images), a read-only view of the reply's frame; a sparse
-    model's rows as their non-zero entries (SparseRows)."""
+    model's rows as their non-zero entries (SparseRows). `passes`: a traced request's forward passes."""
 
     vectors: OutputRows
     queue_time: float = 0.0
     inference_time: float = 0.0
     cached: int = 0
+    passes: list[ForwardPass] | None = None
 
 
 @dataclass(slots=True)
@@ -275,7 +277,9 @@ class EngineClient:
         for out, vectors in zip(msg.outputs, rows, strict=True):
             entry = self._forget(out.id)
             if entry is not None and not entry.future.done():
-                entry.future.set_result(PooledResult(vectors, out.queue_time, out.inference_time, out.cached))
+                entry.future.set_result(
+                    PooledResult(vectors, out.queue_time, out.inference_time, out.cached, out.passes)
+                )
         for failure in msg.failures:
             entry = self._forget(failure.id)
             if entry is not None and not entry.future.done():

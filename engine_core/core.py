@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +36,16 @@ from engine_core.router import RouterRunner
 from engine_core.runner import SparseRow
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import CLASSIFIER, ERROR_MODEL, SPARSE, OutputRows, PooledOutput, RequestFailed, SparseRows
+from poolserve.protocol import (
+    CLASSIFIER,
+    ERROR_MODEL,
+    SPARSE,
+    ForwardPass,
+    OutputRows,
+    PooledOutput,
+    RequestFailed,
+    SparseRows,
+)
 
 logger = logging.getLogger("poolserve.engine")
 
@@ -183,14 +192,18 @@ class EngineCore:
         """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
         started = time.monotonic()
         engine = engine_label()
-        waited = [started - request.admitted_at for request in requests_of(batch) if request.start(started)]
+        requests = requests_of(batch)
+        waited = [started - request.admitted_at for request in requests if request.start(started)]
+        # Wall-clock time, for the traces (ForwardPass); read only when the batch holds a traced request.
+        traced = [request for request in requests if request.passes is not None]
+        started_ns = time.time_ns() if traced else 0
         self.running += len(waited)
         observe_all(QUEUE_SECONDS.labels(engine), waited)
         padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
         try:
             rows = self._forward(batch, padded)
         except Exception as exc:
-            failed = requests_of(batch)
+            failed = requests
             logger.exception("forward pass failed for requests %s", [r.id for r in failed])
             return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
         modality = "image" if batch[0].is_image else "text"
@@ -202,6 +215,8 @@ class EngineCore:
                 self.scheduler.batch_overhead_tokens = fixed
         BATCH_INPUTS.labels(engine).observe(len(batch))
         BATCH_TOKENS.labels(engine).observe(padded)
+        if traced:
+            record_pass(batch, traced, started_ns, padded)
         if self.cache.max_bytes:
             for row, item in zip(rows, batch, strict=True):
                 if item.request.cache_keys:
@@ -286,6 +301,7 @@ class EngineCore:
                 inference_time=now - started,
                 cached=request.cached,
                 nonzeros=nonzeros,
+                passes=request.passes,
             )
             step.outputs[request.identity].append((out, answer))
         return step
@@ -314,7 +330,7 @@ class EngineCore:
         started = request.started_at or request.admitted_at
         out = PooledOutput(
             request.id, rows.count, rows.dim, queue_time=started - request.admitted_at, inference_time=now - started,
-            cached=request.cached, nonzeros=rows.nonzeros.tolist(),
+            cached=request.cached, nonzeros=rows.nonzeros.tolist(), passes=request.passes,
         )  # fmt: skip
         step.outputs[request.identity].append((out, rows))
 
@@ -352,6 +368,17 @@ def normalize_together(requests: list[PendingRequest]) -> tuple[dict[int, F32], 
         rows[id(request)] = stacked[start:end]
         start = end
     return rows, bool(np.isfinite(stacked).all())
+
+
+def record_pass(batch: list[WorkItem], traced: list[PendingRequest], started_ns: int, padded: int) -> None:
+    """Add this forward pass to each traced request's passes: its time, the batch's size and tokens, and how many
+    of the batch's inputs were the request's."""
+    ended_ns = time.time_ns()
+    tokens = sum(item.length for item in batch)
+    mine = Counter(item.request.key for item in batch)
+    for request in traced:
+        assert request.passes is not None
+        request.passes.append(ForwardPass(started_ns, ended_ns, len(batch), tokens, padded, mine[request.key]))
 
 
 def requests_of(batch: list[WorkItem]) -> list[PendingRequest]:

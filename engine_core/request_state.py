@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine_core.runner import SparseRow
-from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, ModelCard, PoolJob, PoolRequest
+from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, ForwardPass, ModelCard, PoolJob, PoolRequest
 
 
 @dataclass(eq=False, slots=True)
@@ -70,6 +70,8 @@ class PendingRequest:
     # Each input's key in the engine's cache (embedding_cache.py), and how many were answered from it.
     cache_keys: list[bytes] = field(default_factory=list)
     cached: int = 0
+    # A traced request's forward passes so far (PoolRequest.traced); None when it is not traced.
+    passes: list[ForwardPass] | None = None
 
     def __post_init__(self) -> None:
         self.costs = self.lengths.tolist()
@@ -236,4 +238,5 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         vector_counts=vector_counts,
         sparse=sparse,
         pool_from=list(job.pool_from) if job.pool_from else None,
+        passes=[] if job.traced else None,
     )

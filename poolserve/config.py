@@ -24,6 +24,15 @@ ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 AcceptBalance = Literal["connections", "requests", "both", "none"]
+# OpenTelemetry's sampler names (OTEL_TRACES_SAMPLER), those the SDK builds without a plugin.
+TraceSampler = Literal[
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+    "always_on",
+    "always_off",
+    "traceidratio",
+]
 
 # The one environment variable that carries a setting (read by the CLI, as --api-key's default):
 # a key in the environment stays out of `ps`, where a command-line flag would be readable by anyone.
@@ -54,7 +63,7 @@ def default_api_server_count() -> int:
     return max(1, min(8, usable_cores() // 2))
 
 
-FlagGroup = Literal["model", "HTTP", "images", "access", "engine", "logs"]
+FlagGroup = Literal["model", "HTTP", "images", "access", "engine", "logs", "tracing"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class Flag:
     metavar: str | None = None
     # An environment variable that gives the default when the flag is absent, read by the CLI only.
     env: str | None = None
+    # A secret (the API key): one set but empty is refused rather than read as unset (config_flags.value_of).
+    is_secret: bool = False
     # A list given one value per flag (`--plugin a --plugin b`), under this singular name instead of
     # the field's.
     repeated_as: str | None = None
@@ -483,6 +494,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             f"otherwise). Default: the {API_KEY_ENV} environment variable, which keeps the key out of `ps`; "
             "unset: no key; an empty key (flag or variable) is refused at start-up.",
             env=API_KEY_ENV,
+            is_secret=True,
         ),
     ] = ""
     protect_metrics: Annotated[bool, Flag("access", "Require the API key on /metrics too (needs --api-key).")] = False
@@ -565,6 +577,49 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     access_log: Annotated[
         bool, Flag("logs", "Log one line per request: request id, method, path, status, duration, tokens, user.")
     ] = False
+
+    # Traces (docs/operations.md, "Traces"); each variable is OpenTelemetry's own, read as its SDKs read it.
+    otlp_endpoint: Annotated[
+        str,
+        Flag(
+            "tracing",
+            "Send OpenTelemetry traces over OTLP/HTTP (protobuf) to this collector: its base URL "
+            "(http://collector:4318; spans go to its /v1/traces) or the full traces URL. Each API server sends a "
+            "span per POST request, with child spans for parsing, the engine queue, each forward pass the request "
+            "rode in and rendering, continuing the client's W3C `traceparent`. Default: OTEL_EXPORTER_OTLP_ENDPOINT; "
+            "unset: no tracing, and nothing of it loaded.",
+            metavar="URL",
+            env="OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+    ] = ""
+    otlp_service_name: Annotated[
+        str,
+        Flag(
+            "tracing",
+            "The traces' service.name. Default: OTEL_SERVICE_NAME, else poolserve.",
+            metavar="NAME",
+            env="OTEL_SERVICE_NAME",
+        ),
+    ] = "poolserve"
+    trace_sampler: Annotated[
+        TraceSampler,
+        Flag(
+            "tracing",
+            "Which requests are traced, as OpenTelemetry names samplers: parentbased_* follow the client's "
+            "`traceparent` sampled flag when it sends one and otherwise use always_on, always_off or traceidratio "
+            "(a share of trace ids, --trace-sampler-arg). Default: OTEL_TRACES_SAMPLER, else parentbased_always_on.",
+            env="OTEL_TRACES_SAMPLER",
+        ),
+    ] = "parentbased_always_on"
+    trace_sampler_arg: Annotated[
+        float,
+        Flag(
+            "tracing",
+            "The share of traces a traceidratio sampler keeps, 0 to 1. Default: OTEL_TRACES_SAMPLER_ARG, else 1.",
+            metavar="RATIO",
+            env="OTEL_TRACES_SAMPLER_ARG",
+        ),
+    ] = 1.0
 
     def __post_init__(self) -> None:
         check_range("--port", self.port, 0, 65535)
@@ -652,6 +707,14 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             if not is_hostname(domain):
                 raise ConfigError(f"--allowed-media-domains has value {domain!r}; give host names such as example.com.")
         check_plugins(self.plugins)
+        if self.otlp_endpoint and not is_http_url(self.otlp_endpoint):
+            raise ConfigError(
+                f"--otlp-endpoint has value {self.otlp_endpoint!r}; give an http(s) URL such as http://collector:4318."
+            )
+        if not self.otlp_service_name.strip():
+            raise ConfigError("--otlp-service-name is empty; give a name such as poolserve.")
+        if not 0 <= self.trace_sampler_arg <= 1:
+            raise ConfigError(f"--trace-sampler-arg has value {self.trace_sampler_arg!r}; it must be within 0..1.")
         for origin in self.cors_allowed_origins:
             if not is_origin(origin):
                 raise ConfigError(
@@ -745,6 +808,11 @@ def check_api_key(key: str) -> None:
 def is_hostname(value: str) -> bool:
     labels = value.rstrip(".").split(".")
     return bool(value) and all(label and len(label) <= 63 and label.replace("-", "").isalnum() for label in labels)
+
+
+def is_http_url(value: str) -> bool:
+    parts = urllib.parse.urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def is_origin(value: str) -> bool:

@@ -80,13 +80,31 @@ def value_of(args: argparse.Namespace, field: FlagField) -> Any:
     if given is None and field.flag.env in os.environ:
         given, source = os.environ[field.flag.env], field.flag.env
     if given == "":
-        # Flags read from the environment carry secrets (the API key): an empty one is a secret that went
-        # missing on its way (an unset template variable), and serving without it would open the server.
+        if not field.flag.is_secret:
+            # OpenTelemetry's rule for its variables: an empty one reads as unset.
+            return field.default
+        # A secret (the API key) that is empty went missing on its way (an unset template variable), and serving
+        # without it would open the server.
         raise ConfigError(
             f"{source} is set but empty; give a value, or leave {field.option} and {field.flag.env} out entirely "
             "to run without one."
         )
-    return field.default if given is None else given
+    if given is None:
+        return field.default
+    return given if source != field.flag.env else from_environment(field, given)
+
+
+def from_environment(field: FlagField, text: str) -> Any:
+    """A variable's text as the field's type, as argparse would convert the flag's; ConfigError names the variable."""
+    choices = typing.get_args(field.type) if typing.get_origin(field.type) is typing.Literal else None
+    if choices is not None:
+        if text not in choices:
+            raise ConfigError(f"{field.flag.env} has value {text!r}; it must be one of {', '.join(choices)}.")
+        return text
+    try:
+        return field.type(text)
+    except ValueError:
+        raise ConfigError(f"{field.flag.env} has value {text!r}; not a valid {field.type.__name__}.") from None
 
 
 def configs_of(args: argparse.Namespace, fields: list[FlagField]) -> list[Config]:

@@ -285,6 +285,9 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     `attempt` counts resubmissions after engine crashes: a resubmitted request was admitted
     already (no queue limit applies), and one that was running when an engine died runs in
     batches of its own (`is_suspect`), so that a second crash names the culprit.
+
+    `traced`: the request is in a sampled trace, so the engine reports the forward passes it rode in
+    (`PooledOutput.passes`) for the API server to draw as spans.
     """
 
     id: int
@@ -303,6 +306,7 @@ class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
     queries: int = 0
     sparse: bool = False
     pool_from: list[int] = msgspec.field(default_factory=list)
+    traced: bool = False
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -333,6 +337,7 @@ class PoolJob:
     `sparse`: the model's sparse output (bge-m3's lexical weights, `ModelCard.extra_outputs`) instead of its own.
     `pool_from`: where pooling starts in each text input, the tokens before it a prompt the model's Pooling leaves
     out (`ModelCard.prompt_lengths`); empty: every input's pooling starts at its first token.
+    `traced`: report the forward passes the request rode in (PoolRequest.traced).
     """
 
     lengths: npt.NDArray[np.int64]
@@ -347,6 +352,7 @@ class PoolJob:
     queries: int = 0
     sparse: bool = False
     pool_from: Sequence[int] = ()
+    traced: bool = False
 
     @classmethod
     def from_rows(
@@ -363,6 +369,7 @@ class PoolJob:
         queries: int = 0,
         sparse: bool = False,
         pool_from: Sequence[int] = (),
+        traced: bool = False,
     ) -> PoolJob:
         """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -385,6 +392,7 @@ class PoolJob:
             queries,
             sparse,
             pool_from,
+            traced,
         )
 
     @property
@@ -414,6 +422,7 @@ class PoolJob:
             queries=self.queries,
             sparse=self.sparse,
             pool_from=list(self.pool_from),
+            traced=self.traced,
         )
 
     def frames(self) -> list[Frame]:
@@ -480,6 +489,7 @@ def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
         request.queries,
         request.sparse,
         request.pool_from,
+        request.traced,
     )
 
 
@@ -492,6 +502,19 @@ class Ready(msgspec.Struct, tag="ready", array_like=True, frozen=True):
 
     card: ModelCard
     suspects: list[int] = msgspec.field(default_factory=list)
+
+
+class ForwardPass(msgspec.Struct, array_like=True, frozen=True):
+    """One forward pass a traced request rode in, as the engine timed it: wall-clock nanoseconds (the API server
+    draws it as a span; both ends read one host's clock), the whole batch's inputs, real tokens and tokens with
+    padding, and how many of the batch's inputs were this request's."""
+
+    start_ns: int
+    end_ns: int
+    batch_inputs: int
+    batch_tokens: int
+    padded_tokens: int
+    request_inputs: int
 
 
 class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
@@ -509,6 +532,8 @@ class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
     # Inputs answered from the engine's cache, without a forward pass.
     cached: int = 0
     nonzeros: list[int] | None = None
+    # A traced request's forward passes, in the order they ran (PoolRequest.traced); None for any other.
+    passes: list[ForwardPass] | None = None
 
 
 class RequestFailed(msgspec.Struct, array_like=True, frozen=True):

@@ -54,8 +54,9 @@ class EngineJob:
             tokens += sum(max(0, self.vector_counts[i] - len(self.rows[i])) for i in range(self.queries))
         return tokens
 
-    def to_wire(self) -> PoolJob:
-        """What the engine client sends: the rows and images as arrays, with the request's options."""
+    def to_wire(self, *, traced: bool = False) -> PoolJob:
+        """What the engine client sends: the rows and images as arrays, with the request's options; `traced`: the
+        engine reports the forward passes it ran the job in."""
         return PoolJob.from_rows(
             self.rows,
             self.type_rows,
@@ -68,6 +69,7 @@ class EngineJob:
             queries=self.queries,
             sparse=self.sparse,
             pool_from=self.pool_from or (),
+            traced=traced,
         )
 
     def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:

@@ -36,9 +36,9 @@ def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def serve(bundled_model: Path) -> Iterator[Any]:
-    """serve(card changes, config changes, engine answer, extra endpoints, other models) -> Served. `others`: more
-    models served beside the first (the default), each as (card changes, config changes), over engines of their own
-    (Served.states)."""
+    """serve(card changes, config changes, engine answer, extra endpoints, other models, *, tracer) -> Served.
+    `others`: more models served beside the first (the default), each as (card changes, config changes), over
+    engines of their own (Served.states)."""
     board = LoadBoard.create()
     opened: list[tuple[TestClient, Preprocessor]] = []
 
@@ -48,6 +48,8 @@ def serve(bundled_model: Path) -> Iterator[Any]:
         engine_answer: Any = None,
         extra: list[Endpoint] | None = None,
         others: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
+        *,
+        tracer: Any = None,
     ) -> Served:
         settings = Config(**(config or {}))
         preprocess = Preprocessor(settings.preprocess_workers)
@@ -61,7 +63,7 @@ def serve(bundled_model: Path) -> Iterator[Any]:
                 engine=InProcessEngine(answer or answering(model_card.output_size)),
                 tokenizer=TextTokenizer(model_card.tokenizer_json), preprocess=preprocess,
                 images=ImageLoader(media, model_card.image, settings.max_image_pixels),
-                server_index=0, started_at=0, load=ServerLoad(board, 0, 0),
+                server_index=0, started_at=0, load=ServerLoad(board, 0, 0), tracer=tracer,
             )  # fmt: skip
 
         states = [model_state(card or {}, {}, engine_answer)]

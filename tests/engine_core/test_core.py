@@ -274,3 +274,21 @@ def test_a_flood_at_the_most_urgent_priority_holds_a_default_request_only_until_
     run_until_idle(core)
     assert flood_answered >= 2  # the flood was served meanwhile
     assert waited < policy.max_wait_s + 2, f"waited {waited:.1f} s behind the flood"
+
+
+def test_a_traced_request_gets_the_forward_passes_it_rode_in_and_an_untraced_one_none(core: EngineCore) -> None:
+    traced = PoolJob.from_rows(SENTENCES[:3], traced=True)
+    submit(core, b"api-0", 1, traced)
+    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO]))
+    before = time.time_ns()
+    outputs, steps = run_until_idle(core)
+    out, _ = outputs[(b"api-0", 1)]
+    assert outputs[(b"api-0", 2)][0].passes is None
+    assert out.passes is not None and len(out.passes) == steps == 2  # four inputs in batches of two
+    assert sum(forward.request_inputs for forward in out.passes) == 3
+    for forward in out.passes:
+        assert before <= forward.start_ns <= forward.end_ns <= time.time_ns()
+        assert forward.batch_inputs == 2 and forward.padded_tokens >= forward.batch_tokens
+    # The passes' inputs are the four sent, their tokens all of theirs.
+    assert sum(forward.batch_tokens for forward in out.passes) == sum(map(len, [*SENTENCES[:3], HELLO]))
+    assert out.passes[0].end_ns <= out.passes[1].start_ns

@@ -12,6 +12,10 @@ from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_ap
 from supervisor.arbiter import ready_line
 from supervisor.cli import build_parser, parse_config
 
+OTEL_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+# The fields whose flag's default is an environment variable's.
+FROM_ENVIRONMENT = {"api_key", "otlp_endpoint", "otlp_service_name", "trace_sampler", "trace_sampler_arg"}
+
 
 def test_defaults_serve_the_bundled_model_on_loopback() -> None:
     config = parse_config([])
@@ -258,7 +262,8 @@ def test_bad_connection_flags_fail_naming_the_flag(
 
 
 def test_every_config_field_is_exactly_one_flag_with_the_field_s_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    for name in (API_KEY_ENV, *OTEL_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
     flags = {action.dest: action.option_strings for action in build_parser()._actions if action.dest != "help"}
     fields = msgspec.structs.fields(Config)
     assert sorted(flags) == sorted(field.name for field in fields)
@@ -269,7 +274,7 @@ def test_every_config_field_is_exactly_one_flag_with_the_field_s_default(monkeyp
     defaults = {action.dest: action.default for action in build_parser()._actions}
     for field in fields:
         expected = field.default if field.default_factory is msgspec.NODEFAULT else field.default_factory()
-        if field.name == "api_key":  # read from the environment after parsing, so it stays out of --help
+        if field.name in FROM_ENVIRONMENT:  # read from the environment after parsing (the key stays out of --help)
             assert defaults[field.name] is argparse.SUPPRESS
         elif field.name == "model":  # repeatable: the list of values given, none by default
             assert defaults[field.name] is None
@@ -289,4 +294,55 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "token_packing": ("auto", "on", "off"),
         "log_level": ("debug", "info", "warning", "error"),
         "log_format": ("text", "json"),
-    }
+        "trace_sampler": (
+            "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio",
+            "always_on", "always_off", "traceidratio",
+        ),
+    }  # fmt: skip
+
+
+def test_tracing_is_off_by_default_and_takes_opentelemetrys_variables_unless_a_flag_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in OTEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    config = parse_config([])
+    assert (config.otlp_endpoint, config.otlp_service_name) == ("", "poolserve")
+    assert (config.trace_sampler, config.trace_sampler_arg) == ("parentbased_always_on", 1.0)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "embedder")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    config = parse_config([])
+    assert (config.otlp_endpoint, config.otlp_service_name) == ("http://collector:4318", "embedder")
+    assert (config.trace_sampler, config.trace_sampler_arg) == ("parentbased_traceidratio", 0.25)
+    config = parse_config(["--otlp-endpoint", "https://other:4318/v1/traces", "--trace-sampler-arg", "0.5"])
+    assert (config.otlp_endpoint, config.trace_sampler_arg) == ("https://other:4318/v1/traces", 0.5)
+    # OpenTelemetry reads an empty variable as an unset one.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    assert parse_config([]).otlp_endpoint == ""
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("OTEL_TRACES_SAMPLER", "jaeger_remote", "OTEL_TRACES_SAMPLER has value 'jaeger_remote'"),
+        ("OTEL_TRACES_SAMPLER_ARG", "half", "OTEL_TRACES_SAMPLER_ARG has value 'half'"),
+        ("OTEL_TRACES_SAMPLER_ARG", "2", "--trace-sampler-arg has value 2.0"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318", "--otlp-endpoint has value 'collector:4318'"),
+        ("OTEL_SERVICE_NAME", " ", "--otlp-service-name is empty"),
+    ],
+)
+def test_a_tracing_setting_that_cannot_work_is_refused_naming_it(
+    variable: str,
+    value: str,
+    named: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in OTEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit):
+        parse_config([])
+    assert named in capsys.readouterr().err
