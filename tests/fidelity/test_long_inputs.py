@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from engine_core.folder_choices import LoadError
 from engine_core.loader import LoadedModel
 from tests.fidelity.compare import F32
 from tests.fidelity.stack import load, serve_in_process
@@ -207,3 +208,8 @@ def test_a_cross_encoder_scores_a_long_document_by_its_best_window(cross_encoder
         long_query = served.post("/score", json={"queries": LONG_TEXT, "documents": ["x"], "long_input": "chunk"})
         assert long_query.status_code == 400, long_query.text
         assert long_query.json()["error"]["param"] == "queries"
+
+
+def test_an_overlap_that_repeats_a_whole_window_is_refused_at_start(bundled_model: Path) -> None:
+    with pytest.raises(LoadError, match="--long-input-overlap 254 repeats a whole window"):
+        load(bundled_model, long_input_overlap=MAX_LEN - 2)
