@@ -9,6 +9,7 @@ windows' pooled vectors, then normalized; a rerank score is the best window's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,19 +58,30 @@ def windows_of(folder: Path, text: str, max_len: int, overlap: int, query: str |
 def reference_embedding(folder: Path, text: str, overlap: int = OVERLAP) -> tuple[F32, int]:
     """sentence-transformers' Transformer and Pooling on each window, one at a time (no padding); the windows'
     mean weighted by their tokens, then its Normalize; and the tokens of all windows."""
-    import torch
+    mean, tokens = reference_mean(folder, [w["input_ids"] for w in windows_of(folder, text, MAX_LEN, overlap)])
+    return (mean / np.linalg.norm(mean)).astype(np.float32), tokens
+
+
+@functools.cache
+def sentence_transformer(folder: Path) -> Any:
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(folder), device="cpu")
-    windows = windows_of(folder, text, MAX_LEN, overlap)
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def reference_mean(folder: Path, windows: list[list[int]]) -> tuple[F32, int]:
+    """The token-weighted mean of the windows' pooled vectors (before the model's Normalize), and their tokens."""
+    import torch
+
+    model = sentence_transformer(folder)
     pooled, weights = [], []
     with torch.inference_mode():
         for window in windows:
-            features = {key: torch.tensor([value]) for key, value in window.items()}
+            features = {"input_ids": torch.tensor([window]), "attention_mask": torch.ones(1, len(window), dtype=int)}
+            features["token_type_ids"] = torch.zeros_like(features["input_ids"])
             pooled.append(model[1](model[0](features))["sentence_embedding"][0].double().numpy())
-            weights.append(len(window["input_ids"]))
-    mean = np.average(np.stack(pooled), axis=0, weights=weights)
-    return (mean / np.linalg.norm(mean)).astype(np.float32), sum(weights)
+            weights.append(len(window))
+    return np.average(np.stack(pooled), axis=0, weights=weights).astype(np.float32), sum(weights)
 
 
 def embed(client: httpx.Client, texts: list[str], **body: Any) -> tuple[F32, dict[str, Any]]:
@@ -82,16 +94,40 @@ def embed(client: httpx.Client, texts: list[str], **body: Any) -> tuple[F32, dic
 def test_a_long_text_chunked_is_the_token_weighted_mean_of_its_windows(
     client: httpx.Client, bundled_model: Path
 ) -> None:
-    from sentence_transformers import SentenceTransformer
-
     expected, window_tokens = reference_embedding(bundled_model, LONG_TEXT)
     assert window_tokens > 2 * MAX_LEN  # three windows at least
-    short = SentenceTransformer(str(bundled_model), device="cpu").encode([SHORT_TEXT])[0]
+    short = sentence_transformer(bundled_model).encode([SHORT_TEXT])[0]
     vectors, usage = embed(client, [SHORT_TEXT, LONG_TEXT], long_input="chunk")
     np.testing.assert_allclose(vectors[1], expected, atol=1e-5)
     np.testing.assert_allclose(vectors[0], short, atol=1e-5)  # an input that fits is embedded as before
     short_tokens = len(windows_of(bundled_model, SHORT_TEXT, MAX_LEN, OVERLAP)[0]["input_ids"])
     assert usage == {"prompt_tokens": window_tokens + short_tokens, "total_tokens": window_tokens + short_tokens}
+
+
+def test_chunked_vectors_take_dimensions_and_normalize_after_the_mean(
+    client: httpx.Client, bundled_model: Path
+) -> None:
+    windows = [w["input_ids"] for w in windows_of(bundled_model, LONG_TEXT, MAX_LEN, OVERLAP)]
+    mean, _ = reference_mean(bundled_model, windows)
+    raw, _ = embed(client, [LONG_TEXT], long_input="chunk", normalize=False)
+    np.testing.assert_allclose(raw[0], mean, atol=1e-5)
+    cut, _ = embed(client, [LONG_TEXT], long_input="chunk", dimensions=64)
+    np.testing.assert_allclose(cut[0], mean[:64] / np.linalg.norm(mean[:64]), atol=1e-5)
+
+
+def test_token_ids_are_cut_as_they_are(client: httpx.Client, bundled_model: Path) -> None:
+    """vLLM's cut: the client's ids in pieces of the maximum (the special tokens where the client put them)."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(bundled_model))(LONG_TEXT)["input_ids"]
+    step = MAX_LEN - OVERLAP
+    starts = [0, *range(step, len(ids) - OVERLAP, step)]
+    windows = [ids[start : start + MAX_LEN] for start in starts]
+    assert len(windows) > 2 and starts[-1] + MAX_LEN >= len(ids) > starts[-2] + MAX_LEN
+    mean, tokens = reference_mean(bundled_model, windows)
+    vectors, usage = embed(client, [ids], long_input="chunk")
+    np.testing.assert_allclose(vectors[0], mean / np.linalg.norm(mean), atol=1e-5)
+    assert usage["prompt_tokens"] == tokens
 
 
 def test_the_server_default_chunks_and_a_request_may_still_truncate_or_refuse(
@@ -160,9 +196,8 @@ def test_every_token_state_is_not_chunked(client: httpx.Client) -> None:
 
 def test_a_bi_encoder_scores_a_long_document_by_its_best_window(client: httpx.Client, bundled_model: Path) -> None:
     import torch
-    from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(bundled_model), device="cpu")
+    model = sentence_transformer(bundled_model)
     query = model.encode([QUERY])[0]
     with torch.inference_mode():
         windows = [
