@@ -248,3 +248,14 @@ def test_a_cross_encoder_scores_a_long_document_by_its_best_window(cross_encoder
 def test_an_overlap_that_repeats_a_whole_window_is_refused_at_start(bundled_model: Path) -> None:
     with pytest.raises(LoadError, match="--long-input-overlap 254 repeats a whole window"):
         load(bundled_model, long_input_overlap=MAX_LEN - 2)
+
+
+def test_classify_follows_the_servers_truncate_default_and_is_never_chunked(classifier_model: Path) -> None:
+    loaded = load(classifier_model)
+    max_len = loaded.card.max_model_len
+    for default, status in (("truncate", 200), ("chunk", 400), ("refuse", 400)):
+        with serve_in_process(loaded, long_input=default) as served:
+            answer = served.post("/classify", json={"input": LONG_TEXT})
+            assert answer.status_code == status, (default, answer.text)
+            if status == 200:
+                assert answer.json()["usage"]["prompt_tokens"] == max_len
