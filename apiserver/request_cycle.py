@@ -208,4 +208,6 @@ async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | S
     rows = result.vectors
     if isinstance(rows, SparseRows):  # a sparse model takes texts only: its rows are in the request's order
         return rows
+    if job.windows is not None:  # one row per input again, from its windows' (apiserver/inputs/windows.py)
+        rows = job.windows.mean(rows)
     return rows if job.order is None else rows[job.order]

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from apiserver.errors import bad_request
 from apiserver.inputs.job import EngineJob, check_prompt_survives, pooling_starts
 from apiserver.inputs.text import Truncation, tokenize_pairs, tokenize_texts, with_second_cut
+from apiserver.inputs.windows import Chunking, cannot_chunk, chunk_pairs, chunk_texts
 from apiserver.late_interaction import maxsim_scores, plan_late_scores, spec_of
 from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
@@ -54,17 +55,29 @@ def plan_scores(
     roles: tuple[Role | None, Role | None] = (None, None),
     instruction: str | None = None,
     output: Output | None = None,
+    chunking: Chunking | None = None,
+    first_param: str = "query",
 ) -> ScorePlan:
     """`second_tokens` (Cohere's `max_tokens_per_doc`): each pair's second text is cut to that many
     tokens (special tokens left out) before anything else. `roles`: whether a bi-encoder embeds each side
     as a query or a document (its prompt: apiserver/prompts.py); None: the default prompt. `instruction`: what
     a reranker's chat template puts before the pair (apiserver/pair_template.py). `output`: which of the model's
     outputs scores the pairs (None: its own): bge-m3's lexical weights by their dot product, its ColBERT vectors by
-    MaxSim."""
+    MaxSim. `chunking`: a document past the model's maximum is cut into windows and scored by its best window
+    (apiserver/inputs/windows.py); the query (`first_param`) must fit beside each."""
     if output is not None and output not in card.outputs:
         raise bad_request(
             f"`output` is {output!r}; this model's outputs are {', '.join(map(repr, card.outputs))}.", param="output"
         )
+    late = card.is_late_interaction or output == OUTPUT_MULTI_VECTOR
+    if chunking is not None and (card.pair_template or card.pair_format or late):
+        if chunking.option == "long_input":  # asked by the request; the server's default leaves them as they were
+            raise bad_request(
+                "`long_input: chunk` is for embedders and BERT-style cross-encoders; this model reads its pairs "
+                "through a prompt of its own, or scores them by token vectors: truncate instead.",
+                param="long_input",
+            )
+        chunking = None
     if card.pair_template or card.pair_format:
         if second_tokens is not None:
             raise bad_request(
@@ -77,7 +90,7 @@ def plan_scores(
         rows = tokenize(pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget)
         return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
     check_instruction(card, instruction)  # a model that reads a pair as it is takes none
-    if card.is_late_interaction or output == OUTPUT_MULTI_VECTOR:
+    if late:
         # A query against a document, whatever `roles` say: MaxSim is asymmetric.
         job, left, right = plan_late_scores(
             pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens
@@ -89,6 +102,17 @@ def plan_scores(
             return maxsim_scores(job.token_outputs(out), left, right, spec)
 
         return ScorePlan(job, late_scores)
+    if card.kind == CLASSIFIER and chunking is not None:
+        rows, type_rows, windows = chunk_pairs(pairs, tokenizer, card, chunking, budget=budget, first_param=first_param)
+        job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
+        if windows is None:
+            return ScorePlan(job, first_column)
+        found = windows
+
+        def best_windows(out: Rows | SparseRows) -> list[float]:
+            return found.best(np.asarray(first_column(out))).tolist()  # type: ignore[no-any-return]
+
+        return ScorePlan(job, best_windows)
     if card.kind == CLASSIFIER:
         limit, direction, option = truncation.limit, truncation.direction, truncation.option
         rows, type_rows = tokenize_pairs(
@@ -99,7 +123,7 @@ def plan_scores(
         return ScorePlan(job, first_column)
     return plan_similarities(
         pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens, roles=roles,
-        sparse=output == OUTPUT_SPARSE and card.kind != SPARSE,
+        sparse=output == OUTPUT_SPARSE and card.kind != SPARSE, chunking=chunking,
     )  # fmt: skip
 
 
@@ -114,11 +138,13 @@ def plan_similarities(
     second_tokens: int | None,
     roles: tuple[Role | None, Role | None],
     sparse: bool = False,
+    chunking: Chunking | None = None,
 ) -> ScorePlan:
     """A bi-encoder's scores: embed each distinct text once (after its side's prompt) and compare the two
     sides as the model's similarity function says. A text on both sides is embedded twice where the sides'
     prompts differ or the second side is cut. `sparse`: compare the model's sparse output (bge-m3's lexical
-    weights) by the dot product, as BGEM3FlagModel.compute_lexical_matching_score does."""
+    weights) by the dot product, as BGEM3FlagModel.compute_lexical_matching_score does. `chunking`: a long second
+    text is embedded window by window, and a pair's score is its best window's."""
     if card.text_template is not None and second_tokens is not None:
         raise bad_request(
             "`max_tokens_per_doc` is not supported for a model that renders its texts through a chat template; "
@@ -146,7 +172,7 @@ def plan_similarities(
     position = {key: i for i, key in enumerate(sorted(first_param, key=lambda key: not key[0]))}
     text_params = [first_param[key] for key in position]
     sides = [[position[both[side]] for both in pair_keys] for side in (0, 1)]
-    text_rows: list[list[int]] = [[] for _ in position]
+    text_rows: list[list[list[int]]] = [[] for _ in position]  # each text's windows (one unless chunked)
     starts = [0] * len(position)
     for group in dict.fromkeys(key[:4] for key in position):
         keys = [key for key in position if key[:4] == group]
@@ -158,7 +184,7 @@ def plan_similarities(
                 budget=budget,
             )  # fmt: skip
             for key, row in zip(keys, rendered, strict=True):
-                text_rows[position[key]] = row
+                text_rows[position[key]] = [row]
             continue
         special = adds_special_tokens(card, "query" if is_query else "document")
         limit = truncation.limit
@@ -166,30 +192,57 @@ def plan_similarities(
             limit = with_second_cut(limit, second_tokens, prompt, tokenizer, card.max_model_len)
         if prompt:
             check_prompt_survives(limit, truncation.direction, truncation.option)
-        texts = tokenize_texts(
-            [prompt + key[4] for key in keys], group_params, limit, tokenizer, card,
-            direction=truncation.direction, option=truncation.option, budget=budget, add_special_tokens=special,
-        )  # fmt: skip
+        if chunking is not None and not is_cut:
+            pieces = chunk_texts(
+                [prompt + key[4] for key in keys], group_params, tokenizer, card, chunking, budget=budget,
+                add_special_tokens=special, refusal=PROMPT_REFUSAL if prompt else None,
+            )  # fmt: skip
+        else:
+            pieces = [[row] for row in tokenize_texts(
+                [prompt + key[4] for key in keys], group_params, limit, tokenizer, card,
+                direction=truncation.direction, option=truncation.option, budget=budget, add_special_tokens=special,
+            )]  # fmt: skip
+        texts = [windows[0] for windows in pieces]
         group_starts = pooling_starts(texts, group_params, left_out_tokens(card, prompt), truncation.option)
-        for k, (key, row) in enumerate(zip(keys, texts, strict=True)):
-            text_rows[position[key]] = row
+        for k, (key, windows) in enumerate(zip(keys, pieces, strict=True)):
+            text_rows[position[key]] = windows
             starts[position[key]] = group_starts[k] if group_starts else 0
-    left, right = np.asarray(sides[0]), np.asarray(sides[1])
+    counts = np.asarray([len(windows) for windows in text_rows])
+    if chunking is not None:
+        for key in dict.fromkeys(both[0] for both in pair_keys):
+            if counts[position[key]] > 1:
+                raise cannot_chunk(first_param[key], card, chunking, QUERY_REFUSAL)
+    first_row = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    # Each pair as its first text's row against each window of its second, the best window's score kept.
+    windows_of_second = counts[sides[1]]
+    pair_starts = np.concatenate(([0], np.cumsum(windows_of_second)[:-1]))
+    left = np.repeat(first_row[sides[0]], windows_of_second)
+    right = np.repeat(first_row[sides[1]] - pair_starts, windows_of_second) + np.arange(int(windows_of_second.sum()))
+    is_windowed = bool((windows_of_second > 1).any())
     compare = SIMILARITIES["dot" if sparse else card.similarity]
 
     def scores(vectors: Rows | SparseRows) -> list[float]:
         if isinstance(vectors, SparseRows):
-            return compare_sparse(vectors, left, right, compare)
-        return compare(vectors[left], vectors[right]).tolist()  # type: ignore[no-any-return]
+            found = np.asarray(compare_sparse(vectors, left, right, compare))
+        else:
+            found = compare(vectors[left], vectors[right])
+        if is_windowed:
+            found = np.maximum.reduceat(found, pair_starts)
+        return found.tolist()  # type: ignore[no-any-return]
 
     job = EngineJob(
-        rows=text_rows,
+        rows=[row for windows in text_rows for row in windows],
         normalize=None if sparse else normalize_for(card),
         sparse=sparse,
-        pool_from=starts if any(starts) else None,
+        pool_from=np.repeat(starts, counts).tolist() if any(starts) else None,
     )
-    job.queries = sum(1 for key in position if key[0])
+    job.queries = int(sum(counts[position[key]] for key in position if key[0]))
     return ScorePlan(job, scores)
+
+
+# Why a text is not cut into windows for scoring (apiserver/inputs/windows.py).
+PROMPT_REFUSAL = "for a text after a prompt (only the first window would hold it)"
+QUERY_REFUSAL = "for a query: only a document is cut into windows, its score the best window's"
 
 
 def first_column(out: Rows | SparseRows) -> list[float]:

@@ -171,6 +171,35 @@ class TextTokenizer:
             if max_tokens is not None:
                 tokenizer.no_truncation()
 
+    def encode_windows(
+        self, texts: list[str], max_tokens: int, overlap: int, *, add_special_tokens: bool = True
+    ) -> list[list[list[int]]]:
+        """Each text as windows of at most `max_tokens` ids, each with the special tokens the tokenizer adds, each
+        window after the first repeating the last `overlap` text tokens of the one before: tokenizers' overflowing
+        encodings with a stride, as transformers' `return_overflowing_tokens` gives them. A text that fits is one
+        window, its ids as `encode` gives them. The whole text is tokenized (with the GIL released)."""
+        tokenizer = self._tokenizer
+        tokenizer.enable_truncation(max_tokens, stride=overlap, strategy="longest_first")
+        try:
+            encodings = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        finally:
+            tokenizer.no_truncation()
+        return [[e.ids, *(piece.ids for piece in e.overflowing)] for e in encodings]
+
+    def encode_pair_windows(
+        self, pairs: list[tuple[str, str]], max_tokens: int, overlap: int
+    ) -> list[list[tuple[list[int], list[int]]]]:
+        """Ids and token type ids of each pair as windows of at most `max_tokens`: the first text whole in every
+        window, the second cut into pieces overlapping by `overlap` tokens (tokenizers' `only_second` truncation
+        with a stride). A pair that fits is one window."""
+        tokenizer = self._tokenizer
+        tokenizer.enable_truncation(max_tokens, stride=overlap, strategy="only_second")
+        try:
+            encodings = tokenizer.encode_batch(pairs)
+        finally:
+            tokenizer.no_truncation()
+        return [[(piece.ids, piece.type_ids) for piece in (e, *e.overflowing)] for e in encodings]
+
     def count_tokens(self, text: str) -> int:
         """How many tokens the whole text has, special tokens left out (with the GIL released)."""
         (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=False)

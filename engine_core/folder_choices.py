@@ -30,6 +30,7 @@ from poolserve.protocol import (
     TASK_TOKEN_EMBED,
     TASK_TOKENIZE,
     Activation,
+    ModelCard,
     ModelKind,
     Task,
     TextTemplate,
@@ -255,6 +256,19 @@ def choose_max_model_len(requested: int, tokenizer_max: int, model_config: Pretr
             raise LoadError(f"--max-model-len {requested} exceeds the model's maximum of {model_limit} tokens.")
         return requested
     return model_limit
+
+
+def check_long_input_overlap(config: Config, card: ModelCard) -> None:
+    """--long-input-overlap must leave each window of a chunked input a token the one before did not hold
+    (apiserver/inputs/windows.py): said at start rather than to every client whose input is long."""
+    if not config.long_input_overlap:
+        return
+    room = card.max_model_len - Tokenizer.from_str(card.tokenizer_json).num_special_tokens_to_add(is_pair=False)
+    if config.long_input_overlap >= room:
+        raise LoadError(
+            f"--long-input-overlap {config.long_input_overlap} repeats a whole window: this model's windows hold "
+            f"{room} text tokens; give fewer."
+        )
 
 
 def choose_prompts(config: Config, st: StFolder, kind: ModelKind) -> tuple[dict[str, str], str]:

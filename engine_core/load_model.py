@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from engine_core.folder_choices import read_folder
+from engine_core.folder_choices import check_long_input_overlap, read_folder
 from engine_core.loader import LoadedModel, load_folder, load_static_model, resolve_model_folder, select_device
 from engine_core.router import load_router_model
 from poolserve.config import Config
@@ -26,7 +26,10 @@ def load_model(config: Config) -> LoadedModel:
         torch.backends.cuda.enable_cudnn_sdp(False)
     st = read_folder(folder)
     if st.static_folder is not None:
-        return load_static_model(config, folder, st, device)
-    if st.router is not None:
-        return load_router_model(config, folder, st, device)
-    return load_folder(config, folder, st, device)
+        loaded = load_static_model(config, folder, st, device)
+    elif st.router is not None:
+        loaded = load_router_model(config, folder, st, device)
+    else:
+        loaded = load_folder(config, folder, st, device)
+    check_long_input_overlap(config, loaded.card)
+    return loaded

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from poolserve.protocol import PRIORITY_MIN
+from poolserve.protocol import PRIORITY_MIN, LongInput
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -417,6 +417,27 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "answers up to this many tokens.",
         ),
     ] = 262144
+    long_input: Annotated[
+        LongInput,
+        Flag(
+            "HTTP",
+            "What an input longer than the model's maximum gets when its request says neither `long_input` nor "
+            "a truncation: refuse (400); truncate (cut to the maximum, as `truncate_prompt_tokens: -1`); chunk "
+            "(cut into windows of the maximum, each read with its own special tokens, as vLLM's "
+            "enable_chunked_processing: an embedding is the windows' token-weighted mean, then normalized as the "
+            "model normalizes; a rerank or score is the best window's). Every window's tokens count in `usage` "
+            "and against --max-tokens-per-request.",
+        ),
+    ] = "refuse"
+    long_input_overlap: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Tokens each window of a chunked input repeats from the one before (--long-input chunk or a request's "
+            "`long_input: chunk`). 0, as vLLM: each token is read once, so the weighted mean weighs every token "
+            "alike.",
+        ),
+    ] = 0
     max_request_bytes: Annotated[
         int,
         Flag(
@@ -651,6 +672,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
                 "be let in."
             )
         check_range("--max-tokens-per-request", self.max_tokens_per_request, 1, 1 << 30)
+        check_range("--long-input-overlap", self.long_input_overlap, 0, 1 << 20)
         check_range("--max-images-per-request", self.max_images_per_request, 0, 1 << 16)
         if self.image_fetch_timeout <= 0:
             raise ConfigError(f"--image-fetch-timeout has value {self.image_fetch_timeout!r}; it must be > 0.")

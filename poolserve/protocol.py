@@ -67,6 +67,10 @@ Similarity = Literal["cosine", "dot", "euclidean", "manhattan"]
 # What a classifier's logits go through when a request asks for scores.
 Activation = Literal["sigmoid", "softmax", "none"]
 
+# What an input longer than the model's maximum gets: --long-input, a request's `long_input` (docs/api.md, "Long
+# inputs"; the API servers cut and combine the windows, the engine sees inputs that fit).
+LongInput = Literal["refuse", "truncate", "chunk"]
+
 # Why the engine refused or failed a request.
 ErrorCode = Literal["invalid", "overloaded", "model_error"]
 ERROR_INVALID: Final = "invalid"

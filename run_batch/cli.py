@@ -20,7 +20,7 @@ from poolserve.config_flags import add_flag, flag_fields, value_of
 from poolserve.served_models import model_configs
 from run_batch.inputs import InputError, InputFormat, Item, Request, Text, count_items, detect_format, read_items
 from run_batch.job import BatchDriver, Counts, JobOptions
-from run_batch.output import Existing, OrderedOutput, recover
+from run_batch.output import Existing, OrderedOutput, default_errors_path, recover, recover_errors
 from run_batch.private_server import PrivateServer, ServerFailed
 
 EXIT_FAILED = 1
@@ -40,7 +40,8 @@ as OpenAI's batch output file: {"id", "custom_id", "response": {"status_code", "
 "error"}, where body is the endpoint's answer byte for byte. Or texts to embed: JSONL (a JSON string or an
 object per line), CSV, or Parquet (with pyarrow installed), answered {"index", "id", "embedding"} per text.
 
-A bad line (not JSON, no custom_id, a body the endpoint refuses) gets an error line and the job goes on.
+A bad line (not JSON, no custom_id, a body the endpoint refuses) gets an error line and the job goes on; the
+bad lines alone, with their line numbers, are listed in the errors file too (--errors).
 Run the same command again after an interruption: the lines already in OUTPUT are kept and skipped
 (an unfinished last line is cut off first); remove OUTPUT to start over."""
 
@@ -66,6 +67,13 @@ def add_job_flags(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> N
     group.add_argument("--input", "-i", required=True, type=Path, help="The file to run.")
     group.add_argument(
         "--output", "-o", required=True, type=Path, help="Where the answers go, one JSON line per item (resumed)."
+    )
+    group.add_argument(
+        "--errors",
+        type=Path,
+        default=None,
+        help="Where the bad lines are listed, one JSON line each ({line, index, custom_id or id, error}), kept in "
+        "step with OUTPUT when resumed. Default: beside OUTPUT, answers.jsonl -> answers.errors.jsonl.",
     )
     group.add_argument(
         "--input-format",
@@ -121,6 +129,8 @@ def main(argv: list[str]) -> int:
         items = read_items(args.input, fmt, args.text_column, args.id_column)
         existing = recover(args.output)
         remaining = skip_done(items, existing, args.output)
+        errors = args.errors or default_errors_path(args.output)
+        recover_errors(errors, existing.lines)
     except (InputError, OSError, ResumeError) as exc:
         print(f"run-batch: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +152,7 @@ def main(argv: list[str]) -> int:
     counts, interrupted = Counts(), False
     try:
         counts, interrupted = asyncio.run(
-            drive(server, units, args=args, options=options, total=total, done=existing.lines)
+            drive(server, units, args=args, options=options, total=total, done=existing.lines, errors=errors)
         )
     finally:
         code = server.stop()
@@ -150,7 +160,7 @@ def main(argv: list[str]) -> int:
     rate = counts.done / elapsed if elapsed else 0.0
     print(
         f"run-batch: {counts.done} items written to {args.output} in {elapsed:.1f}s ({rate:.1f} items/s), "
-        f"{counts.failed} with an error",
+        f"{counts.failed} with an error" + (f" (listed in {errors})" if counts.failed else ""),
         file=sys.stderr,
     )
     if interrupted:
@@ -171,6 +181,7 @@ async def drive(
     options: JobOptions,
     total: int,
     done: int,
+    errors: Path | None = None,
 ) -> tuple[Counts, bool]:
     """Counts, and whether SIGINT or SIGTERM cut the job short (lines written so far stay written)."""
     from tqdm import tqdm
@@ -179,7 +190,7 @@ async def drive(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, task.cancel)  # type: ignore[union-attr]
-    output = OrderedOutput(args.output, 0)
+    output = OrderedOutput(args.output, 0, errors)
     unit_name = " lines" if total and isinstance(units, RequestUnits) else " items"
     progress = tqdm(
         total=total, initial=done, unit=unit_name, file=sys.stderr, disable=args.no_progress, mininterval=0.5

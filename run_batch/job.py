@@ -78,6 +78,10 @@ class ErrorBody(msgspec.Struct):
     error: dict[str, Any] | str
 
 
+# An item's output line, and its errors-file line when it failed (run_batch/output.py).
+Written = tuple[bytes, bytes | None]
+
+
 class Answer(msgspec.Struct):
     status: int
     request_id: str
@@ -119,7 +123,7 @@ class BatchDriver:
 
     async def finish(self, seq: int, unit: list[Item]) -> None:
         try:
-            lines = await self.answer_unit(unit)
+            answered = await self.answer_unit(unit)
         except Exception as exc:  # a fault of the job itself, not of an item: stop, keeping what is written
             self.error = self.error or exc
             async with self.written:
@@ -127,13 +131,16 @@ class BatchDriver:
             return
         finally:
             self.slots.release()
+        lines = [line for line, _ in answered]
+        errors = [error for _, error in answered if error is not None]
         async with self.written:
-            written = self.output.put(seq, lines)
+            written = self.output.put(seq, lines, errors)
             self.written.notify_all()
         self.counts.done += written
         self.progress.update(written)
 
-    async def answer_unit(self, unit: list[Item]) -> list[bytes]:
+    async def answer_unit(self, unit: list[Item]) -> list[Written]:
+        """Each item's output line, and its errors-file line when it failed."""
         first = unit[0]
         if isinstance(first, Request):
             return [await self.answer_request(first)]
@@ -142,12 +149,13 @@ class BatchDriver:
 
     # OpenAI batch lines ----------------------------------------------------------------------------
 
-    async def answer_request(self, item: Request) -> bytes:
+    async def answer_request(self, item: Request) -> Written:
         line_id = f"batch_req_{uuid.uuid4().hex}"
         if item.problem is not None:
             self.report(item.problem)
             refused = LineError("invalid_request", item.problem)
-            return encoder.encode(OutputLine(line_id, item.custom_id, None, refused)) + b"\n"
+            line = encoder.encode(OutputLine(line_id, item.custom_id, None, refused)) + b"\n"
+            return line, error_record(item, refused)
         answer = await self.post(item.url, item.body)
         body = answer.body if answer.is_json else encoder.encode(answer.body.decode(errors="replace"))
         response = ResponseBody(answer.status, answer.request_id, msgspec.Raw(body))
@@ -155,44 +163,48 @@ class BatchDriver:
         if answer.status != 200:
             error = error_of(answer)
             self.report(f"line {item.line}: {answer.status} {error.message}")
-        return encoder.encode(OutputLine(line_id, item.custom_id, response, error)) + b"\n"
+        line = encoder.encode(OutputLine(line_id, item.custom_id, response, error)) + b"\n"
+        return line, None if error is None else error_record(item, error, answer.status)
 
     # Texts ------------------------------------------------------------------------------------------
 
-    async def answer_texts(self, texts: list[Text]) -> list[bytes]:
+    async def answer_texts(self, texts: list[Text]) -> list[Written]:
         """One line per text: its vector, or its error. A group the server refuses is tried text by text, so
         one bad text costs only its own line."""
-        lines: dict[int, bytes] = {}
+        lines: dict[int, Written] = {}
         good = []
         for text in texts:
             if text.problem is None:
                 good.append(text)
             else:
                 self.report(text.problem)
-                lines[text.index] = text_error_line(text, "invalid_request", text.problem)
+                lines[text.index] = text_error_line(text, LineError("invalid_request", text.problem))
         if good:
             lines.update(await self.embed(good))
         return [lines[text.index] for text in texts]
 
-    async def embed(self, texts: list[Text]) -> dict[int, bytes]:
+    async def embed(self, texts: list[Text]) -> dict[int, Written]:
         body = encoder.encode({**self.options.request_options, "input": [text.text for text in texts]})
         answer = await self.post("/v1/embeddings", body)
         if answer.status == 200:
             rows = msgspec.json.decode(answer.body, type=EmbeddingAnswer).data
             vectors = {row.index: row.embedding for row in rows}
             return {
-                text.index: encoder.encode({"index": text.index, "id": text.id, "embedding": vectors[k]}) + b"\n"
+                text.index: (
+                    encoder.encode({"index": text.index, "id": text.id, "embedding": vectors[k]}) + b"\n",
+                    None,
+                )
                 for k, text in enumerate(texts)
             }
         if len(texts) > 1 and answer.status < 500:
-            lines: dict[int, bytes] = {}
+            lines: dict[int, Written] = {}
             for text in texts:
                 lines.update(await self.embed([text]))
             return lines
         error = error_of(answer)
         text = texts[0]
         self.report(f"line {text.line}: {answer.status} {error.message}")
-        return {text.index: text_error_line(text, error.code, error.message, answer.status)}
+        return {text.index: text_error_line(text, error, answer.status)}
 
     # HTTP -------------------------------------------------------------------------------------------
 
@@ -237,8 +249,24 @@ def error_of(answer: Answer) -> LineError:
     return LineError(code, message)
 
 
-def text_error_line(text: Text, code: str, message: str, status: int | None = None) -> bytes:
-    error: dict[str, Any] = {"code": code, "message": message, "line": text.line}
+def text_error_line(text: Text, error: LineError, status: int | None = None) -> Written:
+    said: dict[str, Any] = {"code": error.code, "message": error.message, "line": text.line}
     if status is not None:
-        error["status_code"] = status
-    return encoder.encode({"index": text.index, "id": text.id, "error": error}) + b"\n"
+        said["status_code"] = status
+    return encoder.encode({"index": text.index, "id": text.id, "error": said}) + b"\n", error_record(
+        text, error, status
+    )
+
+
+def error_record(item: Item, error: LineError, status: int | None = None) -> bytes:
+    """The errors file's line for a bad item: where it is in the input (its line number, from 1, and its position
+    among the items, which OUTPUT's line answers it), its custom_id or id, and what is wrong."""
+    record: dict[str, Any] = {"line": item.line, "index": item.index}
+    if isinstance(item, Request):
+        record["custom_id"] = item.custom_id
+    else:
+        record["id"] = item.id
+    record["error"] = {"code": error.code, "message": error.message}
+    if status is not None:
+        record["error"]["status_code"] = status
+    return encoder.encode(record) + b"\n"

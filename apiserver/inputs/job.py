@@ -12,6 +12,15 @@ import numpy.typing as npt
 from apiserver.errors import ApiError, bad_request
 from apiserver.inputs.items import ImageSource, Item
 from apiserver.inputs.text import Truncation, check_token_rows, tokenize_texts
+from apiserver.inputs.windows import (
+    Chunking,
+    Windows,
+    chunk_refusal,
+    chunk_texts,
+    chunk_token_rows,
+    flatten,
+    refuse_chunking,
+)
 from apiserver.limits import TokenBudget
 from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, takes_query_route
 from apiserver.text_template import tokenize_rendered_texts
@@ -45,6 +54,9 @@ class EngineJob:
     sparse: bool = False
     # Where each text input's pooling starts (a prompt the model's Pooling leaves out before it); None: at its start.
     pool_from: list[int] | None = None
+    # Long inputs cut into windows (apiserver/inputs/windows.py): the engine's rows of each input, combined into one
+    # when its answer comes. None: one row per input.
+    windows: Windows | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -134,19 +146,36 @@ def build_job(
     add_special_tokens: bool = True,
     prompt: str = "",
     role: Role | None = None,
+    chunking: Chunking | None = None,
+    per_token: bool = False,
 ) -> EngineJob:
     """Tokenize the texts (each after `prompt`, apiserver/prompts.py), check the token rows, decode the
     images of a request's items. `role`: whether the inputs are queries or documents, the chain they take on a
-    Router model (None: its default)."""
+    Router model (None: its default). `chunking`: over-long inputs are cut into windows (`limit` is then None);
+    `per_token`: the job answers every token's state (which windows would not give once)."""
     params = params or [f"input[{k}]" for k in range(len(items))]
     texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
     sources = [item for item in items if isinstance(item, ImageSource)]
     pool_from = None  # token ids are what the model reads: no prompt to leave out
     add_special_tokens = adds_special_tokens(card, role, add_special_tokens)
+    windows: Windows | None = None
     if token_rows:
         token_params = [params[k] for k, _ in token_rows]
-        rows = check_token_rows([row for _, row in token_rows], token_params, limit, card, direction)
+        given = [row for _, row in token_rows]
+        if chunking is None:
+            rows = check_token_rows(given, token_params, limit, card, direction)
+        else:  # checked whole (the longest's length cuts none), then cut
+            check_token_rows(given, token_params, max(map(len, given)), card)
+            refuse_chunking(token_params, given, card, chunking, chunk_refusal(card, "", per_token=per_token))
+            rows, windows = flatten(chunk_token_rows(given, card, chunking))
+    elif chunking is not None and texts and card.text_template is None:
+        refusal = chunk_refusal(card, prompt, per_token=per_token)
+        pieces = chunk_texts(
+            [prompt + text for _, text in texts], [params[k] for k, _ in texts], tokenizer, card, chunking,
+            budget=budget, add_special_tokens=add_special_tokens, refusal=refusal,
+        )  # fmt: skip
+        rows, windows = flatten(pieces)
     elif card.text_template is not None and texts:  # rendered by the model's chat template, prompt and all
         text_params = [params[k] for k, _ in texts]
         truncation = Truncation(limit, direction, option)
@@ -172,7 +201,10 @@ def build_job(
         if card.image is None or load_image is None:
             raise images_not_taken(sources[0])
         images = [load_image(source) for source in sources]
-    job = EngineJob(rows=rows, images=images, pool_from=pool_from)
+    if windows is not None and images:
+        windows.counts.extend([1] * len(images))  # the engine answers texts first, then images
+        windows.tokens.extend([card.image_tokens] * len(images))
+    job = EngineJob(rows=rows, images=images, pool_from=pool_from, windows=windows)
     job.queries = len(rows) if takes_query_route(card, role) else 0
     if texts and sources:
         text_rank = itertools.count()

@@ -15,6 +15,7 @@ from apiserver.errors import bad_request
 from apiserver.inputs.items import ImageSource, Item, request_items
 from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
 from apiserver.inputs.text import vllm_truncation
+from apiserver.inputs.windows import long_input_mode
 from apiserver.late_interaction import token_vectors_job
 from apiserver.limits import check_image_count
 from apiserver.operation import JobBuilder, Plan
@@ -101,7 +102,8 @@ def plan_items_request(
         raise bad_request("`dimensions` is for single-vector models; this late-interaction model's token vectors "
                           "come whole.", param="dimensions")  # fmt: skip
     items = request_items(request.input, request.messages, state.config.max_inputs_per_request)
-    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    truncate, chunking = long_input_mode(request.long_input, request.truncate_prompt_tokens, state.config)
+    truncation = vllm_truncation(truncate, state.card, request.truncation_side)
     refuse_options_of_another_kind(state.card, request, activation, sparse=sparse)
     # vLLM's `use_activation` is an embedding model's normalization and a classifier's activation.
     normalize = value_of(normalize=request.normalize, use_activation=request.use_activation)
@@ -118,13 +120,17 @@ def plan_items_request(
         job = build_job(
             items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image,
             direction=truncation.direction, budget=state.token_budget, add_special_tokens=request.add_special_tokens,
-            prompt=state.card.default_prompt if prompt is None else prompt, role=role,
+            prompt=state.card.default_prompt if prompt is None else prompt, role=role, chunking=chunking,
+            per_token=per_token,
         )  # fmt: skip
         if per_token and job.images:
             raise bad_request(f"{endpoint} gives token states of texts; this request holds images.", param="input")
         job.dimensions, job.activation, job.per_token = dimensions, activation is not False, per_token
         job.normalize = normalize_default if normalize is None else normalize
         job.sparse = sparse
+        if job.windows is not None:  # the windows' vectors are averaged first, then normalized as asked
+            job.windows.normalize = state.card.normalize if job.normalize is None else job.normalize
+            job.normalize = False
         return job
 
     return plan_job(state, items, build, request)

@@ -6,6 +6,7 @@ from apiserver.aliases import value_of
 from apiserver.inputs.items import items_from_input
 from apiserver.inputs.job import build_job
 from apiserver.inputs.text import vllm_truncation
+from apiserver.inputs.windows import long_input_mode
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json, now, response_id
 from apiserver.schemas.classify import ClassifyData, ClassifyRequest, ClassifyResponse
@@ -19,7 +20,10 @@ def parse(request: ClassifyRequest, state: AppState) -> Plan[None]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_CLASSIFY, "/classify")
     items = items_from_input(request.input, state.config.max_inputs_per_request)
-    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    # --long-input truncate cuts here too; chunk does not apply (a class is not combined from windows): a long
+    # input is then refused, as by default.
+    truncate, _ = long_input_mode(None, request.truncate_prompt_tokens, state.config)
+    truncation = vllm_truncation(truncate, state.card, request.truncation_side)
     activation = value_of(use_activation=request.use_activation, activation=request.activation)
     job = build_job(
         items, state.card, state.tokenizer, limit=truncation.limit, direction=truncation.direction,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from apiserver.aliases import one_spelling, value_of
 from apiserver.errors import TEI, ErrorStyle, bad_request
 from apiserver.inputs.text import tei_truncation, vllm_truncation
+from apiserver.inputs.windows import long_input_mode
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.responses import encode_json, now, response_id
@@ -83,7 +84,8 @@ def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
     check_model(request.model, state.model_names)
     require_task(state.card, TASK_SCORE, "/score")
     pairs, params = score_pairs(request, state.config.max_inputs_per_request)
-    truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+    truncate, chunking = long_input_mode(request.long_input, request.truncate_prompt_tokens, state.config)
+    truncation = vllm_truncation(truncate, state.card, request.truncation_side)
     activation = value_of(use_activation=request.use_activation, activation=request.activation)
     scoring = plan_scores(
         pairs,
@@ -95,6 +97,8 @@ def parse_score(request: ScoreRequest, state: AppState) -> Plan[ScorePlan]:
         budget=state.token_budget,
         instruction=request.instruction,
         output=request.output,
+        chunking=chunking,
+        first_param=score_sides(request)[0][0],
     )
     return Plan(scoring, job=scoring.job)
 
@@ -180,7 +184,9 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
     params = [f"{param}[{i}]" for i in range(len(documents))]
     activation = value_of(use_activation=request.use_activation, activation=request.activation)
     if is_tei:  # TEI's options
-        truncation = tei_truncation(request.truncate, request.truncation_direction, state.card)
+        truncate, chunking = long_input_mode(request.long_input, -1 if request.truncate else None, state.config,
+                                             cut="truncate")  # fmt: skip
+        truncation = tei_truncation(truncate is not None, request.truncation_direction, state.card)
         if request.raw_scores and activation:
             raise bad_request(
                 "`raw_scores` (TEI's) and `use_activation` or `activation` (vLLM's) say opposite things; send one.",
@@ -188,7 +194,15 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
             )
         activation = not request.raw_scores if activation is None else activation
     else:
-        truncation = vllm_truncation(request.truncate_prompt_tokens, state.card, request.truncation_side)
+        truncate, chunking = long_input_mode(request.long_input, request.truncate_prompt_tokens, state.config)
+        truncation = vllm_truncation(truncate, state.card, request.truncation_side)
+    if request.max_tokens_per_doc is not None and chunking is not None:
+        if chunking.option == "long_input":
+            raise bad_request(
+                "`max_tokens_per_doc` cuts each document, `long_input: chunk` reads all of it: send one.",
+                param="max_tokens_per_doc",
+            )
+        chunking = None  # the request's own cut, rather than the server's default
     scoring = plan_scores(
         pairs,
         params,
@@ -201,6 +215,7 @@ def parse_rerank(request: RerankRequest, state: AppState) -> Plan[Reranking]:
         roles=("query", "document"),  # a bi-encoder embeds them as encode_query and encode_document do
         instruction=request.instruction,
         output=request.output,
+        chunking=chunking,
     )
     return Plan(Reranking(request, documents, scoring), job=scoring.job)
 

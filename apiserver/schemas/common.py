@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from poolserve.protocol import PRIORITY_MAX, PRIORITY_MIN
+from poolserve.protocol import PRIORITY_MAX, PRIORITY_MIN, LongInput
 
 
 class ImageInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -98,3 +98,5 @@ class ItemsRequest(PeerRequest, kw_only=True):
     truncation_side: TruncationSide | None = None
     # OpenAI's end-user id: logged with the request id (apiserver/request_cycle.py), not otherwise used.
     user: str | None = None
+    # What an input past the model's maximum gets (None: --long-input): docs/api.md, "Long inputs".
+    long_input: LongInput | None = None

@@ -16,6 +16,7 @@ from apiserver.schemas.common import (
     TruncationSide,
     Usage,
 )
+from poolserve.protocol import LongInput
 
 ScoreTexts = str | list[str]
 
@@ -44,6 +45,8 @@ class ScoreRequest(PeerRequest, kw_only=True):
     instruction: str | None = None
     # poolserve's: which of the model's outputs scores the pairs (None: its own; bge-m3's dense vector).
     output: ScoreOutput | None = None
+    # poolserve's: what a document past the model's maximum gets (None: --long-input); chunked, its best window's score.
+    long_input: LongInput | None = None
 
 
 class ScoreData(msgspec.Struct, kw_only=True):
@@ -92,6 +95,8 @@ class RerankRequest(PeerRequest, kw_only=True):
     instruction: str | None = None
     # poolserve's: which of the model's outputs scores the documents (None: its own; bge-m3's dense vector).
     output: ScoreOutput | None = None
+    # poolserve's: what a document past the model's maximum gets (None: --long-input); chunked, its best window's score.
+    long_input: LongInput | None = None
 
 
 class RerankResult(msgspec.Struct, kw_only=True):

@@ -82,6 +82,13 @@ def test_openai_batch_file_answers_as_the_http_endpoint(tmp_path: Path, server: 
     assert len({a["id"] for a in answers}) == len(answers)
     assert "line 4" in answers[3]["error"]["message"] and answers[3]["response"] is None
     assert "GET" in answers[5]["error"]["message"] and answers[5]["response"] is None
+    # The bad lines alone, beside the output, with their line numbers in the input file.
+    errors = [json.loads(line) for line in (tmp_path / "answers.errors.jsonl").read_text().splitlines()]
+    assert [(e["line"], e["index"], e["custom_id"]) for e in errors] == [
+        (4, 3, None), (5, 4, "req-3"), (6, 5, "get"), (7, 6, "req-4"),
+    ]  # fmt: skip
+    assert [e["error"].get("status_code") for e in errors] == [None, 400, None, 404]
+    assert errors[1]["error"]["message"] == answers[4]["error"]["message"]
     served = [a for a in answers if a["response"] is not None]
     with server.client() as client:
         for answer, body in zip(served, bodies, strict=True):
@@ -107,9 +114,14 @@ def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server
     run_batch(*job, "--output", str(whole))
 
     resumed = tmp_path / "resumed.jsonl"
+    errors = tmp_path / "errors" / "bad.jsonl"
+    errors.parent.mkdir()
     with (tmp_path / "killed.err").open("w") as log:
         killed = subprocess.Popen(
-            run_batch_argv(*job, "--output", str(resumed)), stdout=subprocess.DEVNULL, stderr=log, cwd=REPO
+            run_batch_argv(*job, "--output", str(resumed), "--errors", str(errors)),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            cwd=REPO,
         )
     deadline = time.monotonic() + 240
     while lines_in(resumed) < 100:
@@ -128,7 +140,7 @@ def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server
         assert time.monotonic() < deadline, "the killed job's server is still running"
         time.sleep(0.1)
 
-    done = run_batch(*job, "--output", str(resumed))
+    done = run_batch(*job, "--output", str(resumed), "--errors", str(errors))
 
     assert f"resuming after the {written} lines" in done.stderr
     ours = [json.loads(line) for line in resumed.read_text().splitlines()]
@@ -136,6 +148,13 @@ def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server
     assert [(a["index"], a["id"]) for a in ours] == [(i, f"d{i}") for i in range(len(rows))]
     assert_same_answer(ours, reference)
     assert ours[300]["error"]["line"] == 301 and "'text' is missing" in ours[300]["error"]["message"]
+    # The bad line listed once, whichever run met it; the uninterrupted job lists it beside its output.
+    listed = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert listed == [json.loads(line) for line in (tmp_path / "whole.errors.jsonl").read_text().splitlines()]
+    assert [(e["line"], e["index"], e["id"]) for e in listed] == [(301, 300, "d300")]
+    assert "'text' is missing" in listed[0]["error"]["message"]
+    if written <= 300:
+        assert f"1 with an error (listed in {errors})" in done.stderr
     with server.client() as client:
         http = client.post("/v1/embeddings", json={"input": texts[500:516]}).json()["data"]
     assert_same_answer(

@@ -289,6 +289,7 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "pooling": ("auto", "mean", "cls", "last"),
         "score_format": ("none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"),
         "accept_balance": ("connections", "requests", "both", "none"),
+        "long_input": ("refuse", "truncate", "chunk"),
         "device": ("auto", "cpu", "cuda"),
         "dtype": ("auto", "float32", "float16", "bfloat16"),
         "token_packing": ("auto", "on", "off"),
