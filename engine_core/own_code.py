@@ -1,0 +1,70 @@
+"""A folder's own model code (config.json's `auto_map`, run with --trust-remote-code): whether it may run, and
+whether it can be found where the folder says it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from huggingface_hub import try_to_load_from_cache
+from transformers import PretrainedConfig
+
+from engine_core.folder_choices import LoadError
+
+
+def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> None:
+    """A folder that names its own modeling code for the class poolserve loads (gte-Qwen2's bidirectional
+    Qwen2, NomicBert, JinaBert) runs that code or is refused: without --trust-remote-code, transformers
+    would quietly load its built-in class of the same model type, which is not the model its authors ran."""
+    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    if own and not trust:
+        raise LoadError(
+            f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
+        )
+
+
+def code_of_other_repositories(folder: Path) -> dict[str, dict[str, str]]:
+    """The code config.json's auto_map takes from other repositories than the folder ("org/repo--module.Class",
+    as nomic-embed-text, gte-*-v1.5 and jina-embeddings-v2 ship), by repository: each Auto class's reference
+    within that repository."""
+    try:
+        auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    references: dict[str, dict[str, str]] = {}
+    for auto, value in auto_map.items():
+        # AutoTokenizer's value is a pair: the slow class and the fast one (either may be null).
+        for reference in value if isinstance(value, list) else [value]:
+            if isinstance(reference, str) and "--" in reference:
+                repository, local = reference.split("--", 1)
+                references.setdefault(repository, {})[auto] = local
+    return references
+
+
+def uncached_code(folder: Path) -> dict[str, dict[str, str]]:
+    """The other repositories' code that is not in the Hugging Face cache (transformers looks for it there, never
+    in the folder, and fetches it from the hub where one is reachable)."""
+    missing = {}
+    for repository, references in code_of_other_repositories(folder).items():
+        files = {local.rsplit(".", 1)[0] + ".py" for local in references.values()}
+        if not all(isinstance(try_to_load_from_cache(repository, file), str) for file in files):
+            missing[repository] = references
+    return missing
+
+
+def code_not_found(folder: Path) -> LoadError | None:
+    """Why a folder that runs another repository's code could not load, where that code is nowhere to be had: one
+    sentence naming the repository, its files, and how to serve the folder without a hub."""
+    missing = uncached_code(folder)
+    if not missing:
+        return None
+    repository, references = next(iter(missing.items()))
+    files = sorted({local.rsplit(".", 1)[0] + ".py" for local in references.values()})
+    auto = "AutoModel" if "AutoModel" in references else next(iter(references))
+    example = f'"{auto}": "{references[auto]}"'
+    return LoadError(
+        f"config.json's auto_map runs code from the repository {repository} ({', '.join(files)}), which is neither "
+        "in the folder nor in the Hugging Face cache, and could not be fetched from a hub: copy those files into the "
+        f"folder and name them there without the repository ({example}), or fetch {repository} once where a hub is "
+        "reachable."
+    )
