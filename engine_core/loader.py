@@ -62,7 +62,7 @@ from engine_core.multi_vector import (
     register_prefix_tokens,
     stanford_projection,
 )
-from engine_core.own_code import check_own_code, code_not_found
+from engine_core.own_code import check_own_code, check_weights_found, code_not_found
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -153,9 +153,10 @@ AUTO_CLASSES = {
 def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
     auto = AUTO_CLASSES[auto_name]
     try:
-        model = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
+        model, info = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust, output_loading_info=True)
     except Exception as exc:
         raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
+    check_weights_found(model.config, auto_name, info["missing_keys"])
     return model  # type: ignore[no-any-return]
 
 

@@ -4,6 +4,7 @@ whether it can be found where the folder says it is."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from huggingface_hub import try_to_load_from_cache
@@ -20,6 +21,20 @@ def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> No
     if own and not trust:
         raise LoadError(
             f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
+        )
+
+
+def check_weights_found(model_config: PretrainedConfig, auto: str, missing: Iterable[str]) -> None:
+    """The folder's own code on a checkpoint that lacks some of the weights it builds would run those as they were
+    initialised (random) and answer plausible vectors: refused. A pooler's are left out: BERT-like code builds one
+    whose output poolserve never reads (it pools the token states), and checkpoints trained without it omit it."""
+    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    absent = sorted(name for name in missing if "pooler." not in f".{name}")
+    if own and absent:
+        shown = ", ".join(absent[:3]) + (", ..." if len(absent) > 3 else "")
+        raise LoadError(
+            f"the folder's own code ({own}) finds no weights in the checkpoint for {len(absent)} of its parameters "
+            f"({shown}), which would run random: the code and the checkpoint do not match."
         )
 
 

@@ -30,7 +30,12 @@ from tests.fidelity.image_text_layouts import (
     build_siglip_unmasked,
 )
 from tests.fidelity.legacy_st_files import write_legacy_st_files
-from tests.fidelity.own_code_layouts import NOMIC_CODE_REPOSITORY, build_nomic_code_elsewhere, build_nomic_own_code
+from tests.fidelity.own_code_layouts import (
+    NOMIC_CODE_REPOSITORY,
+    build_nomic_code_and_checkpoint_apart,
+    build_nomic_code_elsewhere,
+    build_nomic_own_code,
+)
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
     build_one_token_logit_score,
@@ -884,6 +889,14 @@ REFUSED = [
         "Hugging Face cache, and could not be fetched from a hub: copy those files into the folder and name them "
         'there without the repository ("AutoModel": "modeling_hf_nomic_bert.NomicBertModel"), or fetch '
         f"{NOMIC_CODE_REPOSITORY} once where a hub is reachable.",
+        flags={"trust_remote_code": True},
+    ),
+    Refused(
+        "own-code-checkpoint-mismatch",
+        build_nomic_code_and_checkpoint_apart,
+        "the folder's own code (modeling_hf_nomic_bert.NomicBertModel) finds no weights in the checkpoint for 24 of "
+        "its parameters (embeddings.LayerNorm.bias, embeddings.LayerNorm.weight, layers.0.mlp.down_proj.weight, ...), "
+        "which would run random: the code and the checkpoint do not match.",
         flags={"trust_remote_code": True},
     ),
     Refused(

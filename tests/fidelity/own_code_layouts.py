@@ -25,12 +25,23 @@ NOMIC_PROMPTS = {
     "classification": "classification: ",
     "clustering": "clustering: ",
 }
-# Stand-ins for nomic's configuration_hf_nomic_bert.py and modeling_hf_nomic_bert.py (see above).
+# Stand-ins for nomic's configuration_hf_nomic_bert.py and modeling_hf_nomic_bert.py (see above): subclasses, so
+# that transformers registering the folder's classes for its Auto classes leaves its own NomicBert untouched.
 STAND_IN_CODE = {
-    "configuration_hf_nomic_bert.py": "from transformers.models.nomic_bert.configuration_nomic_bert import "
-    "NomicBertConfig\n\n__all__ = ['NomicBertConfig']\n",
-    "modeling_hf_nomic_bert.py": "from transformers.models.nomic_bert.modeling_nomic_bert import NomicBertModel\n\n"
-    "__all__ = ['NomicBertModel']\n",
+    "configuration_hf_nomic_bert.py": """from transformers.models.nomic_bert import configuration_nomic_bert
+
+
+class NomicBertConfig(configuration_nomic_bert.NomicBertConfig):
+    pass
+""",
+    "modeling_hf_nomic_bert.py": """from transformers.models.nomic_bert import modeling_nomic_bert
+
+from .configuration_hf_nomic_bert import NomicBertConfig
+
+
+class NomicBertModel(modeling_nomic_bert.NomicBertModel):
+    config_class = NomicBertConfig
+""",
 }
 
 
@@ -42,8 +53,9 @@ def nomic_auto_map(repository: str | None) -> dict[str, str]:
     }
 
 
-def write_nomic_folder(folder: Path, repository: str | None) -> None:
-    """A tiny random NomicBert in nomic-embed-text's layout; its code named in `repository`, or in the folder."""
+def write_nomic_folder(folder: Path, repository: str | None, *, weights_as_saved: bool = False) -> None:
+    """A tiny random NomicBert in nomic-embed-text's layout; its code named in `repository`, or in the folder.
+    `weights_as_saved`: the checkpoint as transformers' save_pretrained writes it (see below)."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, NomicBertConfig, NomicBertModel
 
@@ -51,11 +63,15 @@ def write_nomic_folder(folder: Path, repository: str | None) -> None:
     config = NomicBertConfig(vocab_size=30528, max_position_embeddings=128, **TINY)
     model = NomicBertModel(config).eval()
     config.architectures = ["NomicBertModel"]
-    config.save_pretrained(folder)
     # The weights under the names the code's own modules give them: transformers' save_pretrained renames a
     # nomic_bert checkpoint to nomic's original names, which only transformers' built-in class reads back.
-    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    folder.mkdir(parents=True)
+    if weights_as_saved:
+        model.save_pretrained(folder)
+    else:
+        save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
+                  str(folder / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    config.save_pretrained(folder)
     AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
     path = folder / "config.json"
     saved = json.loads(path.read_text())
@@ -77,3 +93,9 @@ def build_nomic_own_code(folder: Path) -> None:
 def build_nomic_code_elsewhere(folder: Path) -> None:
     """nomic-embed-text as downloaded: its auto_map names nomic-bert-2048's code, which is not in the folder."""
     write_nomic_folder(folder, repository=NOMIC_CODE_REPOSITORY)
+
+
+def build_nomic_code_and_checkpoint_apart(folder: Path) -> None:
+    """The folder's code names its weights otherwise than the checkpoint does (a checkpoint in nomic's original
+    names under code that names them as transformers' port: the mismatch another revision of the code makes)."""
+    write_nomic_folder(folder, repository=None, weights_as_saved=True)
