@@ -62,7 +62,7 @@ from engine_core.multi_vector import (
     register_prefix_tokens,
     stanford_projection,
 )
-from engine_core.own_code import check_own_code, check_weights_found, code_not_found
+from engine_core.own_code import check_own_code, check_weights_found, code_not_found, untrusted_config
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -171,8 +171,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     except LoadError:
         raise
     except Exception as exc:
-        if trust and (missing := code_not_found(model_folder)) is not None:
-            raise missing from exc
+        if (refusal := code_not_found(model_folder) if trust else untrusted_config(model_folder)) is not None:
+            raise refusal from exc
         raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")

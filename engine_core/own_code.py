@@ -19,9 +19,26 @@ def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> No
     would quietly load its built-in class of the same model type, which is not the model its authors ran."""
     own = (getattr(model_config, "auto_map", None) or {}).get(auto)
     if own and not trust:
-        raise LoadError(
-            f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
-        )
+        raise untrusted(auto, own)
+
+
+def untrusted(auto: str, own: str) -> LoadError:
+    return LoadError(f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it.")
+
+
+def read_auto_map(folder: Path) -> dict[str, object]:
+    try:
+        auto_map = json.loads((folder / "config.json").read_text()).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return auto_map if isinstance(auto_map, dict) else {}
+
+
+def untrusted_config(folder: Path) -> LoadError | None:
+    """Why a folder whose configuration is its own code (a model_type transformers does not know: GTE-new's `new`)
+    could not load without --trust-remote-code, said as check_own_code says it, not as transformers does."""
+    own = read_auto_map(folder).get("AutoConfig")
+    return untrusted("AutoConfig", own) if isinstance(own, str) else None
 
 
 def check_weights_found(model_config: PretrainedConfig, auto: str, missing: Iterable[str]) -> None:
@@ -42,12 +59,8 @@ def code_of_other_repositories(folder: Path) -> dict[str, dict[str, str]]:
     """The code config.json's auto_map takes from other repositories than the folder ("org/repo--module.Class",
     as nomic-embed-text, gte-*-v1.5 and jina-embeddings-v2 ship), by repository: each Auto class's reference
     within that repository."""
-    try:
-        auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
     references: dict[str, dict[str, str]] = {}
-    for auto, value in auto_map.items():
+    for auto, value in read_auto_map(folder).items():
         # AutoTokenizer's value is a pair: the slow class and the fast one (either may be null).
         for reference in value if isinstance(value, list) else [value]:
             if isinstance(reference, str) and "--" in reference:

@@ -31,7 +31,8 @@ from tests.fidelity.image_text_layouts import (
 )
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 from tests.fidelity.own_code_layouts import (
-    NOMIC_CODE_REPOSITORY,
+    NOMIC,
+    build_gte_new_own_code,
     build_nomic_code_and_checkpoint_apart,
     build_nomic_code_elsewhere,
     build_nomic_own_code,
@@ -717,6 +718,7 @@ SERVED = [
     Served("siglip-unmasked", build_siglip_unmasked, reference="image_text"),
     Served("bge-m3", build_bge_m3, reference="bge_m3"),
     Served("own-code-nomic-bert", build_nomic_own_code, flags={"trust_remote_code": True}),
+    Served("own-code-gte-new", build_gte_new_own_code, flags={"trust_remote_code": True}),
 ]
 
 
@@ -884,12 +886,18 @@ REFUSED = [
     Refused(
         "own-code-in-another-repository",
         build_nomic_code_elsewhere,
-        f"config.json's auto_map runs code from the repository {NOMIC_CODE_REPOSITORY} "
+        f"config.json's auto_map runs code from the repository {NOMIC.repository} "
         "(configuration_hf_nomic_bert.py, modeling_hf_nomic_bert.py), which is neither in the folder nor in the "
         "Hugging Face cache, and could not be fetched from a hub: copy those files into the folder and name them "
         'there without the repository ("AutoModel": "modeling_hf_nomic_bert.NomicBertModel"), or fetch '
-        f"{NOMIC_CODE_REPOSITORY} once where a hub is reachable.",
+        f"{NOMIC.repository} once where a hub is reachable.",
         flags={"trust_remote_code": True},
+    ),
+    Refused(
+        "own-code-unknown-model-type-without-trust",
+        build_gte_new_own_code,
+        "the folder's config runs its own code for AutoConfig (configuration.NewConfig); give --trust-remote-code "
+        "to run it.",
     ),
     Refused(
         "own-code-checkpoint-mismatch",

@@ -1,101 +1,139 @@
-"""Folders whose config.json runs their own model code (`auto_map`, --trust-remote-code), in NomicBert's layout.
+"""Folders whose config.json runs their own model code (`auto_map`, --trust-remote-code), in NomicBert's and
+GTE-new's layouts.
 
 nomic-embed-text ships a config of model_type `nomic_bert` whose auto_map takes its code from another repository
 (`nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel`), Sentence-Transformers files in the 2.x layout
-(Transformer, mean Pooling, Normalize) and `search_query: `/`search_document: ` prompts. The code in the served
-folder here is transformers' own NomicBert port, named as the folder's `modeling_hf_nomic_bert.py`: nomic's file is
-not vendored into this repository, so these layouts hold the remote-code path (auto_map, the dynamic module,
-prompts, pooling) against SentenceTransformer(trust_remote_code=True) on the same code, not nomic's code itself.
+(Transformer, mean Pooling, Normalize) and `search_query: `/`search_document: ` prompts; gte-base-en-v1.5 and
+gte-multilingual-base a config of model_type `new` (a type transformers does not know) whose code comes from
+`Alibaba-NLP/new-impl` (`configuration.NewConfig`, `modeling.NewModel`), pooled from the CLS token. The code in a
+served folder here is transformers' own port of the architecture (NomicBert, GTE), named as the folder's files:
+nomic's and Alibaba's files are not vendored into this repository, so these layouts hold the remote-code path
+(auto_map, the dynamic module, prompts, pooling) against SentenceTransformer(trust_remote_code=True) on the same
+code, not those authors' code itself.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from bench.models import TINY, bundled_model_folder
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 
-NOMIC_CODE_REPOSITORY = "nomic-ai/nomic-bert-2048"
 NOMIC_PROMPTS = {
     "query": "search_query: ",
     "document": "search_document: ",
     "classification": "classification: ",
     "clustering": "clustering: ",
 }
-# Stand-ins for nomic's configuration_hf_nomic_bert.py and modeling_hf_nomic_bert.py (see above): subclasses, so
-# that transformers registering the folder's classes for its Auto classes leaves its own NomicBert untouched.
-STAND_IN_CODE = {
-    "configuration_hf_nomic_bert.py": """from transformers.models.nomic_bert import configuration_nomic_bert
 
 
-class NomicBertConfig(configuration_nomic_bert.NomicBertConfig):
-    pass
-""",
-    "modeling_hf_nomic_bert.py": """from transformers.models.nomic_bert import modeling_nomic_bert
+@dataclass(frozen=True)
+class Family:
+    repository: str  # where the family's folders take their code from (auto_map's "repository--" prefix)
+    model_type: str
+    config_module: str
+    config_class: str
+    model_module: str
+    model_class: str
+    port: str  # transformers' own port, the stand-in: its module under transformers.models, and class names
+    port_config: str
+    port_model: str
+    pooling: str
+    prompts: dict[str, str]
 
-from .configuration_hf_nomic_bert import NomicBertConfig
+    def auto_map(self, elsewhere: bool) -> dict[str, str]:
+        prefix = f"{self.repository}--" if elsewhere else ""
+        return {
+            "AutoConfig": f"{prefix}{self.config_module}.{self.config_class}",
+            "AutoModel": f"{prefix}{self.model_module}.{self.model_class}",
+        }
+
+    def stand_in_code(self) -> dict[str, str]:
+        """Subclasses of transformers' port, so that transformers registering the folder's classes for its Auto
+        classes leaves its own built-in ones untouched."""
+        config = (
+            f"from transformers.models.{self.port} import configuration_{self.port}\n\n\n"
+            f"class {self.config_class}(configuration_{self.port}.{self.port_config}):\n"
+            f"    model_type = {self.model_type!r}\n"
+        )
+        model = (
+            f"from transformers.models.{self.port} import modeling_{self.port}\n\n"
+            f"from .{self.config_module} import {self.config_class}\n\n\n"
+            f"class {self.model_class}(modeling_{self.port}.{self.port_model}):\n"
+            f"    config_class = {self.config_class}\n"
+        )
+        return {f"{self.config_module}.py": config, f"{self.model_module}.py": model}
 
 
-class NomicBertModel(modeling_nomic_bert.NomicBertModel):
-    config_class = NomicBertConfig
-""",
-}
+NOMIC = Family(
+    "nomic-ai/nomic-bert-2048", "nomic_bert", "configuration_hf_nomic_bert", "NomicBertConfig",
+    "modeling_hf_nomic_bert", "NomicBertModel", "nomic_bert", "NomicBertConfig", "NomicBertModel",
+    "mean_tokens", NOMIC_PROMPTS,
+)  # fmt: skip
+GTE_NEW = Family(
+    "Alibaba-NLP/new-impl", "new", "configuration", "NewConfig", "modeling", "NewModel", "gte", "GteConfig",
+    "GteModel", "cls_token", {},
+)  # fmt: skip
 
 
-def nomic_auto_map(repository: str | None) -> dict[str, str]:
-    prefix = f"{repository}--" if repository else ""
-    return {
-        "AutoConfig": f"{prefix}configuration_hf_nomic_bert.NomicBertConfig",
-        "AutoModel": f"{prefix}modeling_hf_nomic_bert.NomicBertModel",
-    }
+def write_folder(family: Family, folder: Path, *, elsewhere: bool = False, weights_as_saved: bool = False) -> None:
+    """A tiny random model in the family's layout; its code named in the family's repository (`elsewhere`), or in
+    the folder. `weights_as_saved`: the checkpoint as transformers' save_pretrained writes it (see below)."""
+    import importlib
 
-
-def write_nomic_folder(folder: Path, repository: str | None, *, weights_as_saved: bool = False) -> None:
-    """A tiny random NomicBert in nomic-embed-text's layout; its code named in `repository`, or in the folder.
-    `weights_as_saved`: the checkpoint as transformers' save_pretrained writes it (see below)."""
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer, NomicBertConfig, NomicBertModel
+    from transformers import AutoTokenizer
 
+    configuration = importlib.import_module(f"transformers.models.{family.port}.configuration_{family.port}")
+    modeling = importlib.import_module(f"transformers.models.{family.port}.modeling_{family.port}")
     torch.manual_seed(26)
-    config = NomicBertConfig(vocab_size=30528, max_position_embeddings=128, **TINY)
-    model = NomicBertModel(config).eval()
-    config.architectures = ["NomicBertModel"]
+    settings: dict[str, Any] = {"vocab_size": 30528, "max_position_embeddings": 128, "pad_token_id": 0, **TINY}
+    config = getattr(configuration, family.port_config)(**settings)
+    model = getattr(modeling, family.port_model)(config).eval()
+    folder.mkdir(parents=True)
     # The weights under the names the code's own modules give them: transformers' save_pretrained renames a
     # nomic_bert checkpoint to nomic's original names, which only transformers' built-in class reads back.
-    folder.mkdir(parents=True)
     if weights_as_saved:
         model.save_pretrained(folder)
     else:
         save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
                   str(folder / "model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    config.architectures = [family.model_class]
     config.save_pretrained(folder)
     AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
     path = folder / "config.json"
     saved = json.loads(path.read_text())
-    saved["auto_map"] = nomic_auto_map(repository)
+    saved["model_type"] = family.model_type
+    saved["auto_map"] = family.auto_map(elsewhere)
     path.write_text(json.dumps(saved, indent=2))
-    if repository is None:
-        for name, source in STAND_IN_CODE.items():
+    if not elsewhere:
+        for name, source in family.stand_in_code().items():
             (folder / name).write_text(source)
-    # sentence-transformers 2.x's files, as nomic-embed-text's were saved.
+    # sentence-transformers 2.x's files, as these families' were saved.
     write_legacy_st_files(
-        folder, pooling="mean_tokens", max_seq_length=128, version="2.4.0.dev0", prompts=NOMIC_PROMPTS
+        folder, pooling=family.pooling, max_seq_length=128, version="2.4.0.dev0", prompts=family.prompts
     )
 
 
 def build_nomic_own_code(folder: Path) -> None:
-    write_nomic_folder(folder, repository=None)
+    write_folder(NOMIC, folder)
+
+
+def build_gte_new_own_code(folder: Path) -> None:
+    write_folder(GTE_NEW, folder)
 
 
 def build_nomic_code_elsewhere(folder: Path) -> None:
     """nomic-embed-text as downloaded: its auto_map names nomic-bert-2048's code, which is not in the folder."""
-    write_nomic_folder(folder, repository=NOMIC_CODE_REPOSITORY)
+    write_folder(NOMIC, folder, elsewhere=True)
 
 
 def build_nomic_code_and_checkpoint_apart(folder: Path) -> None:
     """The folder's code names its weights otherwise than the checkpoint does (a checkpoint in nomic's original
     names under code that names them as transformers' port: the mismatch another revision of the code makes)."""
-    write_nomic_folder(folder, repository=None, weights_as_saved=True)
+    write_folder(NOMIC, folder, weights_as_saved=True)
