@@ -62,7 +62,7 @@ from engine_core.multi_vector import (
     register_prefix_tokens,
     stanford_projection,
 )
-from engine_core.own_code import check_own_code, check_weights_found, code_not_found, untrusted_config
+from engine_core.own_code import check_own_code, check_weights_found, code_not_found, follow_dtype, untrusted_config
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -153,11 +153,15 @@ AUTO_CLASSES = {
 def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
     auto = AUTO_CLASSES[auto_name]
     try:
-        model, info = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust, output_loading_info=True)
+        loaded = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust, output_loading_info=True)
     except Exception as exc:
         raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
-    check_weights_found(model.config, auto_name, info["missing_keys"])
-    return model  # type: ignore[no-any-return]
+    # A folder's own code may load itself by its own from_pretrained (nomic's does), which returns the model alone
+    # and may ignore the dtype it is given.
+    model, info = loaded if isinstance(loaded, tuple) else (loaded, None)
+    if info is not None:
+        check_weights_found(model.config, auto_name, info["missing_keys"])
+    return follow_dtype(model, dtype)
 
 
 def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
 from huggingface_hub import try_to_load_from_cache
 from transformers import PretrainedConfig
 
@@ -46,13 +47,23 @@ def check_weights_found(model_config: PretrainedConfig, auto: str, missing: Iter
     initialised (random) and answer plausible vectors: refused. A pooler's are left out: BERT-like code builds one
     whose output poolserve never reads (it pools the token states), and checkpoints trained without it omit it."""
     own = (getattr(model_config, "auto_map", None) or {}).get(auto)
-    absent = sorted(name for name in missing if "pooler." not in f".{name}")
+    absent = sorted(name for name in missing if ".pooler." not in f".{name}")
     if own and absent:
         shown = ", ".join(absent[:3]) + (", ..." if len(absent) > 3 else "")
         raise LoadError(
             f"the folder's own code ({own}) finds no weights in the checkpoint for {len(absent)} of its parameters "
             f"({shown}), which would run random: the code and the checkpoint do not match."
         )
+
+
+def follow_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The model in the dtype asked for, where its own from_pretrained ignored it (nomic's reads only the older
+    `torch_dtype`): no floating weight in that dtype means none was loaded so. A model with some in it is left as
+    loaded (transformers keeps a model's `_keep_in_fp32_modules` in float32 on purpose)."""
+    floating = [parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()]
+    if floating and dtype not in floating:
+        return model.to(dtype)
+    return model
 
 
 def code_of_other_repositories(folder: Path) -> dict[str, dict[str, str]]:

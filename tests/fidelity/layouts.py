@@ -32,8 +32,8 @@ from tests.fidelity.image_text_layouts import (
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 from tests.fidelity.own_code_layouts import (
     NOMIC,
+    build_gte_new_code_and_checkpoint_apart,
     build_gte_new_own_code,
-    build_nomic_code_and_checkpoint_apart,
     build_nomic_code_elsewhere,
     build_nomic_own_code,
 )
@@ -901,10 +901,10 @@ REFUSED = [
     ),
     Refused(
         "own-code-checkpoint-mismatch",
-        build_nomic_code_and_checkpoint_apart,
-        "the folder's own code (modeling_hf_nomic_bert.NomicBertModel) finds no weights in the checkpoint for 24 of "
-        "its parameters (embeddings.LayerNorm.bias, embeddings.LayerNorm.weight, layers.0.mlp.down_proj.weight, ...), "
-        "which would run random: the code and the checkpoint do not match.",
+        build_gte_new_code_and_checkpoint_apart,
+        "the folder's own code (modeling.NewModel) finds no weights in the checkpoint for 32 of its parameters "
+        "(layers.0.mlp.down_proj.bias, layers.0.mlp.down_proj.weight, layers.0.mlp.gate_proj.weight, ...), which "
+        "would run random: the code and the checkpoint do not match.",
         flags={"trust_remote_code": True},
     ),
     Refused(

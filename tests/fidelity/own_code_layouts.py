@@ -45,6 +45,7 @@ class Family:
     port_model: str
     pooling: str
     prompts: dict[str, str]
+    model_extra: str = ""  # what the family's own model class does beyond transformers' port
 
     def auto_map(self, elsewhere: bool) -> dict[str, str]:
         prefix = f"{self.repository}--" if elsewhere else ""
@@ -66,14 +67,24 @@ class Family:
             f"from .{self.config_module} import {self.config_class}\n\n\n"
             f"class {self.model_class}(modeling_{self.port}.{self.port_model}):\n"
             f"    config_class = {self.config_class}\n"
+            f"{self.model_extra}"
         )
         return {f"{self.config_module}.py": config, f"{self.model_module}.py": model}
 
 
+# nomic's NomicBertPreTrainedModel loads itself: its own from_pretrained(model_name, config=None, *inputs, **kwargs)
+# reads `torch_dtype` and no other loading argument, and returns the model alone.
+NOMIC_FROM_PRETRAINED = """
+    @classmethod
+    def from_pretrained(cls, model_name, config=None, *inputs, **kwargs):
+        model = super().from_pretrained(model_name, config=config)
+        dtype = kwargs.pop("torch_dtype", None)
+        return model.to(dtype=dtype) if dtype is not None else model
+"""
 NOMIC = Family(
     "nomic-ai/nomic-bert-2048", "nomic_bert", "configuration_hf_nomic_bert", "NomicBertConfig",
     "modeling_hf_nomic_bert", "NomicBertModel", "nomic_bert", "NomicBertConfig", "NomicBertModel",
-    "mean_tokens", NOMIC_PROMPTS,
+    "mean_tokens", NOMIC_PROMPTS, NOMIC_FROM_PRETRAINED,
 )  # fmt: skip
 GTE_NEW = Family(
     "Alibaba-NLP/new-impl", "new", "configuration", "NewConfig", "modeling", "NewModel", "gte", "GteConfig",
@@ -97,7 +108,7 @@ def write_folder(family: Family, folder: Path, *, elsewhere: bool = False, weigh
     model = getattr(modeling, family.port_model)(config).eval()
     folder.mkdir(parents=True)
     # The weights under the names the code's own modules give them: transformers' save_pretrained renames a
-    # nomic_bert checkpoint to nomic's original names, which only transformers' built-in class reads back.
+    # nomic_bert or gte checkpoint to its authors' original names, which only transformers' built-in class reads.
     if weights_as_saved:
         model.save_pretrained(folder)
     else:
@@ -133,7 +144,8 @@ def build_nomic_code_elsewhere(folder: Path) -> None:
     write_folder(NOMIC, folder, elsewhere=True)
 
 
-def build_nomic_code_and_checkpoint_apart(folder: Path) -> None:
-    """The folder's code names its weights otherwise than the checkpoint does (a checkpoint in nomic's original
-    names under code that names them as transformers' port: the mismatch another revision of the code makes)."""
-    write_folder(NOMIC, folder, weights_as_saved=True)
+def build_gte_new_code_and_checkpoint_apart(folder: Path) -> None:
+    """The folder's code names its weights otherwise than the checkpoint does (a checkpoint in new-impl's original
+    names, `new.encoder.layer.0.attention.qkv_proj`, under code that names them as transformers' port: the mismatch
+    another revision of the code makes)."""
+    write_folder(GTE_NEW, folder, weights_as_saved=True)
