@@ -62,7 +62,14 @@ from engine_core.multi_vector import (
     register_prefix_tokens,
     stanford_projection,
 )
-from engine_core.own_code import check_own_code, check_weights_found, code_not_found, follow_dtype, untrusted_config
+from engine_core.own_code import (
+    check_first_pass,
+    check_own_code,
+    check_weights_found,
+    code_not_found,
+    follow_dtype,
+    untrusted_config,
+)
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -297,6 +304,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         )
 
     runner = build_runner(model, dtype)
+    first = np.asarray(backend.encode("first pass").ids, dtype=np.int32)
+    check_first_pass(model_config, auto, lambda: runner.run_texts([first], None))
     # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
     # agreement of cosines measures; it stays float32, as classifiers do (and so does bge-m3, for its lexical weights).
     if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE and not m3:

@@ -4,14 +4,15 @@ whether it can be found where the folder says it is."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+import transformers
 from huggingface_hub import try_to_load_from_cache
 from transformers import PretrainedConfig
 
-from engine_core.folder_choices import LoadError
+from engine_core.folder_choices import LoadError, first_line
 
 
 def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> None:
@@ -54,6 +55,21 @@ def check_weights_found(model_config: PretrainedConfig, auto: str, missing: Iter
             f"the folder's own code ({own}) finds no weights in the checkpoint for {len(absent)} of its parameters "
             f"({shown}), which would run random: the code and the checkpoint do not match."
         )
+
+
+def check_first_pass(model_config: PretrainedConfig, auto: str, run: Callable[[], object]) -> None:
+    """The folder's own code run once before anything else: code written for an older transformers often loads and
+    then fails on its first pass (a helper it calls was removed), which would otherwise surface as a bare traceback."""
+    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    if not own:
+        return
+    try:
+        run()
+    except Exception as exc:
+        raise LoadError(
+            f"the folder's own code ({own}) fails on its first forward pass ({type(exc).__name__}: {first_line(exc)}): "
+            f"it may be written for another transformers release than the one installed ({transformers.__version__})."
+        ) from exc
 
 
 def follow_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

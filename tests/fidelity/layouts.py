@@ -33,6 +33,7 @@ from tests.fidelity.legacy_st_files import write_legacy_st_files
 from tests.fidelity.own_code_layouts import (
     NOMIC,
     build_gte_new_code_and_checkpoint_apart,
+    build_gte_new_for_older_transformers,
     build_gte_new_own_code,
     build_nomic_code_elsewhere,
     build_nomic_own_code,
@@ -905,6 +906,14 @@ REFUSED = [
         "the folder's own code (modeling.NewModel) finds no weights in the checkpoint for 32 of its parameters "
         "(layers.0.mlp.down_proj.bias, layers.0.mlp.down_proj.weight, layers.0.mlp.gate_proj.weight, ...), which "
         "would run random: the code and the checkpoint do not match.",
+        flags={"trust_remote_code": True},
+    ),
+    Refused(
+        "own-code-for-older-transformers",
+        build_gte_new_for_older_transformers,
+        "the folder's own code (modeling.NewModel) fails on its first forward pass (AttributeError: 'NewModel' "
+        "object has no attribute 'get_extended_attention_mask'): it may be written for another transformers release "
+        "than the one installed",
         flags={"trust_remote_code": True},
     ),
     Refused(

@@ -15,7 +15,7 @@ code, not those authors' code itself.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +149,17 @@ def build_gte_new_code_and_checkpoint_apart(folder: Path) -> None:
     names, `new.encoder.layer.0.attention.qkv_proj`, under code that names them as transformers' port: the mismatch
     another revision of the code makes)."""
     write_folder(GTE_NEW, folder, weights_as_saved=True)
+
+
+# What nomic's NomicBertModel.forward does first: build the attention mask with a helper of transformers 4's
+# PreTrainedModel that transformers 5 removed.
+OLDER_TRANSFORMERS_FORWARD = """
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        self.get_extended_attention_mask(attention_mask, input_ids.shape)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+"""
+
+
+def build_gte_new_for_older_transformers(folder: Path) -> None:
+    """GTE-new's layout whose code calls what transformers 5 no longer has, on its first pass."""
+    write_folder(replace(GTE_NEW, model_extra=OLDER_TRANSFORMERS_FORWARD), folder)
