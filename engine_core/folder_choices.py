@@ -105,17 +105,6 @@ def auto_class_name(kind: ModelKind, llm_reranker: bool = False) -> str:
     return {CLASSIFIER: "AutoModelForSequenceClassification", SPARSE: "AutoModelForMaskedLM"}.get(kind, "AutoModel")
 
 
-def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> None:
-    """A folder that names its own modeling code for the class poolserve loads (gte-Qwen2's bidirectional
-    Qwen2, NomicBert, JinaBert) runs that code or is refused: without --trust-remote-code, transformers
-    would quietly load its built-in class of the same model type, which is not the model its authors ran."""
-    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
-    if own and not trust:
-        raise LoadError(
-            f"the folder's config runs its own code for {auto} ({own}); give --trust-remote-code to run it."
-        )
-
-
 def check_siglip_tokenizer(folder: Path, model_config: PretrainedConfig) -> None:
     """A SigLIP folder whose tokenizer is SigLIP's own (the class its tokenizer_config.json names, else the one
     transformers picks for model_type siglip) is refused before transformers tries to load it."""

@@ -35,7 +35,6 @@ from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype,
 from engine_core.folder_choices import (
     LoadError,
     auto_class_name,
-    check_own_code,
     check_siglip_tokenizer,
     choose_max_model_len,
     choose_pooling,
@@ -63,6 +62,14 @@ from engine_core.multi_vector import (
     read_stanford_colbert,
     register_prefix_tokens,
     stanford_projection,
+)
+from engine_core.own_code import (
+    check_first_pass,
+    check_own_code,
+    check_weights_found,
+    code_not_found,
+    follow_dtype,
+    untrusted_config,
 )
 from engine_core.packed_encoder import packable
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
@@ -163,10 +170,15 @@ AUTO_CLASSES = {
 def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) -> torch.nn.Module:
     auto = AUTO_CLASSES[auto_name]
     try:
-        model = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust)
+        loaded = auto.from_pretrained(folder, dtype=dtype, trust_remote_code=trust, output_loading_info=True)
     except Exception as exc:
         raise LoadError(f"cannot load the model weights from {folder}: {first_line(exc)}") from exc
-    return model  # type: ignore[no-any-return]
+    # A folder's own code may load itself by its own from_pretrained (nomic's does), which returns the model alone
+    # and may ignore the dtype it is given.
+    model, info = loaded if isinstance(loaded, tuple) else (loaded, None)
+    if info is not None:
+        check_weights_found(model.config, auto_name, info["missing_keys"])
+    return follow_dtype(model, dtype)
 
 
 def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
@@ -180,6 +192,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     except LoadError:
         raise
     except Exception as exc:
+        if (refusal := code_not_found(model_folder) if trust else untrusted_config(model_folder)) is not None:
+            raise refusal from exc
         raise LoadError(f"cannot load a model from {model_folder}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{model_folder} has no fast tokenizer (tokenizer.json), which the API servers need.")
@@ -294,6 +308,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         )
 
     runner = build_runner(model, dtype)
+    first = np.asarray(backend.encode("first pass").ids, dtype=np.int32)
+    check_first_pass(model_config, auto, lambda: runner.run_texts([first], None))
     # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
     # agreement of cosines measures; it stays float32, as classifiers do (and so does bge-m3, for its lexical weights).
     if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE and not m3:

@@ -25,7 +25,6 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from engine_core.folder_choices import (
     LoadError,
-    check_own_code,
     choose_max_model_len,
     choose_pooling,
     choose_prompts,
@@ -46,6 +45,7 @@ from engine_core.loader import (
     measure_batch_overhead,
     uses_token_packing,
 )
+from engine_core.own_code import check_own_code, code_not_found, untrusted_config
 from engine_core.runner import EmbeddingRunner, ModelRunner, Rows, to_numpy
 from engine_core.st_heads import build_heads, read_module_state
 from engine_core.st_modules import MetadataError, StFolder
@@ -205,6 +205,8 @@ def load_route(
         model_config = AutoConfig.from_pretrained(where, trust_remote_code=trust)
         tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust)
     except Exception as exc:
+        if (refusal := code_not_found(where) if trust else untrusted_config(where)) is not None:
+            raise refusal from exc
         raise LoadError(f"cannot load the Router's route {name!r} from {where}: {first_line(exc)}") from exc
     if not tokenizer.is_fast:
         raise LoadError(f"{where} has no fast tokenizer (tokenizer.json), which the API servers need.")

@@ -29,6 +29,15 @@ from tests.fidelity.image_text_layouts import (
     build_siglip_sentencepiece,
     build_siglip_unmasked,
 )
+from tests.fidelity.legacy_st_files import write_legacy_st_files
+from tests.fidelity.own_code_layouts import (
+    NOMIC,
+    build_gte_new_code_and_checkpoint_apart,
+    build_gte_new_for_older_transformers,
+    build_gte_new_own_code,
+    build_nomic_code_elsewhere,
+    build_nomic_own_code,
+)
 from tests.fidelity.reranker_layouts import (
     build_logit_score,
     build_one_token_logit_score,
@@ -176,23 +185,7 @@ def build_legacy_layout(folder: Path) -> None:
     """sentence-transformers 2.x: `sentence_transformers.models.X` types, boolean pooling keys, and
     max_seq_length in sentence_bert_config.json (shorter than the tokenizer's own 512)."""
     tiny_bert(folder)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12, "do_lower_case": False}))
-    (folder / "1_Pooling").mkdir()
-    pooling_config = {
-        "word_embedding_dimension": HIDDEN, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
-        "pooling_mode_max_tokens": True, "pooling_mode_mean_sqrt_len_tokens": False,
-    }  # fmt: skip
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
-    (folder / "2_Normalize").mkdir()
-    (folder / "config_sentence_transformers.json").write_text(
-        json.dumps({"__version__": {"sentence_transformers": "2.2.2"}, "prompts": {}, "default_prompt_name": None})
-    )
+    write_legacy_st_files(folder, pooling="max_tokens", max_seq_length=12, version="2.2.2")
 
 
 def build_decoder_last_token(folder: Path) -> None:
@@ -725,6 +718,8 @@ SERVED = [
     Served("siglip-left-padded", build_siglip_left_padded, reference="image_text"),
     Served("siglip-unmasked", build_siglip_unmasked, reference="image_text"),
     Served("bge-m3", build_bge_m3, reference="bge_m3"),
+    Served("own-code-nomic-bert", build_nomic_own_code, flags={"trust_remote_code": True}),
+    Served("own-code-gte-new", build_gte_new_own_code, flags={"trust_remote_code": True}),
 ]
 
 
@@ -888,6 +883,38 @@ REFUSED = [
         build_own_code,
         "the folder's config runs its own code for AutoModel (modeling_bidirectional.BidirectionalBert); give "
         "--trust-remote-code to run it.",
+    ),
+    Refused(
+        "own-code-in-another-repository",
+        build_nomic_code_elsewhere,
+        f"config.json's auto_map runs code from the repository {NOMIC.repository} "
+        "(configuration_hf_nomic_bert.py, modeling_hf_nomic_bert.py), which is neither in the folder nor in the "
+        "Hugging Face cache, and could not be fetched from a hub: copy those files into the folder and name them "
+        'there without the repository ("AutoModel": "modeling_hf_nomic_bert.NomicBertModel"), or fetch '
+        f"{NOMIC.repository} once where a hub is reachable.",
+        flags={"trust_remote_code": True},
+    ),
+    Refused(
+        "own-code-unknown-model-type-without-trust",
+        build_gte_new_own_code,
+        "the folder's config runs its own code for AutoConfig (configuration.NewConfig); give --trust-remote-code "
+        "to run it.",
+    ),
+    Refused(
+        "own-code-checkpoint-mismatch",
+        build_gte_new_code_and_checkpoint_apart,
+        "the folder's own code (modeling.NewModel) finds no weights in the checkpoint for 32 of its parameters "
+        "(layers.0.mlp.down_proj.bias, layers.0.mlp.down_proj.weight, layers.0.mlp.gate_proj.weight, ...), which "
+        "would run random: the code and the checkpoint do not match.",
+        flags={"trust_remote_code": True},
+    ),
+    Refused(
+        "own-code-for-older-transformers",
+        build_gte_new_for_older_transformers,
+        "the folder's own code (modeling.NewModel) fails on its first forward pass (AttributeError: 'NewModel' "
+        "object has no attribute 'get_extended_attention_mask'): it may be written for another transformers release "
+        "than the one installed",
+        flags={"trust_remote_code": True},
     ),
     Refused(
         "siglip-sentencepiece-tokenizer",

@@ -71,7 +71,9 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             check_bge_m3(client, folder)
         else:
             plain = layout.reference == "plain"
-            check_embedder(client, folder, one_by_one=layout.reference == "one_by_one" or plain, normalized=plain)
+            one_by_one = layout.reference == "one_by_one" or plain
+            trust = bool(flags.get("trust_remote_code"))
+            check_embedder(client, folder, one_by_one=one_by_one, normalized=plain, trust_remote_code=trust)
 
 
 def check_documented_pass(layout_id: str, loaded: LoadedModel) -> None:
@@ -83,12 +85,14 @@ def check_documented_pass(layout_id: str, loaded: LoadedModel) -> None:
         assert not loaded.packs_tokens, f"{layout_id} is documented padded but runs packed"
 
 
-def check_embedder(client: httpx.Client, folder: Path, *, one_by_one: bool, normalized: bool = False) -> None:
+def check_embedder(
+    client: httpx.Client, folder: Path, *, one_by_one: bool, normalized: bool = False, trust_remote_code: bool = False
+) -> None:
     """`normalized`: a folder without Sentence-Transformers files, whose vectors poolserve normalizes (as OpenAI's)
-    where sentence-transformers adds no Normalize."""
+    where sentence-transformers adds no Normalize. `trust_remote_code`: the folder's own code runs in both."""
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(folder), device="cpu")
+    model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=trust_remote_code)
 
     def reference(texts: list[str], method: str = "encode", **kwargs: Any) -> F32:
         encode = getattr(model, method)
