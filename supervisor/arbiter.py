@@ -317,9 +317,18 @@ class Supervisor:
                 message = child.boot_report.message if child.boot_report else "see its log above"
                 raise StartFailed(f"{child.name} failed to start again: {message}")
             crashes = self.crashes[child.name].record(now)
-            if crashes > self.crashes[child.name].limit and child.role == "engine" and self._others_serve(child):
-                self._take_out_of_service(child, crashes, code, now)
-                continue
+            if crashes > self.crashes[child.name].limit and child.role == "engine":
+                # Its model's other engines serve; or, its model's last, the other models do (issue 30: one
+                # model's crash loop never stops another's service).
+                if self._others_serve(child):
+                    self._take_out_of_service(child, crashes, code, now, "while the other engines serve")
+                    continue
+                if self._other_models_serve(child):
+                    model = self._model_of(child).model_names[0]
+                    self._take_out_of_service(
+                        child, crashes, code, now, f"model {model} is unavailable meanwhile; the other models serve on"
+                    )
+                    continue
             if crashes > self.crashes[child.name].limit:
                 raise GaveUp(
                     f"{child.name} stopped unexpectedly {crashes} times within "
@@ -355,6 +364,11 @@ class Supervisor:
             other is not engine and other.index in siblings and other.poll() is None for other in self.engines.values()
         )
 
+    def _other_models_serve(self, engine: ChildProcess) -> bool:
+        """Whether an engine of another model is up."""
+        own = self.layout.engines_of(self.layout.model_of(engine.index))
+        return any(other.index not in own and other.poll() is None for other in self.engines.values())
+
     def _model_of(self, engine: ChildProcess) -> Config:
         return self.models[self.layout.model_of(engine.index)]
 
@@ -362,13 +376,13 @@ class Supervisor:
         """The models after the default, each with its first engine's boot report (the ready line names them)."""
         return list(zip(self.models[1:], reports[1:], strict=True))
 
-    def _take_out_of_service(self, child: ChildProcess, crashes: int, code: int, now: float) -> None:
+    def _take_out_of_service(self, child: ChildProcess, crashes: int, code: int, now: float, meanwhile: str) -> None:
         """A crash-looping engine beside others that serve: it alone stops, for OUT_OF_SERVICE_S, then gets a
         fresh start; the API servers send it nothing meanwhile (no link answers), so the service goes on."""
         logger.error(
-            "%s (pid %d) %s: %d crashes within %.0fs; taken out of service for %.0fs while the other engines serve",
+            "%s (pid %d) %s: %d crashes within %.0fs; taken out of service for %.0fs %s",
             child.name, child.pid, child.describe_exit(code), crashes, self.crashes[child.name].window,
-            OUT_OF_SERVICE_S,
+            OUT_OF_SERVICE_S, meanwhile,
         )  # fmt: skip
         self.crashes[child.name] = CrashHistory()
         self.respawn_at[child.name] = now + OUT_OF_SERVICE_S

@@ -4,6 +4,7 @@ costs the other nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -141,3 +142,38 @@ def test_a_killed_engine_of_one_model_leaves_the_other_answering(two_models: Lau
     assert served_meanwhile > 0  # the embedder answered while the reranker's engine restarted
     assert engine_pids(server)["0"] == embedder
     assert "the other models serve on" in server.stderr()
+
+
+def test_a_model_whose_only_engine_crash_loops_is_taken_out_of_service_while_the_other_serves(
+    two_models: LaunchedServer,
+) -> None:
+    """More crashes than the crash history allows, in the reranker's only engine: it stops for a while (named in the
+    log and in /health/ready) and the embedder serves on, where the whole server used to give up and exit, taking
+    the embedder with it. Last in this module: engine-1 stays out of service for minutes."""
+    server = two_models
+    embedder = engine_pids(server)["0"]
+    killed: list[int] = []
+
+    def new_engine() -> int | None:
+        """engine-1's process as soon as it exists (killed while it boots: no need to wait for its model)."""
+        fresh = [pid for pid in server.child_pid("engine_core") if pid != embedder and pid not in killed]
+        return fresh[0] if fresh else None
+
+    with SteadyLoad(server.url, clients=2, body={"input": SENTENCES[:2], "model": "minilm"}) as embeds:
+        # The crash history allows 5 within 60 s (the test above killed it once already).
+        while "taken out of service" not in server.stderr():
+            assert len(killed) < 8 and wait_until(new_engine, 30), server.log()
+            victim = new_engine()
+            assert victim is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+            wait_until(lambda: "taken out of service" in server.stderr() or bool(new_engine()), 15)
+        embeds.wait_for(sum(embeds.statuses.values()) + 8)
+    assert server.proc.poll() is None, server.log()
+    assert embeds.failures == [] and set(embeds.statuses) == {200}, (embeds.failures, embeds.statuses)
+    assert "model rerank is unavailable meanwhile; the other models serve on" in server.stderr()
+    assert engine_pids(server) == {"0": embedder}
+    with server.client() as client:
+        health = client.get("/health/ready")
+    assert health.status_code == 503 and "'rerank'" in health.json()["error"]["message"], health.text
