@@ -6,7 +6,6 @@ commit 66676f4)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from bench.scrape import scrape, value
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, LaunchedServer, crash_loop, engine_pids, ready_line_time
 
 MIN_COSINE = 0.9999
 
@@ -84,24 +83,10 @@ def test_an_engine_that_crashes_again_and_again_is_taken_out_of_service_while_th
     exit. Last in this module: engine-1 stays out of service for minutes."""
     server = two_engines
     survivor = engine_pids(server)["0"]
-    killed: list[int] = []
-
-    def new_engine() -> int | None:
-        """engine-1's process as soon as it exists (killed while it boots: no need to wait for its model)."""
-        fresh = [pid for pid in server.child_pid("engine_core") if pid != survivor and pid not in killed]
-        return fresh[0] if fresh else None
-
     body = {"input": ["a sentence while one engine crash-loops"]}
     with SteadyLoad(server.url, clients=2, body=body) as load:
         # The crash history allows 5 within 60 s (the test above killed it once already).
-        while "taken out of service" not in server.stderr():
-            assert len(killed) < 8 and wait_until(new_engine, 30), server.log()
-            victim = new_engine()
-            assert victim is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-            killed.append(victim)
-            wait_until(lambda: "taken out of service" in server.stderr() or bool(new_engine()), 15)
+        crash_loop(server, survivor)
         done = sum(load.statuses.values())
         load.wait_for(done + 10)
     assert server.proc.poll() is None, server.log()

@@ -4,7 +4,6 @@ costs the other nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, LaunchedServer, crash_loop, engine_pids, ready_line_time
 
 QUERY = "what is the capital of france?"
 DOCUMENTS = [
@@ -152,23 +151,10 @@ def test_a_model_whose_only_engine_crash_loops_is_taken_out_of_service_while_the
     the embedder with it. Last in this module: engine-1 stays out of service for minutes."""
     server = two_models
     embedder = engine_pids(server)["0"]
-    killed: list[int] = []
-
-    def new_engine() -> int | None:
-        """engine-1's process as soon as it exists (killed while it boots: no need to wait for its model)."""
-        fresh = [pid for pid in server.child_pid("engine_core") if pid != embedder and pid not in killed]
-        return fresh[0] if fresh else None
 
     with SteadyLoad(server.url, clients=2, body={"input": SENTENCES[:2], "model": "minilm"}) as embeds:
         # The crash history allows 5 within 60 s (the test above killed it once already).
-        while "taken out of service" not in server.stderr():
-            assert len(killed) < 8 and wait_until(new_engine, 30), server.log()
-            victim = new_engine()
-            assert victim is not None
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-            killed.append(victim)
-            wait_until(lambda: "taken out of service" in server.stderr() or bool(new_engine()), 15)
+        crash_loop(server, embedder)
         embeds.wait_for(sum(embeds.statuses.values()) + 8)
     assert server.proc.poll() is None, server.log()
     assert embeds.failures == [] and set(embeds.statuses) == {200}, (embeds.failures, embeds.statuses)
