@@ -95,7 +95,9 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     engine = EngineClient(
         spec.engine_endpoints,
         spec.index,
+        flight_records=spec.flight_records,
         wait_timeout=config.engine_wait_timeout,
+        suspect_wait=config.engine_start_timeout,
         stall_limit=config.engine_stall_limit,
     )
     # A replacement API server may start while the engine itself restarts: wait as long as an engine

@@ -12,6 +12,7 @@ from typing import Literal
 import msgspec
 
 from poolserve.config import Config
+from poolserve.flight_record import flight_record_path
 
 CHILD_SPEC_ENV = "POOLSERVE_CHILD_SPEC"
 
@@ -39,6 +40,12 @@ class ChildSpec(msgspec.Struct, kw_only=True, frozen=True):
         """Every engine's endpoint, in engine order: an API server connects to all of them."""
         count = self.config.engine_count
         return [engine_endpoint(self.runtime_dir, index, count) for index in range(count)]
+
+    @property
+    def flight_records(self) -> list[str]:
+        """Every engine's flight record, in engine order: an API server reads a dead engine's at once."""
+        count = self.config.engine_count
+        return [flight_record_path(self.runtime_dir, child_name("engine", index, count)) for index in range(count)]
 
     @property
     def name(self) -> str:

@@ -314,7 +314,8 @@ class Supervisor:
             consequence = ""
             if child.role == "engine":
                 consequence = (
-                    "; the API servers move what was in flight to the other engines"
+                    "; the API servers move what it had queued to the other engines and keep what it was running "
+                    "for its restart"
                     if self.config.engine_count > 1
                     else "; the API servers keep what was in flight and resubmit it"
                 )
