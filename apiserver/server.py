@@ -92,12 +92,14 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
     except PluginError as exc:
         report_boot(spec, BootReport(status="failed", message=f"API server {spec.index}: {exc}"))
         return EXIT_BOOT_ERROR
+    board = LoadBoard.attach(spec.board_fd)
     engine = EngineClient(
         spec.engine_endpoints,
         spec.index,
         flight_records=spec.flight_records,
         wait_timeout=config.engine_wait_timeout,
         suspect_wait=config.engine_start_timeout,
+        is_out_of_service=board.is_engine_out_of_service,
         stall_limit=config.engine_stall_limit,
     )
     # A replacement API server may start while the engine itself restarts: wait as long as an engine
@@ -125,7 +127,7 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         allowed_local_path=config.allowed_local_media_path,
         policy=FetchPolicy(allowed_domains=config.allowed_media_domains, allow_private=config.allow_private_media_urls),
     )
-    load = ServerLoad(LoadBoard.attach(spec.board_fd), spec.board_slot, spec.index)
+    load = ServerLoad(board, spec.board_slot, spec.index)
     state = AppState(
         config=config,
         card=card,

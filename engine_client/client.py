@@ -13,11 +13,10 @@ two went down, ~8 s with none). A suspect waits for its own engine's restart and
 of its own (`is_suspect`); the restarted engine's record then holds it alone, so a second death names
 the culprit exactly: a request blamed for two deaths is failed as the likely cause (PoisonPill), and
 its innocent batch-mates get their rows. The requests the dead engine only queued move to the other
-engines at once, as any request. A suspect whose engine is not back within `suspect_wait` (the time the
-supervisor gives an engine to start: one taken out of service, say) is tried on another engine after all,
-still alone. A restarted engine names its
-predecessor's suspects in the handshake too; that blames a request only for a death it was not
-blamed for yet (an API server that could not read the record).
+engines at once, as any request. A suspect whose engine will not be back soon (the supervisor took it out
+of service, or it did not start within `suspect_wait`) is tried on another engine after all, still alone.
+A restarted engine names its predecessor's suspects in the handshake too; that blames a request only for
+a death it was not blamed for yet (an API server that could not read the record).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -55,6 +54,8 @@ logger = logging.getLogger("poolserve.engine_client")
 # A request running in two forward passes that each killed an engine is failed as the cause.
 MAX_BLAMES = 2
 SEND_RETRY_S = 0.01
+# How often the suspects waiting for their engine's restart are looked at (only while there are some).
+SUSPECT_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +105,17 @@ class EngineClient:
         flight_records: Sequence[str] = (),
         wait_timeout: float = 30.0,
         suspect_wait: float = 300.0,
+        is_out_of_service: Callable[[int], bool] = lambda index: False,
         stall_limit: float = 10.0,
     ):
         """`flight_records`: each engine's flight record file, in engine order (none: a dead engine's
         requests are blamed only when its restart names them). `suspect_wait`: how long a suspect waits for
-        its engine's restart, as long as the supervisor lets an engine start (--engine-start-timeout)."""
+        its engine's restart, as long as the supervisor lets an engine start (--engine-start-timeout), unless
+        `is_out_of_service` says the supervisor took that engine out of service (apiserver: the load board)."""
         self.server_index = server_index
         self.flight_records = list(flight_records)
         self.suspect_wait = suspect_wait
+        self.is_out_of_service = is_out_of_service
         self.wait_timeout = wait_timeout
         self.stall_limit = stall_limit
         self._context = zmq.asyncio.Context()
@@ -126,7 +130,7 @@ class EngineClient:
         self._chooser = EngineChooser()
         # How many times each engine was lost: a death's number, so that one death blames a request once.
         self._losses = [0] * len(self.links)
-        # Looks for suspects that waited `suspect_wait` for their engine's restart.
+        # Looks, while suspects wait for a restart, for those whose engine will not be back soon.
         self._release_handle: asyncio.TimerHandle | None = None
         self._releasing: set[asyncio.Task[None]] = set()
         # Set while at least one engine is ready.
@@ -378,12 +382,12 @@ class EngineClient:
         movable = [entry for entry in stranded if entry.held_for is None and entry.request.id in self._in_flight]
         held = f"; {len(suspects)} suspect(s) (in its forward pass) wait for its restart" if suspects else ""
         if suspects:
-            self._schedule_release(self.suspect_wait)
+            self._schedule_release()
         if not self._any_ready.is_set():
             logger.error("lost the engine; %d request(s) in flight will be resubmitted%s", len(stranded), held)
             return
         logger.error(
-            "lost engine %d; moving %d of its request(s) in flight to the other engine(s)%s", index, len(movable), held
+            "lost engine %d; moving its %d request(s) in flight to the other engine(s)%s", index, len(movable), held
         )
         # With no record to read, which of them its forward pass held is known only when it is back: each runs
         # alone meanwhile, so that a poison pill among them takes no innocent request with it.
@@ -412,30 +416,38 @@ class EngineClient:
             entry.future.set_exception(PoisonPill(request_id))
         return True
 
-    def _schedule_release(self, delay: float) -> None:
+    def _schedule_release(self) -> None:
         if self._release_handle is None:
             loop = asyncio.get_running_loop()
-            self._release_handle = loop.call_later(max(delay, 0.0), self._release_overdue)
+            self._release_handle = loop.call_later(SUSPECT_CHECK_S, self._release_stranded_suspects)
 
-    def _release_overdue(self) -> None:
-        """Suspects whose engine is not back after `suspect_wait` (taken out of service, or failing to start) go to
-        another engine after all, each alone; with none live, to the first engine that answers."""
+    def _release_stranded_suspects(self) -> None:
+        """Suspects whose engine will not be back soon (taken out of service after a crash loop, or not started
+        within `suspect_wait`) go to another engine after all, each alone; with none live, to the first engine
+        that answers. Looked at every SUSPECT_CHECK_S while any suspect waits, never otherwise."""
         self._release_handle = None
         now = asyncio.get_running_loop().time()
         held = [entry for entry in self._in_flight.values() if entry.held_for is not None]
-        overdue = [entry for entry in held if now - entry.held_since >= self.suspect_wait]
-        for entry in overdue:
+        released: list[InFlight] = []
+        for entry in held:
+            engine = entry.held_for
+            assert engine is not None
+            is_out = self.is_out_of_service(engine)
+            if not is_out and now - entry.held_since < self.suspect_wait:
+                continue
             logger.warning(
-                "request %d waited %gs for engine %d to come back; trying it alone elsewhere",
+                "request %d waited %.1fs for engine %d to come back, which is %s; trying it alone elsewhere",
                 entry.request.id,
-                self.suspect_wait,
-                entry.held_for,
+                now - entry.held_since,
+                engine,
+                "out of service" if is_out else "late",
             )
             entry.held_for = None
-        if len(overdue) < len(held):
-            self._schedule_release(min(e.held_since for e in held if e.held_for is not None) + self.suspect_wait - now)
-        if overdue and self._any_ready.is_set():
-            task = asyncio.ensure_future(self._resubmit(overdue, is_suspect=True))
+            released.append(entry)
+        if len(released) < len(held):
+            self._schedule_release()
+        if released and self._any_ready.is_set():
+            task = asyncio.ensure_future(self._resubmit(released, is_suspect=True))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
 

@@ -89,6 +89,15 @@ def test_a_child_process_sees_what_the_creator_writes(board: LoadBoard) -> None:
     assert board.read(slot, Word.IN_FLIGHT) == 3
 
 
+def test_engines_out_of_service_are_marked_apart_and_leave_the_slot_count_alone(board: LoadBoard) -> None:
+    board.claim_slot(1)
+    board.set_engine_out_of_service(3, True)
+    board.set_engine_out_of_service(0, True)
+    board.set_engine_out_of_service(3, False)
+    assert [board.is_engine_out_of_service(index) for index in range(4)] == [True, False, False, False]
+    assert board.slots_in_use == 2
+
+
 # The acceptor, on a real listening socket and a real event loop ----------------------------------
 
 

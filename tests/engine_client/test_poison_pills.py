@@ -106,3 +106,31 @@ def test_after_the_last_engine_dies_every_request_gets_an_answer_or_an_error(tmp
         await shut_down(client, engines[1:], context)
 
     asyncio.run(scenario())
+
+
+def test_suspects_of_an_engine_taken_out_of_service_go_to_another_alone_without_waiting_for_it(tmp_path: Path) -> None:
+    """A crash-looping engine is out of service for minutes: its suspects do not wait that long (the supervisor
+    says so on the load board; here a set stands for it)."""
+
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoints, engines = two_engines(context, tmp_path)
+        flight = records(tmp_path)
+        out: set[int] = set()
+        client = EngineClient(
+            endpoints, 0, flight_records=[str(path) for path in flight], is_out_of_service=out.__contains__
+        )
+        await client.connect(2)
+        await until(lambda: all(link.is_ready for link in client.links))
+        work = await sent_to_engine_0(client, engines, 2)
+        await engines[0].die_running(flight[0], engines[0].ids())
+        await asyncio.sleep(1.5)
+        assert engines[1].ids() == []  # held for engine 0's restart
+        out.add(0)
+        await until(lambda: len(engines[1].held) == 2, timeout=3)
+        assert all(request.is_suspect for _, request in engines[1].held)
+        await engines[1].answer_all()
+        await asyncio.gather(*work)
+        await shut_down(client, engines[1:], context)
+
+    asyncio.run(scenario())
