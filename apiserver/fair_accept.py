@@ -36,6 +36,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from apiserver.client_share import ClientShare, ShareRefuser, peer_host
 from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, CONNECTIONS_REFUSED, OPEN_CONNECTIONS
 from apiserver.refusal import Refuser
 from poolserve.config import AcceptBalance
@@ -139,6 +140,7 @@ class FairAcceptor:
         *,
         balance_by: AcceptBalance,
         max_connections: int,
+        clients: ClientShare | None = None,
     ):
         self.sock = sock
         self.protocol_factory = protocol_factory
@@ -146,6 +148,9 @@ class FairAcceptor:
         self.balance_by = balance_by
         self.max_connections = max_connections
         self.refuser = Refuser(load.label, max_connections)
+        # Each client address's connections here (--max-connections-per-client); the protocol releases them.
+        self.clients = clients or ClientShare(0)
+        self.share_refuser = ShareRefuser(load.label, self.clients.limit)
         self.is_reading = False
         # Paused, and waiting for a connection to queue (the socket readable) before it looks again.
         self.is_watching = False
@@ -186,6 +191,7 @@ class FairAcceptor:
             if handle is not None:
                 handle.cancel()
         self.refuser.close()
+        self.share_refuser.close()
 
     async def wait_closed(self) -> None:
         return None
@@ -343,20 +349,28 @@ class FairAcceptor:
         if refuse:
             self.refuser.refuse(conn)
             return True
+        host = peer_host(conn)
+        if not self.clients.admit(host):
+            if self.share_refuser.has_room:
+                self.share_refuser.refuse(conn)
+            else:  # one client's refusals hold no more descriptors than MAX_LINGERING: the rest are closed at once
+                conn.close()
+            return True
         if conn.family in (socket.AF_INET, socket.AF_INET6):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.load.connection_opened()
-        task = self.loop.create_task(self._serve(conn))
+        task = self.loop.create_task(self._serve(conn, host))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
         return True
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _serve(self, conn: socket.socket, host: str) -> None:
         try:
             _, protocol = await self.loop.connect_accepted_socket(self.protocol_factory, conn)
         except Exception:
             # The protocol never saw the connection, so its close is not counted there.
             logger.exception("could not start serving an accepted connection")
+            self.clients.release(host)
             conn.close()
             self.load.connection_closed()
             return

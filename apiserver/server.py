@@ -13,7 +13,11 @@ from types import FrameType
 import uvicorn
 import uvloop
 
+# uvicorn's own matcher of --forwarded-allow-ips (addresses, networks, *): the same proxies it trusts, matched alike.
+from uvicorn.middleware.proxy_headers import _TrustedHosts
+
 from apiserver.app import build_app
+from apiserver.client_share import ClientShare
 from apiserver.fair_accept import ServerLoad
 from apiserver.fetch_guard import FetchPolicy
 from apiserver.http_protocol import ConnectionPolicy
@@ -139,19 +143,24 @@ async def serve(spec: ChildSpec, listener: socket.socket, exit_request: ExitRequ
         started_at=int(time.time()),
         load=load,
     )
+    uvicorn_config = uvicorn.Config(
+        build_app(state, plugins),
+        lifespan="off",
+        ws="none",  # poolserve serves no WebSocket; apiserver/http_protocol.py, "Upgrades"
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn uses it as seconds
+        timeout_graceful_shutdown=int(config.shutdown_timeout),
+    )
+    # The proxies whose forwarded addresses uvicorn believes (FORWARDED_ALLOW_IPS) are the ones no client share
+    # counts (apiserver/client_share.py); matched as uvicorn matches them.
+    proxies = _TrustedHosts(uvicorn_config.forwarded_allow_ips)
     server = GatedServer(
-        uvicorn.Config(
-            build_app(state, plugins),
-            lifespan="off",
-            ws="none",  # poolserve serves no WebSocket; apiserver/http_protocol.py, "Upgrades"
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn uses it as seconds
-            timeout_graceful_shutdown=int(config.shutdown_timeout),
-        ),
+        uvicorn_config,
         ConnectionPolicy(
             load,
+            clients=ClientShare(config.client_connection_share, proxies.__contains__),
             max_requests=config.max_requests_per_connection,
             max_age_s=config.max_connection_age,
             header_timeout_s=config.header_timeout,
