@@ -10,10 +10,13 @@ listening socket out of its event loop and the next connection goes to a sibling
 never pauses, so with all servers at their share nothing waits.
 
 Pausing never closes or drains the listening socket: it is shared with the siblings and the
-supervisor, and a connection queued on it stays queued. A paused server looks at the queue every
-few milliseconds; a connection that has waited there HANDOFF_S (the sibling that should take it
-is busy on its GIL, stopped, or dying) is taken anyway, so balance never costs more than that
-in latency.
+supervisor, and a connection queued on it stays queued. A paused server waits for one to queue
+(the socket readable) and then looks at the queue every few milliseconds until it is empty again;
+a connection that has waited there HANDOFF_S (the sibling that should take it is busy on its GIL,
+stopped, or dying) is taken anyway, so balance never costs more than that in latency. While
+nothing is queued a paused server does nothing: it used to look every 5 ms, and one idle keep-alive
+connection (which keeps its server above a sibling holding none) cost 200 wake-ups a second for
+as long as it stayed open.
 
 A server holding --max-connections-per-server connections is over its share whatever its
 siblings hold, and a full sibling is left out of the comparison (it cannot take the next
@@ -33,6 +36,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from apiserver.client_share import ClientShare, ShareRefuser, peer_host
 from apiserver.metrics import ACCEPT_PAUSES, ACCEPT_TAKEOVERS, CONNECTIONS, CONNECTIONS_REFUSED, OPEN_CONNECTIONS
 from apiserver.refusal import Refuser
 from poolserve.config import AcceptBalance
@@ -40,8 +44,7 @@ from poolserve.load_board import LoadBoard, SlotState, Word
 
 logger = logging.getLogger("poolserve.api")
 
-# A paused server looks at the queue this often; it is the delay before it resumes once its
-# siblings have caught up.
+# A paused server looks at the queue this often while a connection waits there.
 PAUSED_POLL_S = 0.005
 # A connection queued this long is taken by a paused server: the server that should take it is
 # busy (a GIL-bound request on its loop), stopped or dying.
@@ -137,6 +140,7 @@ class FairAcceptor:
         *,
         balance_by: AcceptBalance,
         max_connections: int,
+        clients: ClientShare | None = None,
     ):
         self.sock = sock
         self.protocol_factory = protocol_factory
@@ -144,7 +148,12 @@ class FairAcceptor:
         self.balance_by = balance_by
         self.max_connections = max_connections
         self.refuser = Refuser(load.label, max_connections)
+        # Each client address's connections here (--max-connections-per-client); the protocol releases them.
+        self.clients = clients or ClientShare(0)
+        self.share_refuser = ShareRefuser(load.label, self.clients.limit)
         self.is_reading = False
+        # Paused, and waiting for a connection to queue (the socket readable) before it looks again.
+        self.is_watching = False
         self.is_closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poll_handle: asyncio.TimerHandle | None = None
@@ -177,13 +186,12 @@ class FairAcceptor:
         self.is_closed = True
         self.load.set_state(SlotState.DRAINING)
         self.load.on_lighter = lambda: None
-        if self.is_reading:
-            self.loop.remove_reader(self.sock.fileno())
-            self.is_reading = False
+        self._stop_reading()
         for handle in (self._poll_handle, self._beat_handle):
             if handle is not None:
                 handle.cancel()
         self.refuser.close()
+        self.share_refuser.close()
 
     async def wait_closed(self) -> None:
         return None
@@ -227,9 +235,8 @@ class FairAcceptor:
 
     def _pause(self, look_again_in: float = PAUSED_POLL_S) -> None:
         if self.is_reading:
-            self.loop.remove_reader(self.sock.fileno())
-            self.is_reading = False
             self._pauses.inc()
+        self._stop_reading()
         self._queued_since = None
         if self._poll_handle is not None:
             self._poll_handle.cancel()
@@ -239,12 +246,33 @@ class FairAcceptor:
     def _resume(self) -> None:
         if self.is_closed or self.is_reading:
             return
+        self._stop_reading()
         if self._poll_handle is not None:
             self._poll_handle.cancel()
             self._poll_handle = None
         # Level-triggered: a connection already queued wakes the reader at once.
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
         self.is_reading = True
+
+    def _stop_reading(self) -> None:
+        """No callback on the socket: neither accepting nor watching."""
+        if self.is_reading or self.is_watching:
+            self.loop.remove_reader(self.sock.fileno())
+        self.is_reading = self.is_watching = False
+
+    def _watch(self) -> None:
+        """Paused with nothing queued: the next connection to queue wakes it (level-triggered, so one queued
+        already does at once), and until then it costs nothing."""
+        if self.is_closed or self.is_reading or self.is_watching:
+            return
+        self.loop.add_reader(self.sock.fileno(), self._on_queued)
+        self.is_watching = True
+
+    def _on_queued(self) -> None:
+        # Looked at every PAUSED_POLL_S while it stays queued, not on every wake-up: level-triggered, the socket
+        # stays readable until someone accepts, and the loop would spin.
+        self._stop_reading()
+        self._poll_paused()
 
     def _on_lighter(self) -> None:
         if not self.is_reading and not self.is_closed and not self.is_over_share():
@@ -269,9 +297,10 @@ class FairAcceptor:
                 elif self.is_every_server_full():
                     self._refuse_queued()
                 # else: a sibling with room takes it, or stops beating and is left out
+            self._schedule_poll(PAUSED_POLL_S)
         else:
             self._queued_since = None
-        self._schedule_poll(PAUSED_POLL_S)
+            self._watch()
 
     def _refuse_queued(self) -> None:
         """Answer 503 to what the queue holds, a batch at a time; a queue still not empty after the batch is
@@ -320,20 +349,28 @@ class FairAcceptor:
         if refuse:
             self.refuser.refuse(conn)
             return True
+        host = peer_host(conn)
+        if not self.clients.admit(host):
+            if self.share_refuser.has_room:
+                self.share_refuser.refuse(conn)
+            else:  # one client's refusals hold no more descriptors than MAX_LINGERING: the rest are closed at once
+                conn.close()
+            return True
         if conn.family in (socket.AF_INET, socket.AF_INET6):
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.load.connection_opened()
-        task = self.loop.create_task(self._serve(conn))
+        task = self.loop.create_task(self._serve(conn, host))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
         return True
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _serve(self, conn: socket.socket, host: str) -> None:
         try:
             _, protocol = await self.loop.connect_accepted_socket(self.protocol_factory, conn)
         except Exception:
             # The protocol never saw the connection, so its close is not counted there.
             logger.exception("could not start serving an accepted connection")
+            self.clients.release(host)
             conn.close()
             self.load.connection_closed()
             return

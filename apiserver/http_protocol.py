@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from uvicorn.config import Config as UvicornConfig
@@ -60,6 +60,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from apiserver.client_gone import client_left
+from apiserver.client_share import ClientShare
 from apiserver.errors import BODY_TIMED_OUT, OPENAI, ErrorStyle, error_bytes, style_of
 from apiserver.fair_accept import ServerLoad
 from apiserver.metrics import CONNECTIONS_RECYCLED, CONNECTIONS_TIMED_OUT
@@ -84,10 +85,11 @@ TOO_LARGE = error_bytes(
 
 @dataclass(frozen=True, slots=True)
 class ConnectionPolicy:
-    """What every connection of one API server shares: its load count, when it retires and how long its
-    reads may take (0: never, no limit)."""
+    """What every connection of one API server shares: its load count, each client's count, when it retires
+    and how long its reads may take (0: never, no limit)."""
 
     load: ServerLoad
+    clients: ClientShare = field(default_factory=lambda: ClientShare(0))
     max_requests: int = 0
     max_age_s: float = 0.0
     header_timeout_s: float = 0.0
@@ -164,11 +166,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.requests_read = 0
         self.opened_at = self.loop.time()
         self.idle_since = self.opened_at
-        self.is_counted = True  # the acceptor counted this connection when it accepted it
+        self.is_counted = True  # the acceptor counted this connection when it accepted it (and its client's share)
+        self.client_host = ""
         self.clock = ReadClock(policy.header_timeout_s, policy.body_timeout_s, self.opened_at)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self.client_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         self.flow = ReadingFlowControl(transport, self.on_reading_resumed)
         self.arm_read_timer()
 
@@ -183,6 +188,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.read_timer = self.send_timer = None
         if self.is_counted:
             self.is_counted = False
+            self.policy.clients.release(self.client_host)
             self.policy.load.connection_closed()
 
     def on_message_begin(self) -> None:

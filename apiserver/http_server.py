@@ -44,6 +44,7 @@ class GatedServer(uvicorn.Server):
                 self.policy.load,
                 balance_by=self.balance_by,
                 max_connections=self.max_connections,
+                clients=self.policy.clients,
             )
             for sock in sockets
         ]

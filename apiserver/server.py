@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -14,7 +15,11 @@ from typing import TYPE_CHECKING
 import uvicorn
 import uvloop
 
+# uvicorn's own matcher of --forwarded-allow-ips (addresses, networks, *): the same proxies it trusts, matched alike.
+from uvicorn.middleware.proxy_headers import _TrustedHosts
+
 from apiserver.app import build_app
+from apiserver.client_share import ClientShare
 from apiserver.fair_accept import ServerLoad
 from apiserver.fetch_guard import FetchPolicy
 from apiserver.http_protocol import ConnectionPolicy
@@ -59,6 +64,12 @@ class ExitRequest:
         self.is_requested = True
         if self.server is not None:
             self.server.should_exit = True
+
+
+def engine_out_of_service(board: LoadBoard, first: int, index: int) -> bool:
+    """Whether a model's engine `index` (its client counts from 0; the board from the first model's first) is out
+    of service."""
+    return board.is_engine_out_of_service(first + index)
 
 
 async def beat(spec: ChildSpec) -> None:
@@ -118,12 +129,17 @@ async def serve(
     except PluginError as exc:
         report_boot(spec, BootReport(status="failed", message=f"API server {spec.index}: {exc}"))
         return EXIT_BOOT_ERROR
-    # One client per model, each over that model's engines (several models: poolserve/served_models.py).
+    board = LoadBoard.attach(spec.board_fd)
+    # One client per model, each over that model's engines (several models: poolserve/served_models.py); the load
+    # board numbers engines across the models, a client from 0.
     engines = [
         EngineClient(
             spec.engine_endpoints_of(number),
             spec.index,
+            flight_records=spec.flight_records_of(number),
             wait_timeout=config.engine_wait_timeout,
+            suspect_wait=config.engine_start_timeout,
+            is_out_of_service=functools.partial(engine_out_of_service, board, spec.layout.engines_of(number).start),
             stall_limit=config.engine_stall_limit,
         )
         for number in range(len(spec.served_models))
@@ -153,7 +169,7 @@ async def serve(
         allowed_local_path=config.allowed_local_media_path,
         policy=FetchPolicy(allowed_domains=config.allowed_media_domains, allow_private=config.allow_private_media_urls),
     )
-    load = ServerLoad(LoadBoard.attach(spec.board_fd), spec.board_slot, spec.index)
+    load = ServerLoad(board, spec.board_slot, spec.index)
     started_at = int(time.time())
     models = ServedModels(
         [
@@ -172,19 +188,24 @@ async def serve(
             for model, card, engine in zip(spec.served_models, cards, engines, strict=True)
         ]
     )
+    uvicorn_config = uvicorn.Config(
+        build_app(models.default, plugins, models),
+        lifespan="off",
+        ws="none",  # poolserve serves no WebSocket; apiserver/http_protocol.py, "Upgrades"
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn uses it as seconds
+        timeout_graceful_shutdown=int(config.shutdown_timeout),
+    )
+    # The proxies whose forwarded addresses uvicorn believes (FORWARDED_ALLOW_IPS) are the ones no client share
+    # counts (apiserver/client_share.py); matched as uvicorn matches them.
+    proxies = _TrustedHosts(uvicorn_config.forwarded_allow_ips)
     server = GatedServer(
-        uvicorn.Config(
-            build_app(models.default, plugins, models),
-            lifespan="off",
-            ws="none",  # poolserve serves no WebSocket; apiserver/http_protocol.py, "Upgrades"
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn uses it as seconds
-            timeout_graceful_shutdown=int(config.shutdown_timeout),
-        ),
+        uvicorn_config,
         ConnectionPolicy(
             load,
+            clients=ClientShare(config.client_connection_share, proxies.__contains__),
             max_requests=config.max_requests_per_connection,
             max_age_s=config.max_connection_age,
             header_timeout_s=config.header_timeout,

@@ -4,11 +4,19 @@ Each request goes to the live engine holding the fewest of this API server's inp
 (engine_client/routing.py). Requests in flight are kept, with their frames: when an engine dies,
 its requests move at once to the other live engines, or, with none left, wait for the first to
 answer the handshake (pooling is a pure function of its input, so a resubmission is safe, and
-clients see latency instead of errors). A restarted engine names the requests that were running
-in a forward pass when its predecessor died; one named twice is failed as the likely cause (a
-poison pill), so one bad input cannot crash-loop the server. A request moved to another engine
-before the dead one's suspects are known runs in a batch of its own there (`is_suspect`), so that
-a poison pill among them takes no innocent request with it when it kills a second engine.
+clients see latency instead of errors).
+
+Poison pills: the moment an engine is lost, its flight record (poolserve/flight_record.py) says which
+of its requests its forward pass held. Those are blamed for the death and become suspects: none goes
+to another engine, where a poison pill among them would kill a healthy engine too (both engines of
+two went down, ~8 s with none). A suspect waits for its own engine's restart and runs there in a batch
+of its own (`is_suspect`); the restarted engine's record then holds it alone, so a second death names
+the culprit exactly: a request blamed for two deaths is failed as the likely cause (PoisonPill), and
+its innocent batch-mates get their rows. The requests the dead engine only queued move to the other
+engines at once, as any request. A suspect whose engine will not be back soon (the supervisor took it out
+of service, or it did not start within `suspect_wait`) is tried on another engine after all, still alone.
+A restarted engine names its predecessor's suspects in the handshake too; that blames a request only for
+a death it was not blamed for yet (an API server that could not read the record).
 """
 
 from __future__ import annotations
@@ -17,9 +25,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import zmq.asyncio
@@ -27,6 +35,7 @@ import zmq.asyncio
 from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
 from engine_client.link import EngineLink
 from engine_client.routing import EngineChooser
+from poolserve.flight_record import read_record
 from poolserve.protocol import (
     ERROR_OVERLOADED,
     Abort,
@@ -46,6 +55,8 @@ logger = logging.getLogger("poolserve.engine_client")
 # A request running in two forward passes that each killed an engine is failed as the cause.
 MAX_BLAMES = 2
 SEND_RETRY_S = 0.01
+# How often the suspects waiting for their engine's restart are looked at (only while there are some).
+SUSPECT_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +71,27 @@ class PooledResult:
     passes: list[ForwardPass] | None = None
 
 
+# An engine's death: (engine index, how many times this API server has lost that engine).
+Death = tuple[int, int]
+
+
 @dataclass(slots=True)
 class InFlight:
     """A request sent and not yet answered: its header (resubmissions bump `attempt`), its job, and
-    the engine it was sent to (None while it waits for one)."""
+    the engine it was sent to (None while it waits for one). A suspect waits for the engine it was
+    blamed for killing (`held_for`) since `held_since`."""
 
     request: PoolRequest
     job: PoolJob
     future: asyncio.Future[PooledResult]
     engine: int | None = None
-    blames: int = 0
+    blamed_for: set[Death] = field(default_factory=set)
+    held_for: int | None = None
+    held_since: float = 0.0
+
+    @property
+    def blames(self) -> int:
+        return len(self.blamed_for)
 
     @property
     def inputs(self) -> int:
@@ -78,9 +100,24 @@ class InFlight:
 
 class EngineClient:
     def __init__(
-        self, endpoints: Sequence[str], server_index: int, *, wait_timeout: float = 30.0, stall_limit: float = 10.0
+        self,
+        endpoints: Sequence[str],
+        server_index: int,
+        *,
+        flight_records: Sequence[str] = (),
+        wait_timeout: float = 30.0,
+        suspect_wait: float = 300.0,
+        is_out_of_service: Callable[[int], bool] = lambda index: False,
+        stall_limit: float = 10.0,
     ):
+        """`flight_records`: each engine's flight record file, in engine order (none: a dead engine's
+        requests are blamed only when its restart names them). `suspect_wait`: how long a suspect waits for
+        its engine's restart, as long as the supervisor lets an engine start (--engine-start-timeout), unless
+        `is_out_of_service` says the supervisor took that engine out of service (apiserver: the load board)."""
         self.server_index = server_index
+        self.flight_records = list(flight_records)
+        self.suspect_wait = suspect_wait
+        self.is_out_of_service = is_out_of_service
         self.wait_timeout = wait_timeout
         self.stall_limit = stall_limit
         self._context = zmq.asyncio.Context()
@@ -93,6 +130,11 @@ class EngineClient:
         # This server's inputs in flight on each engine: what the chooser compares.
         self._inputs = [0] * len(self.links)
         self._chooser = EngineChooser()
+        # How many times each engine was lost: a death's number, so that one death blames a request once.
+        self._losses = [0] * len(self.links)
+        # Looks, while suspects wait for a restart, for those whose engine will not be back soon.
+        self._release_handle: asyncio.TimerHandle | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
         # Set while at least one engine is ready.
         self._any_ready = asyncio.Event()
         self.card: ModelCard | None = None
@@ -127,6 +169,8 @@ class EngineClient:
         return self.card
 
     async def close(self) -> None:
+        if self._release_handle is not None:
+            self._release_handle.cancel()
         for link in self.links:
             await link.close()
         self._fail_all(EngineUnavailable("the API server is shutting down"))
@@ -261,13 +305,17 @@ class EngineClient:
             with contextlib.suppress(EngineUnavailable):
                 await self.links[engine].send(self._wire.encode(Abort([request_id])))
 
-    async def _resubmit(self, entries: list[InFlight], *, is_suspect: bool) -> None:
-        """Send again, each to the least-loaded live engine (bumping `attempt`: admitted already)."""
+    async def _resubmit(self, entries: list[InFlight], *, is_suspect: bool, engine: int | None = None) -> None:
+        """Send again (bumping `attempt`: admitted already), each to `engine`, or else the least-loaded live one."""
         for entry in entries:
             entry.request = msgspec.structs.replace(
                 entry.request, attempt=entry.request.attempt + 1, is_suspect=is_suspect or entry.blames > 0
             )
-            self._route(entry)
+            if engine is None:
+                self._route(entry)
+            else:
+                entry.engine = engine
+                self._inputs[engine] += entry.inputs
             if entry.engine is not None:
                 await self._submit(entry)
 
@@ -287,44 +335,125 @@ class EngineClient:
                 entry.future.set_exception((EngineOverloaded if overloaded else EngineError)(failure.message))
 
     async def on_ready(self, link: EngineLink, ready: Ready) -> None:
-        """An engine (a new one, or one restarted) answered the handshake: blame its suspects, wherever
-        they run now, and send what waits for an engine."""
+        """An engine (a new one, or one restarted) answered the handshake: blame the suspects it names, wherever
+        they run now, and send what waits for an engine: the suspects held for this one, each to run alone here."""
         self.card = ready.card
-        suspects = set(ready.suspects)
-        for request_id in suspects & self._in_flight.keys():
+        death = (link.index, self._losses[link.index])
+        for request_id in set(ready.suspects) & self._in_flight.keys():
             entry = self._in_flight[request_id]
-            entry.blames += 1
-            if entry.blames >= MAX_BLAMES:
-                self._forget(request_id)
-                logger.error("request %d was running when an engine died twice; failing it as the cause", request_id)
-                entry.future.set_exception(PoisonPill(request_id))
-                if entry.engine is not None:
-                    await self._abort(entry.engine, request_id)
+            engine = entry.engine
+            if self._blame(entry, death) and engine is not None:
+                await self._abort(engine, request_id)
         link.ready.set()
         self._any_ready.set()
-        waiting = [entry for entry in self._in_flight.values() if entry.engine is None]
-        if waiting:
+        waiting = [entry for entry in self._in_flight.values() if entry.engine is None and entry.held_for is None]
+        held = [entry for entry in self._in_flight.values() if entry.engine is None and entry.held_for == link.index]
+        if waiting or held:
             logger.warning(
-                "engine %d is ready; resubmitting %d request(s) that were in flight", link.index, len(waiting)
+                "engine %d is ready; resubmitting %d request(s) that were in flight%s",
+                link.index,
+                len(waiting) + len(held),
+                f", {len(held)} of them suspects, each to run alone there" if held else "",
             )
+        for entry in held:
+            entry.held_for = None
+        await self._resubmit(held, is_suspect=True, engine=link.index)
         await self._resubmit(waiting, is_suspect=False)
 
     async def on_lost(self, link: EngineLink) -> None:
-        """An engine went away: what it held moves to the other live engines now, or waits for one."""
+        """An engine went away: the requests its forward pass held wait for its restart (suspects); the rest
+        move to the other live engines now, or wait for one."""
+        index = link.index
+        self._losses[index] += 1
+        death = (index, self._losses[index])
         if not any(other.is_ready for other in self.links):
             self._any_ready.clear()
-        stranded = [entry for entry in self._in_flight.values() if entry.engine == link.index]
+        stranded = [entry for entry in self._in_flight.values() if entry.engine == index]
         for entry in stranded:
-            self._inputs[link.index] -= entry.inputs
+            self._inputs[index] -= entry.inputs
             entry.engine = None
+        running = self._read_running(index)
+        now = asyncio.get_running_loop().time()
+        suspects: list[InFlight] = []
+        for entry in stranded:
+            was_running = running is not None and entry.request.id in running
+            if was_running and self._blame(entry, death):
+                continue
+            # A suspect of an earlier death that had not run yet stays one: it never goes to a healthy engine at once.
+            if was_running or entry.blames:
+                entry.held_for, entry.held_since = index, now
+                suspects.append(entry)
+        movable = [entry for entry in stranded if entry.held_for is None and entry.request.id in self._in_flight]
+        held = f"; {len(suspects)} suspect(s) (in its forward pass) wait for its restart" if suspects else ""
+        if suspects:
+            self._schedule_release()
         if not self._any_ready.is_set():
-            logger.error("lost the engine; %d request(s) in flight will be resubmitted", len(stranded))
+            logger.error("lost the engine; %d request(s) in flight will be resubmitted%s", len(stranded), held)
             return
         logger.error(
-            "lost engine %d; moving its %d request(s) in flight to the other engine(s)", link.index, len(stranded)
+            "lost engine %d; moving its %d request(s) in flight to the other engine(s)%s", index, len(movable), held
         )
-        # Which of them its forward pass held is known only when it is back: each runs alone meanwhile.
-        await self._resubmit(stranded, is_suspect=True)
+        # With no record to read, which of them its forward pass held is known only when it is back: each runs
+        # alone meanwhile, so that a poison pill among them takes no innocent request with it.
+        await self._resubmit(movable, is_suspect=running is None)
+
+    def _read_running(self, engine: int) -> set[int] | None:
+        """This server's requests in the dead engine's last forward pass, from its flight record; None when there
+        is no record to read. Read at once: the engine's restart rewrites it, seconds later at the earliest."""
+        if engine >= len(self.flight_records):
+            return None
+        record = read_record(self.flight_records[engine])
+        if record is None:
+            return None
+        return set(record.get(self.links[engine].identity, ()))
+
+    def _blame(self, entry: InFlight, death: Death) -> bool:
+        """Count a death against the request (once per death); True when that fails it as the cause."""
+        entry.blamed_for.add(death)
+        if entry.blames < MAX_BLAMES:
+            return False
+        request_id = entry.request.id
+        self._forget(request_id)
+        entry.held_for = None
+        logger.error("request %d was running when an engine died twice; failing it as the cause", request_id)
+        if not entry.future.done():
+            entry.future.set_exception(PoisonPill(request_id))
+        return True
+
+    def _schedule_release(self) -> None:
+        if self._release_handle is None:
+            loop = asyncio.get_running_loop()
+            self._release_handle = loop.call_later(SUSPECT_CHECK_S, self._release_stranded_suspects)
+
+    def _release_stranded_suspects(self) -> None:
+        """Suspects whose engine will not be back soon (taken out of service after a crash loop, or not started
+        within `suspect_wait`) go to another engine after all, each alone; with none live, to the first engine
+        that answers. Looked at every SUSPECT_CHECK_S while any suspect waits, never otherwise."""
+        self._release_handle = None
+        now = asyncio.get_running_loop().time()
+        held = [entry for entry in self._in_flight.values() if entry.held_for is not None]
+        released: list[InFlight] = []
+        for entry in held:
+            engine = entry.held_for
+            assert engine is not None
+            is_out = self.is_out_of_service(engine)
+            if not is_out and now - entry.held_since < self.suspect_wait:
+                continue
+            logger.warning(
+                "request %d waited %.1fs for engine %d to come back, which is %s; trying it alone elsewhere",
+                entry.request.id,
+                now - entry.held_since,
+                engine,
+                "out of service" if is_out else "late",
+            )
+            entry.held_for = None
+            released.append(entry)
+        if len(released) < len(held):
+            self._schedule_release()
+        if released and self._any_ready.is_set():
+            task = asyncio.ensure_future(self._resubmit(released, is_suspect=True))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
 
     def _fail_all(self, error: Exception) -> None:
         in_flight, self._in_flight = self._in_flight, {}

@@ -61,7 +61,9 @@ class EngineLink:
         self.server_index = server_index
         self._owner = owner
         self._socket = context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, f"api-{server_index}-{os.getpid()}".encode())
+        # What the engine's ROUTER sees, and its flight record names this server's requests by.
+        self.identity = f"api-{server_index}-{os.getpid()}".encode()
+        self._socket.setsockopt(zmq.IDENTITY, self.identity)
         self._socket.setsockopt(zmq.LINGER, 0)
         # Queue only on a live connection: a send with no engine fails at once instead of waiting.
         self._socket.setsockopt(zmq.IMMEDIATE, 1)

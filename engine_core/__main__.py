@@ -18,6 +18,7 @@ from poolserve.boot import (
     report_boot,
     send_heartbeat,
 )
+from poolserve.flight_record import flight_record_path
 from poolserve.logs import configure_logging
 from poolserve.metric_files import reserve_metric_files
 
@@ -86,7 +87,7 @@ def main() -> int:
                 config.max_queued_inputs, config.max_queued_tokens, layout.local_index(spec.index), config.engine_count
             ),
             # Its own file: a restarted engine names what it was running, not what a sibling was.
-            recorder=FlightRecorder(os.path.join(spec.runtime_dir, f"{spec.name}-flight")),
+            recorder=FlightRecorder(flight_record_path(spec.runtime_dir, spec.name)),
             beat=lambda: send_heartbeat(spec),
             cache=EmbeddingCache(config.cache_bytes),
             priority=PriorityPolicy(config.min_priority, config.priority_max_wait),

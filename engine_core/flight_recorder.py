@@ -2,7 +2,9 @@
 
 Before each forward pass the engine writes the (API server, request id) pairs of the batch; after
 it, an empty record. The page cache keeps the last write when the process dies however it dies,
-so a restarted engine knows which requests were running (suspects) and which were only queued.
+so a restarted engine knows which requests were running (suspects) and which were only queued, and
+so do the API servers, which read it the moment they lose the engine (the file's format:
+poolserve/flight_record.py).
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections import defaultdict
 from collections.abc import Iterable
 
 import msgspec
 
-LENGTH_BYTES = 4
+from poolserve.flight_record import LENGTH_BYTES, encode_record, read_record
+
 RESERVED_BYTES = 64 * 1024
 
 logger = logging.getLogger("poolserve.engine")
@@ -30,20 +32,7 @@ class FlightRecorder:
 
     def read_suspects(self) -> dict[bytes, list[int]]:
         """What the previous engine left: request ids by API-server identity; empty on a first start."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return {}
-        size = int.from_bytes(data[:LENGTH_BYTES], "little") if len(data) >= LENGTH_BYTES else 0
-        suspects: dict[bytes, list[int]] = defaultdict(list)
-        if size:
-            # A torn or foreign file means no suspects, never a failed start.
-            with contextlib.suppress(msgspec.DecodeError, ValueError):
-                payload = data[LENGTH_BYTES : LENGTH_BYTES + size]
-                for identity, request_id in msgspec.msgpack.decode(payload, type=list[tuple[bytes, int]]):
-                    suspects[identity].append(request_id)
-        return dict(suspects)
+        return read_record(self.path) or {}
 
     def open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -54,8 +43,7 @@ class FlightRecorder:
         self.clear()
 
     def record(self, running: Iterable[tuple[bytes, int]]) -> None:
-        payload = self._encoder.encode(list(running))
-        self._write(len(payload).to_bytes(LENGTH_BYTES, "little") + payload)
+        self._write(encode_record(list(running), self._encoder))
 
     def clear(self) -> None:
         self._write(bytes(LENGTH_BYTES))

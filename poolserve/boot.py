@@ -12,6 +12,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from poolserve.config import Config
+from poolserve.flight_record import flight_record_path
 
 CHILD_SPEC_ENV = "POOLSERVE_CHILD_SPEC"
 
@@ -56,6 +57,14 @@ class ChildSpec(msgspec.Struct, kw_only=True, frozen=True):
         """Model `model`'s engines' endpoints, in engine order: an API server connects to all of them."""
         layout = self.layout
         return [engine_endpoint(self.runtime_dir, index, layout.total) for index in layout.engines_of(model)]
+
+    def flight_records_of(self, model: int) -> list[str]:
+        """Model `model`'s engines' flight records, in engine order: an API server reads a dead engine's at once."""
+        layout = self.layout
+        return [
+            flight_record_path(self.runtime_dir, child_name("engine", index, layout.total))
+            for index in layout.engines_of(model)
+        ]
 
     @property
     def name(self) -> str:

@@ -315,6 +315,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             f"{FDS_RESERVED_PER_SERVER} (checked at start): raise both together.",
         ),
     ] = 512
+    max_connections_per_client: Annotated[
+        int,
+        Flag(
+            "HTTP",
+            "Open connections one client address may hold on one API server; past it that address's new connections "
+            "get 503 too_many_connections, so one client cannot hold every slot (nginx's limit_conn). 0: a quarter of "
+            "--max-connections-per-server. Proxies trusted with FORWARDED_ALLOW_IPS (uvicorn's setting; loopback "
+            "by default) carry many clients and are not counted: limit clients behind a proxy at the proxy.",
+        ),
+    ] = 0
     plugins: Annotated[
         list[str],
         Flag(
@@ -715,6 +725,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             if seconds < 0:
                 raise ConfigError(f"{flag} has value {seconds!r}; it must be >= 0 (0: none).")
         check_connection_limit(self.max_connections_per_server, open_files_limit())
+        check_range("--max-connections-per-client", self.max_connections_per_client, 0, self.max_connections_per_server)
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout has value {self.shutdown_timeout!r}; it must be >= 0.")
         if not self.host:
@@ -751,6 +762,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     def api_server_ceiling(self) -> int:
         """How many API servers SIGTTIN may scale up to (--max-api-server-count)."""
         return self.max_api_server_count or max(self.api_server_count, 2 * usable_cores())
+
+    @property
+    def client_connection_share(self) -> int:
+        """--max-connections-per-client, or a quarter of --max-connections-per-server (at least 1)."""
+        return self.max_connections_per_client or max(1, self.max_connections_per_server // 4)
 
     @property
     def model_names(self) -> list[str]:

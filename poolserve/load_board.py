@@ -1,4 +1,5 @@
-"""What every API server holds (open connections, requests in flight), in memory all of them read.
+"""What every API server holds (open connections, requests in flight), in memory all of them read; which
+engines are out of service.
 
 The supervisor creates the board (an anonymous memfd: nothing on disk, gone with the last
 process that maps it) and hands each API-server process a slot of its own: the process writes
@@ -25,8 +26,10 @@ SLOT_BYTES = WORDS_PER_SLOT * 8
 # bound), their replacements during a rolling restart, and those still draining.
 SLOT_COUNT = 1024
 # Slot 0 is the header: its word 0 is one past the highest slot ever claimed, so readers scan
-# only that far.
+# only that far; its word 1 has a bit set for each engine the supervisor took out of service (a
+# crash loop), so the API servers stop keeping that engine's suspects for its restart.
 HEADER_SLOT = 0
+HEADER_ENGINES_OUT = 1
 
 
 class Word(IntEnum):
@@ -103,6 +106,12 @@ class LoadBoard:
         self.write(slot, Word.STATE, SlotState.FREE)
         self._clear(slot)
 
+    def set_engine_out_of_service(self, index: int, is_out: bool) -> None:
+        """The supervisor alone writes this word."""
+        position = HEADER_SLOT * WORDS_PER_SLOT + HEADER_ENGINES_OUT
+        bits = int(self._words[position])
+        self._words[position] = bits | (1 << index) if is_out else bits & ~(1 << index)
+
     def _clear(self, slot: int) -> None:
         for word in range(WORDS_PER_SLOT):
             if word != Word.STATE:
@@ -113,6 +122,9 @@ class LoadBoard:
     @property
     def slots_in_use(self) -> int:
         return int(self._words[HEADER_SLOT * WORDS_PER_SLOT])
+
+    def is_engine_out_of_service(self, index: int) -> bool:
+        return bool(self._words[HEADER_SLOT * WORDS_PER_SLOT + HEADER_ENGINES_OUT] >> index & 1)
 
     def read(self, slot: int, word: Word) -> int:
         return int(self._words[slot * WORDS_PER_SLOT + word])

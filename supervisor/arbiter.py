@@ -338,7 +338,8 @@ class Supervisor:
             consequence = ""
             if child.role == "engine":
                 consequence = (
-                    "; the API servers move what was in flight to the other engines"
+                    "; the API servers move what it had queued to the other engines and keep what it was running "
+                    "for its restart"
                     if self._model_of(child).engine_count > 1
                     else "; the API servers keep what was in flight and resubmit it"
                 )
@@ -387,6 +388,8 @@ class Supervisor:
         self.crashes[child.name] = CrashHistory()
         self.respawn_at[child.name] = now + OUT_OF_SERVICE_S
         self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=child.name).set(1)
+        if self.board is not None:  # the API servers stop keeping its suspects for a restart that is minutes away
+            self.board.set_engine_out_of_service(self.engine_slots[child.name], True)
 
     def _forget(self, child: ChildProcess) -> None:
         if child.pipe_fd >= 0:
@@ -441,6 +444,8 @@ class Supervisor:
                 index = self.engine_slots[slot]
                 self.engines[index] = self._spawn("engine", index)
                 self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=slot).set(0)
+                if self.board is not None:
+                    self.board.set_engine_out_of_service(index, False)
         for index in range(self.api_server_count):
             if index not in self.api_servers and f"api-{index}" not in self.respawn_at:
                 self.api_servers[index] = self._spawn("api", index)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import selectors
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -85,6 +87,15 @@ def test_a_child_process_sees_what_the_creator_writes(board: LoadBoard) -> None:
     assert other.read(slot, Word.CONNECTIONS) == 12
     other.write(slot, Word.IN_FLIGHT, 3)
     assert board.read(slot, Word.IN_FLIGHT) == 3
+
+
+def test_engines_out_of_service_are_marked_apart_and_leave_the_slot_count_alone(board: LoadBoard) -> None:
+    board.claim_slot(1)
+    board.set_engine_out_of_service(3, True)
+    board.set_engine_out_of_service(0, True)
+    board.set_engine_out_of_service(3, False)
+    assert [board.is_engine_out_of_service(index) for index in range(4)] == [True, False, False, False]
+    assert board.slots_in_use == 2
 
 
 # The acceptor, on a real listening socket and a real event loop ----------------------------------
@@ -227,6 +238,71 @@ def test_a_closed_connection_lets_a_paused_acceptor_resume_at_once(board: LoadBo
 
     with listener() as sock:
         asyncio.run(run_acceptor(board, sock, scenario))
+
+
+class CountingSelector(selectors.DefaultSelector):
+    """The event loop's selector, counting its waits: each is one wake-up of the loop."""
+
+    waits = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.waits += 1
+        return super().select(timeout)
+
+
+@contextlib.contextmanager
+def beating(board: LoadBoard, slot: int) -> Iterator[None]:
+    """A live sibling's loop beats on its own; here a thread does it, which wakes the loop under test for nothing."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(fair_accept.BEAT_INTERVAL_S):
+            board.write(slot, Word.BEAT_NS, time.monotonic_ns())
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_an_idle_connection_costs_a_paused_acceptor_no_wake_ups_and_a_newcomer_is_still_taken(board: LoadBoard) -> None:
+    """One idle keep-alive connection holds its server above a sibling holding none: paused, it looked at the
+    queue every 5 ms for as long as the connection stayed open (200 wake-ups a second doing nothing). Now it
+    waits for a connection to queue: over a second, only its own beats (BEAT_INTERVAL_S) wake the loop."""
+    sibling = add_sibling(board, connections=0)
+    selector = CountingSelector()
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        port = acceptor.sock.getsockname()[1]
+        with clients_of(port, 1):
+            assert await wait_for(lambda: load.connections == 1 and not acceptor.is_reading)
+            await asyncio.sleep(0.05)
+            waits = selector.waits
+            await asyncio.sleep(1.0)
+            wake_ups = selector.waits - waits
+            assert wake_ups <= 2 / fair_accept.BEAT_INTERVAL_S, wake_ups
+            # The sibling never takes a newcomer here: it is taken after HANDOFF_S all the same.
+            started = time.monotonic()
+            with clients_of(port, 1):
+                assert await wait_for(lambda: load.connections == 2, timeout=1.0)
+                assert time.monotonic() - started >= fair_accept.HANDOFF_S * 0.5
+                # Caught up by the sibling, it takes the next one at once, woken by its arrival.
+                board.write(sibling, Word.CONNECTIONS, 2)
+                await asyncio.sleep(0.05)
+                started = time.monotonic()
+                with clients_of(port, 1):
+                    assert await wait_for(lambda: load.connections == 3, timeout=1.0)
+                    assert time.monotonic() - started < fair_accept.HANDOFF_S, time.monotonic() - started
+
+    with (
+        listener() as sock,
+        beating(board, sibling),
+        asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner,
+    ):
+        runner.run(run_acceptor(board, sock, scenario))
 
 
 def test_closing_the_acceptor_marks_its_slot_draining_and_leaves_the_socket_open(board: LoadBoard) -> None:

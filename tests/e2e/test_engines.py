@@ -1,8 +1,7 @@
 """--engine-count 2 on the CPU: Sentence-Transformers' answers, work on both engines, a killed one costs nothing.
 
-A poison pill across two engines is tested on fake engines (tests/engine_client/test_client.py): with
-real ones it costs three engine restarts, more than this suite has room for (it was 74 s here, in
-commit 66676f4)."""
+A poison pill across two engines is tested in tests/e2e/test_faults.py (two restarts of the engine it
+kills, the other serving throughout) and, case by case, on fake engines (tests/engine_client/)."""
 
 from __future__ import annotations
 

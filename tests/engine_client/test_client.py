@@ -1,109 +1,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
 from engine_client import EngineClient, EngineOverloaded, PoisonPill
-from poolserve.protocol import (
-    ERROR_OVERLOADED,
-    EngineWire,
-    Hello,
-    Ping,
-    Pong,
-    PooledOutput,
-    PoolJob,
-    PoolRequest,
-    Ready,
-    RequestFailed,
-)
+from poolserve.protocol import Pong, PoolJob
 from tests.cards import CARD
-
-
-class FakeEngine:
-    """An engine's ROUTER that answers the handshake and pings itself and holds requests until told
-    to answer them (each row is this engine's index); closing it is the engine's death."""
-
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, index: int, suspects: list[int] | None = None):
-        self.index = index
-        self.suspects = suspects or []
-        # What its pongs say: seconds inside the current forward pass (a hung engine's grow), and the
-        # inputs it holds from every API server.
-        self.stalled_for = 0.0
-        self.queued_inputs = 0
-        # Whether its share of the admission limit is full: it refuses every request as overloaded.
-        self.is_full = False
-        self.held: list[tuple[bytes, PoolRequest]] = []
-        self.refused = 0
-        self._wire = EngineWire()
-        self._router = context.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.bind(endpoint)
-        self._task = asyncio.create_task(self._serve())
-
-    async def _serve(self) -> None:
-        while True:
-            identity, *frames = await self._router.recv_multipart()
-            msg = self._wire.decode(frames)
-            if isinstance(msg, Hello):
-                await self._router.send_multipart([identity, *self._wire.encode(Ready(CARD, self.suspects))])
-            elif isinstance(msg, Ping):
-                pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
-                await self._router.send_multipart([identity, *self._wire.encode(pong)])
-            elif isinstance(msg, PoolRequest) and self.is_full:
-                refusal = RequestFailed(msg.id, ERROR_OVERLOADED, f"engine {self.index} is full")
-                await self._router.send_multipart([identity, *self._wire.encode_outputs([], [refusal])])
-                self.refused += 1
-            elif isinstance(msg, PoolRequest):
-                self.held.append((identity, msg))
-
-    async def answer_all(self) -> None:
-        for identity, request in self.held:
-            rows = np.full((len(request.lengths), CARD.output_size), self.index, dtype=np.float32)
-            out = PooledOutput(request.id, len(request.lengths), CARD.output_size)
-            frames = self._wire.encode_outputs([(out, rows)])
-            await self._router.send_multipart([identity, *frames], copy=False)
-        self.held = []
-
-    async def die(self) -> None:
-        self._task.cancel()
-        self._router.close()
-        await asyncio.sleep(0)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
-
-
-def job(inputs: int = 1) -> PoolJob:
-    return PoolJob.from_rows([[101, 7, 102]] * inputs)
-
-
-def two_engines(context: zmq.asyncio.Context, folder: Path) -> tuple[list[str], list[FakeEngine]]:
-    endpoints = [f"ipc://{folder}/engine-{i}.sock" for i in range(2)]
-    return endpoints, [FakeEngine(context, endpoint, i) for i, endpoint in enumerate(endpoints)]
-
-
-async def connected_client(endpoints: list[str], **options: float) -> EngineClient:
-    """An API server's client of every engine, once each has answered its handshake."""
-    client = EngineClient(endpoints, 0, **options)
-    await client.connect(2)
-    await until(lambda: all(link.is_ready for link in client.links))
-    return client
-
-
-async def shut_down(client: EngineClient, engines: list[FakeEngine], context: zmq.asyncio.Context) -> None:
-    await client.close()
-    for engine in engines:
-        await engine.die()
-    context.term()
+from tests.engine_client.fake_engine import FakeEngine, connected_client, job, shut_down, two_engines, until
 
 
 def test_requests_spread_over_the_engines_and_a_dead_engine_s_work_moves_to_the_other_at_once(tmp_path: Path) -> None:
