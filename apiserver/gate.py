@@ -4,11 +4,11 @@ endpoint by exact (method, path), or Starlette's router for anything else.
 A request used to cross eleven ASGI layers before its endpoint ran (uvicorn's proxy headers, Starlette's error
 and exception middlewares, our telemetry, key and body-limit middlewares, the router trying each route's regex,
 the route's request wrapper and its own exception handler): ~12% of an API server's CPU on a one-sentence
-request, ~7% after this (docs/benchmarks.md, "The API server, step 3"). Here the headers are read once, the endpoint is one
-dict lookup, and the exceptions the app maps (apiserver/errors.py) are mapped in the same frame. What has no
-exact route (an unknown path: 404; a wrong method: 405 with `Allow`; HEAD; a trailing slash's redirect) goes on
-to the Starlette app, which answers it as before, behind uvicorn's X-Forwarded-* rewrite of the client's
-address and scheme (the redirect's URL reads them; no endpoint does).
+request, ~7% after this (docs/benchmarks.md, "The API server, step 3"). Here the headers are read once, the
+endpoint is one dict lookup, and the exceptions the app maps (apiserver/errors.py) are mapped in the same
+frame. What has no exact route (an unknown path: 404; a wrong method: 405 with `Allow`; HEAD; a trailing
+slash's redirect) goes on to the Starlette app, which answers it as before, behind uvicorn's X-Forwarded-*
+rewrite of the client's address and scheme (the redirect's URL reads them; no endpoint does).
 """
 
 from __future__ import annotations
