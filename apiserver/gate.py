@@ -13,6 +13,7 @@ rewrite of the client's address and scheme (the redirect's URL reads them; no en
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -159,8 +160,13 @@ class Gate:
         return None
 
 
+# Request ids come from a generator of the gate's own, seeded from os.urandom: another module seeding the shared
+# one (random.seed) cannot make two processes repeat each other's ids. Reseeded in a forked child.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
 def new_request_id() -> bytes:
-    """32 random hex digits, as uuid4().hex has, from the process's own generator: os.urandom is a system call
-    each, and a request id names a request in logs, it guards nothing (the random module reseeds in a forked
-    child)."""
-    return b"%032x" % random.getrandbits(128)
+    """32 random hex digits, as uuid4().hex has, without a system call each (os.urandom is one): a request id
+    names a request in logs, it guards nothing."""
+    return b"%032x" % _ids.getrandbits(128)
