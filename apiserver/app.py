@@ -1,81 +1,96 @@
-"""Builds the Starlette application of one API-server process."""
+"""Builds the ASGI application of one API-server process: the gate in front of a Starlette app."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from importlib.metadata import version
+from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from apiserver.auth import ApiKeyAuth, open_paths
-from apiserver.body_limit import BodyBudget, BodySizeLimit
+from apiserver.auth import ApiKey, open_paths
+from apiserver.body_limit import BodyBudget, BodyLimit
 from apiserver.endpoints import ENDPOINTS, Endpoint, model_endpoints
 from apiserver.errors import EXCEPTION_HANDLERS
+from apiserver.gate import Gate, Wrapper
 from apiserver.limits import body_bytes_in_flight_limit, request_body_limit
 from apiserver.metrics import get_metrics
-from apiserver.middleware import RequestTelemetry
 from apiserver.openapi import encode_openapi
 from apiserver.request_cycle import Handler
 from apiserver.served_models import ServedModels
 from apiserver.state import AppState
+from apiserver.telemetry import Telemetry
 from apiserver.tracing import TraceRequests
 from poolserve.config import Config
 
+if TYPE_CHECKING:
+    from apiserver.request_tracer import RequestTracer
 
-def build_app(
-    state: AppState, extra_endpoints: Sequence[Endpoint] = (), models: ServedModels | None = None
-) -> Starlette:
-    """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json. `state`: the
-    default model's; `models`: every model served, when several (apiserver/served_models.py)."""
+
+def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = (), models: ServedModels | None = None) -> Gate:
+    """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json: the gate
+    (apiserver/gate.py) in front of a Starlette app that answers what has no exact route. `state`: the default
+    model's; `models`: every model served, when several (apiserver/served_models.py)."""
     models = models or ServedModels([state])
     endpoints = [*ENDPOINTS, *model_endpoints(state.card), *extra_endpoints]
-    routes = routes_of(endpoints)
-    key_free = open_paths(protect_metrics=state.config.protect_metrics) if state.config.api_key else None
+    config = state.config
+    key_free = open_paths(protect_metrics=config.protect_metrics) if config.api_key else None
     document = encode_openapi(endpoints, version("poolserve"), key_free)
 
     async def openapi(request: Request) -> Response:
         return Response(document, media_type="application/json")
 
-    routes.append(Route("/openapi.json", openapi, methods=["GET"]))
-    routes.append(Route("/metrics", get_metrics, methods=["GET"]))
-    app = Starlette(
-        routes=routes,
-        middleware=[
-            Middleware(
-                RequestTelemetry,
-                server_index=state.server_index,
-                endpoints=[route.path for route in routes],
-                access_log=state.config.access_log,
-                load=state.load,
-                error_styles={e.path: e.error_style for e in endpoints},
-                cache_hits_header=state.config.cache_hits_header,
-            ),
-            *tracing_middleware(state),
-            *access_middleware(
-                state.config,
-                # One limit for the server: the largest any of its models takes (a model of images takes more).
-                body_limit=max(request_body_limit(model.config, model.card) for model in models.states),
-                server_index=state.server_index,
-            ),
-        ],
-        exception_handlers=EXCEPTION_HANDLERS,
-    )
+    handlers = handlers_of(endpoints)
+    handlers["/openapi.json"] = {"GET": openapi}
+    handlers["/metrics"] = {"GET": get_metrics}
+    app = Starlette(routes=routes_of(handlers), exception_handlers=EXCEPTION_HANDLERS)
     app.state.poolserve = state
     app.state.models = models
-    return app
+    # One limit for the server: the largest any of its models takes (a model of images takes more).
+    body_limit = max(request_body_limit(model.config, model.card) for model in models.states)
+    exempt = open_paths(protect_metrics=config.protect_metrics)
+    return Gate(
+        app,
+        {(method, path): handler for path, methods in handlers.items() for method, handler in methods.items()},
+        telemetry=Telemetry(
+            server_index=state.server_index,
+            endpoints=handlers,
+            access_log=config.access_log,
+            cache_hits_header=config.cache_hits_header,
+        ),
+        load=state.load,
+        bodies=BodyLimit(body_limit, BodyBudget(body_bytes_in_flight_limit(config, body_limit), state.server_index)),
+        key=ApiKey(config.api_key, exempt) if config.api_key else None,
+        error_styles={e.path: e.error_style for e in endpoints},
+        exception_handlers=EXCEPTION_HANDLERS,
+        # uvicorn's own rewrite of the client's address and scheme from a trusted proxy's X-Forwarded-* headers, its
+        # variable and default (apiserver/server.py turns uvicorn's off: only Starlette's redirects read them).
+        fallback=cast(
+            ASGIApp,
+            ProxyHeadersMiddleware(app, trusted_hosts=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")),  # type: ignore[arg-type]
+        ),
+        wrapper=wrapper_of(config, state.tracer),
+    )
 
 
-def routes_of(endpoints: Sequence[Endpoint]) -> list[Route]:
-    """One route per path, so that a path served with several methods (`/`: GET and POST) answers any
-    other method with a 405 whose `Allow` lists them all."""
+def handlers_of(endpoints: Sequence[Endpoint]) -> dict[str, dict[str, Handler]]:
+    """Each path's handler by method."""
     handlers: dict[str, dict[str, Handler]] = {}
     for endpoint in endpoints:
         handlers.setdefault(endpoint.path, {})[endpoint.method] = endpoint.route_handler()
+    return handlers
+
+
+def routes_of(handlers: dict[str, dict[str, Handler]]) -> list[Route]:
+    """One route per path, so that a path served with several methods (`/`: GET and POST) answers any
+    other method with a 405 whose `Allow` lists them all."""
     return [Route(path, by_method(methods), methods=list(methods)) for path, methods in handlers.items()]
 
 
@@ -90,34 +105,37 @@ def by_method(handlers: dict[str, Handler]) -> Handler:
     return dispatch
 
 
-def tracing_middleware(state: AppState) -> list[Middleware]:
-    """Inside the request telemetry (its request id goes on the span) and outside the key and body checks (their
-    refusals are traced too); none when tracing is off."""
-    if state.tracer is None:
-        return []
-    return [Middleware(TraceRequests, tracer=state.tracer)]
+def wrapper_of(config: Config, tracer: RequestTracer | None) -> Wrapper | None:
+    """What wraps the gate's checks: CORS outside, then the request's trace span (inside the request telemetry,
+    whose request id goes on the span, and outside the key and body checks, whose refusals are traced too)."""
+    cors = cors_of(config)
+    if tracer is None:
+        return cors
+
+    def wrap(app: ASGIApp) -> ASGIApp:
+        traced = TraceRequests(app, tracer=tracer)
+        return traced if cors is None else cors(traced)
+
+    return wrap
 
 
-def access_middleware(config: Config, *, body_limit: int, server_index: int = 0) -> list[Middleware]:
-    """Outermost first: CORS answers browsers' preflights (which never carry a key) before the key is
-    checked, and the key is checked before a byte of the body is read."""
-    middleware = []
-    if config.cors_allowed_origins:
-        middleware.append(
-            Middleware(
-                CORSMiddleware,
-                allow_origins=config.cors_allowed_origins,
-                allow_methods=["GET", "POST"],
-                allow_headers=["authorization", "content-type", "x-request-id"],
-                expose_headers=["x-request-id", "x-poolserve-server"],
-                # The key travels in a header the page sets; no cookies are involved.
-                allow_credentials=False,
-                max_age=600,
-            )
+def cors_of(config: Config) -> Wrapper | None:
+    """CORS, when origins are allowed: it answers browsers' preflights (which never carry a key) before the key
+    is checked, and the key is checked before a byte of the body is read."""
+    if not config.cors_allowed_origins:
+        return None
+    origins = config.cors_allowed_origins
+
+    def wrap(app: ASGIApp) -> ASGIApp:
+        return CORSMiddleware(
+            app,
+            allow_origins=origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["x-request-id", "x-poolserve-server"],
+            # The key travels in a header the page sets; no cookies are involved.
+            allow_credentials=False,
+            max_age=600,
         )
-    if config.api_key:
-        exempt = open_paths(protect_metrics=config.protect_metrics)
-        middleware.append(Middleware(ApiKeyAuth, api_key=config.api_key, exempt=exempt))
-    budget = BodyBudget(body_bytes_in_flight_limit(config, body_limit), server_index)
-    middleware.append(Middleware(BodySizeLimit, limit=body_limit, budget=budget))
-    return middleware
+
+    return wrap

@@ -1,13 +1,14 @@
-"""API-key authentication: which paths need `Authorization: Bearer <key>`, and the ASGI middleware that checks it."""
+"""API-key authentication: which paths need `Authorization: Bearer <key>`, and the check the gate (apiserver/gate.py)
+makes before a byte of the body is read."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import Response
 
-from apiserver.errors import error_response, style_of
+from apiserver.errors import ErrorStyle, error_response
 
 # Paths anyone may call without a key: load balancers' and orchestrators' probes carry no credentials.
 # Everything else, unknown paths included, needs the key (deny by default).
@@ -32,29 +33,26 @@ def bearer_token(authorization: bytes) -> bytes | None:
     return token.strip()
 
 
-class ApiKeyAuth:
+class ApiKey:
     """Refuses a request to any path outside `exempt` unless it carries the key as a Bearer token (401)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, exempt: frozenset[str]):
-        self.app = app
+    def __init__(self, api_key: str, exempt: frozenset[str]):
         self.exempt = exempt
         self._digest = digest(api_key.encode())
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt or self.is_authorized(scope):
-            await self.app(scope, receive, send)
-            return
-        response = error_response(
+    def refusal(self, path: str, authorization: bytes | None, style: ErrorStyle) -> Response | None:
+        """The 401 for a request to `path` whose `Authorization` header is `authorization`; None when it may pass."""
+        if path in self.exempt or self.is_authorized(authorization):
+            return None
+        return error_response(
             401,
             "A valid API key is required: send it as `Authorization: Bearer <key>`.",
             code="invalid_api_key",
             headers={"www-authenticate": "Bearer"},
-            style=style_of(scope),
+            style=style,
         )
-        await response(scope, receive, send)
 
-    def is_authorized(self, scope: Scope) -> bool:
-        header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-        token = bearer_token(header) if header is not None else None
+    def is_authorized(self, authorization: bytes | None) -> bool:
+        token = bearer_token(authorization) if authorization is not None else None
         # compare_digest takes the same time wherever the first differing byte is.
         return token is not None and hmac.compare_digest(digest(token), self._digest)

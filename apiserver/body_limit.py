@@ -1,13 +1,14 @@
-"""Request bodies, as ASGI middleware: each one's size (--max-request-bytes, 413) and the bytes of all of them
-that an API server holds at once (--max-body-bytes-in-flight, 503), both refused before a body is read."""
+"""Request bodies: each one's size (--max-request-bytes, 413) and the bytes of all of them that an API server holds
+at once (--max-body-bytes-in-flight, 503), both refused before a body is read (the gate, apiserver/gate.py, asks)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Message, Receive
 
-from apiserver.errors import ApiError, error_response, style_of
+from apiserver.errors import ApiError, ErrorStyle, error_response
 from apiserver.limits import body_too_large
 from apiserver.metrics import BODIES_REFUSED, BODY_BYTES_IN_FLIGHT
 
@@ -66,62 +67,51 @@ class BodyBudget:
         )
 
 
-class BodySizeLimit:
+class BodyLimit:
     """A declared Content-Length over the limit is answered 413 at once, unread; one that does not fit the
-    server's budget, 503 with Retry-After, unread. A chunked body (no length) is counted as it arrives and
-    the request fails the moment it passes either, so no route ever buffers more than `limit` bytes and the
-    server no more than the budget's."""
+    server's budget, 503 with Retry-After, unread. A chunked body (no length) is counted as it arrives
+    (CountedBody) and the request fails the moment it passes either, so no route ever buffers more than
+    `limit` bytes and the server no more than the budget's."""
 
-    def __init__(self, app: ASGIApp, limit: int, budget: BodyBudget):
-        self.app = app
+    def __init__(self, limit: int, budget: BodyBudget):
         self.limit = limit
         self.budget = budget
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = -1
-        is_chunked = False
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit():
-                declared = int(value)
-            elif name == b"transfer-encoding":
-                is_chunked = True
+    def admit(self, declared: int, is_chunked: bool, style: ErrorStyle) -> Response | int:
+        """The refusal of a body of `declared` bytes (-1: none declared), or the bytes it now holds of the budget."""
         if declared > self.limit:
             error = body_too_large(self.limit, declared)
-            await error_response(error.status, error.message, code=error.code, style=style_of(scope))(
-                scope, receive, send
-            )
-            return
+            return error_response(error.status, error.message, code=error.code, style=style)
         # A body with no length (chunked) cannot be judged up front: it reserves one byte, so it is refused
         # unread only when the budget is already spent, and the rest of its bytes as they arrive.
         upfront = declared if declared > 0 else int(is_chunked)
         if upfront and not self.budget.reserve(upfront):
             error = self.budget.refusal(upfront)
-            await error_response(error.status, error.message, code=error.code, style=style_of(scope))(
-                scope, receive, send
-            )
-            return
-        reserved = upfront
-        received = 0
+            return error_response(error.status, error.message, code=error.code, style=style)
+        return upfront
 
-        async def receive_within_limits() -> Message:
-            nonlocal received, reserved
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                # Raised inside the route's `await request.body()`; the ApiError handler answers.
-                if received > self.limit:
-                    raise body_too_large(self.limit)
-                if received > reserved:  # only a chunked body: a declared length bounds what arrives
-                    if not self.budget.reserve(received - reserved):
-                        raise self.budget.refusal(received - reserved)
-                    reserved = received
-            return message
 
-        try:
-            # A declared length was judged above and bounds what the parser delivers: only a chunked body is counted.
-            await self.app(scope, receive_within_limits if is_chunked else receive, send)
-        finally:
-            self.budget.release(reserved)
+class CountedBody:
+    """A chunked body's `receive`, counting its bytes against the limits as they arrive. A declared length was
+    judged before a byte was read and bounds what the parser delivers: only a chunked body needs this.
+    `reserved`: what the request holds of the budget, to be released when it ends."""
+
+    def __init__(self, receive: Receive, limits: BodyLimit, reserved: int):
+        self._receive = receive
+        self._limits = limits
+        self.reserved = reserved
+        self.received = 0
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            limits = self._limits
+            self.received += len(message.get("body", b""))
+            # Raised inside the route's `await request.body()`; the ApiError handler answers.
+            if self.received > limits.limit:
+                raise body_too_large(limits.limit)
+            if self.received > self.reserved:
+                if not limits.budget.reserve(self.received - self.reserved):
+                    raise limits.budget.refusal(self.received - self.reserved)
+                self.reserved = self.received
+        return message

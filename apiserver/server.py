@@ -195,6 +195,8 @@ async def serve(
         access_log=False,
         log_config=None,
         server_header=False,
+        # Applied by the app where something reads the client's address and scheme (apiserver/gate.py).
+        proxy_headers=False,
         timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn uses it as seconds
         timeout_graceful_shutdown=int(config.shutdown_timeout),
     )

@@ -1,5 +1,5 @@
-"""The API-key and body middleware on a small Starlette app: what passes, what gets 401, 413 and 503, and what
-a body holds of the server's budget while it is in flight."""
+"""The gate's API-key and body checks (apiserver/gate.py) in front of a small Starlette app: what passes, what gets
+401, 413 and 503, and what a body holds of the server's budget while it is in flight."""
 
 from __future__ import annotations
 
@@ -8,18 +8,22 @@ from collections.abc import Iterator
 
 import pytest
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 from starlette.types import Message
 
-from apiserver.auth import OPEN_PATHS, ApiKeyAuth, bearer_token, open_paths
-from apiserver.body_limit import BodyBudget, BodySizeLimit
+from apiserver.auth import OPEN_PATHS, ApiKey, bearer_token, open_paths
+from apiserver.body_limit import BodyBudget, BodyLimit
 from apiserver.errors import EXCEPTION_HANDLERS, ApiError
+from apiserver.fair_accept import ServerLoad
+from apiserver.gate import Gate
 from apiserver.limits import body_bytes_in_flight_limit
+from apiserver.request_cycle import Handler
+from apiserver.telemetry import Telemetry
 from poolserve.config import MIB, Config, ConfigError
+from poolserve.load_board import LoadBoard
 
 KEY = "k-3xampl3"
 LIMIT = 1000
@@ -29,16 +33,28 @@ async def echo_size(request: Request) -> Response:
     return PlainTextResponse(str(len(await request.body())))
 
 
-@pytest.fixture
-def client() -> Iterator[TestClient]:
+def gated(routes: dict[str, Handler], *, limit: int, budget: BodyBudget, key: str | None = None) -> Gate:
+    """The gate over a Starlette app serving `routes` (GET and POST each), as apiserver/app.py builds it."""
     app = Starlette(
-        routes=[Route(path, echo_size, methods=["GET", "POST"]) for path in ("/v1/embeddings", "/health", "/metrics")],
-        middleware=[
-            Middleware(ApiKeyAuth, api_key=KEY, exempt=open_paths(protect_metrics=False)),
-            Middleware(BodySizeLimit, limit=LIMIT, budget=BodyBudget(4 * LIMIT)),
-        ],
+        routes=[Route(path, handler, methods=["GET", "POST"]) for path, handler in routes.items()],
         exception_handlers=EXCEPTION_HANDLERS,
     )
+    board = LoadBoard.create()
+    return Gate(
+        app,
+        {(method, path): handler for path, handler in routes.items() for method in ("GET", "POST")},
+        telemetry=Telemetry(server_index=0, endpoints=routes, access_log=False, cache_hits_header=False),
+        load=ServerLoad(board, board.claim_slot(), server_index=0),
+        bodies=BodyLimit(limit, budget),
+        key=None if key is None else ApiKey(key, open_paths(protect_metrics=False)),
+        exception_handlers=EXCEPTION_HANDLERS,
+    )
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    paths = ("/v1/embeddings", "/health", "/metrics")
+    app = gated(dict.fromkeys(paths, echo_size), limit=LIMIT, budget=BodyBudget(4 * LIMIT), key=KEY)
     with TestClient(app) as test_client:
         yield test_client
 
@@ -119,7 +135,7 @@ async def read_then_answer(request: Request) -> Response:
 class Upload:
     """One request driven by hand through the ASGI app: its body fed piece by piece, its answer collected."""
 
-    def __init__(self, app: Starlette, size: int | None):
+    def __init__(self, app: Gate, size: int | None):
         headers = (
             [(b"content-length", str(size).encode())] if size is not None else [(b"transfer-encoding", b"chunked")]
         )
@@ -153,14 +169,9 @@ class Upload:
         return start["status"], dict(start["headers"]), body
 
 
-def budget_app(limit: int = LIMIT, budget: int = 3 * LIMIT) -> tuple[Starlette, BodyBudget]:
+def budget_app(limit: int = LIMIT, budget: int = 3 * LIMIT) -> tuple[Gate, BodyBudget]:
     gauge = BodyBudget(budget)
-    app = Starlette(
-        routes=[Route("/upload", read_then_answer, methods=["POST"])],
-        middleware=[Middleware(BodySizeLimit, limit=limit, budget=gauge)],
-        exception_handlers=EXCEPTION_HANDLERS,
-    )
-    return app, gauge
+    return gated({"/upload": read_then_answer}, limit=limit, budget=gauge), gauge
 
 
 async def settle() -> None:

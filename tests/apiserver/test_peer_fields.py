@@ -342,7 +342,7 @@ def test_voyages_fields_map_onto_openais(serve: Any) -> None:
 
 
 def test_user_is_accepted_and_shown_in_the_access_log(serve: Any) -> None:
-    from apiserver.middleware import user_field
+    from apiserver.telemetry import user_field
 
     served = serve()
     for path, body in [("/v1/embeddings", {"input": "hi"}), ("/score", {"text_1": "a", "text_2": "b"})]:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from apiserver.middleware import printable
+from apiserver.telemetry import printable
 from engine_client import PooledResult
 from poolserve.protocol import PoolJob, PoolRequest
 

@@ -101,3 +101,37 @@ def test_reserving_is_installed_only_in_multiprocess_mode(
     assert prometheus_client.values.MmapedDict is ReservedMmapedDict  # type: ignore[attr-defined]
     (counter,) = tmp_path.glob("counter_dropped-*.db")
     assert is_fully_allocated(counter)
+
+
+def test_in_multiprocess_mode_writes_read_the_pid_once_and_a_forked_child_its_own(
+    tmp_path: Path, dropped: DroppedSeries, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prometheus_client asks for the pid on every write to notice a fork; `os.getpid()` is a system call."""
+    import prometheus_client.values
+    from prometheus_client import CollectorRegistry, Counter
+
+    calls = []
+
+    def getpid() -> int:
+        calls.append(1)
+        return os.getpid()
+
+    monkeypatch.setattr(prometheus_client.values, "MmapedDict", MmapedDict)
+    # prometheus_client's own choice at import in multiprocess mode, its pid function counted.
+    monkeypatch.setattr(prometheus_client.values, "ValueClass", prometheus_client.values.MultiProcessValue(getpid))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    reserve_metric_files()
+    calls.clear()
+    counter = Counter("poolserve_test", "help", registry=CollectorRegistry())
+    counter.inc(3)
+    counter.inc(4)
+    assert not calls
+    monkeypatch.undo()
+    assert (tmp_path / f"counter_{os.getpid()}.db").exists()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only reports
+        os.write(write, b"1" if metric_files.current_pid() == os.getpid() else b"0")
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 1) == b"1"
