@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.models import TINY, save_with_tokenizer
+from bench.models import build_tiny512
 from bench.server_process import process_tree, wait_until
 from bench.steady_load import SteadyLoad
 from tests.e2e.hosts import HostServer, Network, host_network
@@ -20,12 +20,8 @@ from tests.utils import is_alive
 @pytest.fixture(scope="module")
 def tiny_embedder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 32-wide BERT embedder: the host's processes, not the model, are what is tested."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(7)
     folder = tmp_path_factory.mktemp("host-loss-bert")
-    save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
+    build_tiny512(folder)
     return folder
 
 
