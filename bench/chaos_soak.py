@@ -207,12 +207,21 @@ class FaultDriver:
         self.rng = rng
         self.scaled_up = False
         self._bag: list[str] = []
+        self._kills: dict[str, list[float]] = {}
 
     def next_kind(self) -> str:
-        """Each kind once per round, in a random order: any run of len(kinds) faults has them all."""
-        if not self._bag:
-            self._bag = self.rng.sample(self.kinds, len(self.kinds))
-        return self._bag.pop()
+        """Each kind once per round, in a random order: any run of len(kinds) faults has them all. A kill
+        waits for a later turn while 3 of its kind fell within the last minute: the supervisor gives up on
+        a child that crashes 5 times in 60 s (supervisor/crash_history.py), by design."""
+        while True:
+            if not self._bag:
+                self._bag = self.rng.sample(self.kinds, len(self.kinds))
+            kind = self._bag.pop()
+            now = time.monotonic()
+            recent = [at for at in self._kills.get(kind, []) if now - at < 60]
+            if not kind.startswith("kill") or len(recent) < 3 or len(self.kinds) == 1:
+                self._kills[kind] = [*recent, now]
+                return kind
 
     def inject(self, kind: str) -> str:
         server, rng = self.server, self.rng
@@ -223,7 +232,10 @@ class FaultDriver:
             self.scaled_up = not self.scaled_up
             server.proc.send_signal(signal.SIGTTIN if self.scaled_up else signal.SIGTTOU)
             return "SIGTTIN" if self.scaled_up else "SIGTTOU"
-        pid = rng.choice(server.child_pid("apiserver") + server.child_pid("engine_core"))
+        children = server.child_pid("apiserver") + server.child_pid("engine_core")
+        if not children:
+            return "SIGSTOP: no child to stop"
+        pid = rng.choice(children)
         paused = rng.uniform(0.5, 3.0)
         os.kill(pid, signal.SIGSTOP)
         time.sleep(paused)
@@ -264,7 +276,7 @@ def run_soak(
         deadline = started + seconds
         with ProcessSampler(server.pid, sample_every, warm_after) as sampler:
             with CheckedLoad(server.url, catalogue, references, clients, seed) as load:
-                while time.monotonic() + interval[0] < deadline:
+                while time.monotonic() + interval[0] < deadline and server.proc.poll() is None:
                     time.sleep(rng.uniform(*interval))
                     kind = driver.next_kind()
                     what = driver.inject(kind)
@@ -273,6 +285,7 @@ def run_soak(
                 time.sleep(max(0.0, deadline - time.monotonic()))
             elapsed = time.monotonic() - started
         supervisor_alive = server.proc.poll() is None
+        log_tail = server.tail(40)
     finally:
         server.stop()
     tally = load.tally
@@ -293,6 +306,7 @@ def run_soak(
         "fault_counts": dict(Counter(fault["kind"] for fault in faults)),
         "faults": faults,
         "supervisor_alive_at_end": supervisor_alive,
+        "log_tail": log_tail if not supervisor_alive else "",
         "processes": sampler.growth(),
     }
 

@@ -19,6 +19,7 @@ import fcntl
 import glob
 import logging
 import os
+import struct
 from collections.abc import Iterator
 
 from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
@@ -87,11 +88,22 @@ def reserve_room(archive_path: str, values: list[tuple[str, float, float, int]])
     """The archive's blocks for every key it may gain, allocated before it is mapped and grown (doubling, as
     prometheus_client grows it): folding never writes to a block the filesystem has not given."""
     size = os.path.getsize(archive_path) if os.path.exists(archive_path) else 0
-    needed = size + sum(entry_bytes(key) for key, *_ in values)
+    # What the archive holds is what its header says it uses, not its size: its size is what was reserved (a
+    # power of two), and growing from the size doubled the file at every fold (64 GB after ~20 restarts).
+    needed = used_bytes(archive_path, size) + sum(entry_bytes(key) for key, *_ in values)
     capacity = max(size, _INITIAL_MMAP_SIZE)
     while capacity < needed:
         capacity *= 2
     return reserve(archive_path, capacity)
+
+
+def used_bytes(path: str, size: int) -> int:
+    """The bytes a MmapedDict file uses: its header's first int (8 for a file with no entries)."""
+    if size < 8:
+        return 8
+    with open(path, "rb") as file:
+        used: int = struct.unpack("i", file.read(4))[0]
+    return used
 
 
 def fold(archive_path: str, values: list[tuple[str, float, float, int]], rule: str) -> None:
