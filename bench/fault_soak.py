@@ -57,6 +57,15 @@ def settle(server: PoolserveProcess) -> None:
         wait_until(lambda: client.get("/health").status_code == 200, 120, interval=0.2)
 
 
+def write_results(name: str, report: dict[str, object]) -> Path:
+    """`report` printed, and written to bench/results/<name>-<time>.json (that path returned)."""
+    out = Path("bench/results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -97,10 +106,7 @@ def main() -> None:
             for at, what in faults
         ],
     }
-    out = Path("bench/results") / f"fault-soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
+    write_results("fault-soak", report)
 
 
 if __name__ == "__main__":

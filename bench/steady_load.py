@@ -25,7 +25,8 @@ class SteadyLoad:
     Each client keeps one keep-alive connection (as real clients do) and remembers which API
     server answered it last, so a failure can be traced to the process its connection was on.
     `body` is one request body, or a function of the client's own seeded `random.Random` that
-    makes each request's body.
+    makes each request's body. `uds`: a Unix socket to connect to instead of `url`'s host and port
+    (a proxy in another network namespace).
     """
 
     def __init__(
@@ -35,8 +36,11 @@ class SteadyLoad:
         body: Body | Callable[[random.Random], Body] | None = None,
         path: str = "/v1/embeddings",
         timeout: float = 60.0,
+        *,
+        uds: str | None = None,
     ):
         self.url = url
+        self.uds = uds
         self.path = path
         self.body = body or {"input": "a steady stream of short sentences"}
         self.clients = clients
@@ -78,7 +82,8 @@ class SteadyLoad:
 
     def _client(self, rng: random.Random) -> None:
         last_server: str | None = None
-        with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
+        transport = httpx.HTTPTransport(uds=self.uds) if self.uds else None
+        with httpx.Client(base_url=self.url, timeout=self.timeout, transport=transport) as client:
             while not self._stop.is_set():
                 body = self.body(rng) if callable(self.body) else self.body
                 started = time.perf_counter()
