@@ -50,11 +50,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps "$(FLAGEMBEDDING_SPEC)"
 	touch $(STAMP)
 
-# Programs some end-to-end tests drive (nginx in front; promtool and prometheus reading /metrics), from Debian's
-# packages where missing; without root or apt-get, those tests skip and say why.
-TEST_PACKAGES ?= nginx prometheus
+# Programs some end-to-end tests drive (nginx in front; promtool and prometheus reading /metrics; ip for the
+# host-loss test's namespaces), from Debian's packages where missing; without root or apt-get, those tests skip
+# and say why.
+TEST_PACKAGES ?= nginx prometheus iproute2
 test-tools:
-	@if command -v promtool >/dev/null && command -v prometheus >/dev/null \
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v ip >/dev/null \
 	    && { command -v nginx >/dev/null || test -x /usr/sbin/nginx; }; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing $(TEST_PACKAGES) for the end-to-end tests"; \
