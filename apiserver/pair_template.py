@@ -154,12 +154,7 @@ def tokenize_rendered_pairs(
     """Token ids of each pair as its template renders it. Longer than the model's maximum: refused, or, where the
     request asks for truncation, cut from the right to the limit with the template's tail written back."""
     check_instruction(card, instruction)
-    if truncation.direction != "right" and truncation.limit is not None:
-        raise bad_request(
-            f"this model's pairs are rendered by a chat template whose start must stay: `{truncation.option}` may "
-            "cut from the right only.",
-            param=truncation.option,
-        )
+    check_cut_from_right(truncation, "pairs")
     template = template_of(card)
     tail = template_tail(template, instruction, tokenizer) if truncation.limit is not None else ()
     return encode_rendered(
@@ -172,6 +167,17 @@ def tokenize_rendered_pairs(
         card=card,
         budget=budget,
     )
+
+
+def check_cut_from_right(truncation: Truncation, what: str) -> None:
+    """A template's start (its system part, the instruction) must stay: a request may cut its rendered `what` from
+    the right only."""
+    if truncation.direction != "right" and truncation.limit is not None:
+        raise bad_request(
+            f"this model's {what} are rendered by a chat template whose start must stay: `{truncation.option}` may "
+            "cut from the right only.",
+            param=truncation.option,
+        )
 
 
 def encode_rendered(

@@ -19,10 +19,15 @@ from typing import Any
 
 import jinja2
 
-from apiserver.errors import bad_request
 from apiserver.inputs.text import Truncation
 from apiserver.limits import TokenBudget
-from apiserver.pair_template import SUFFIX_FILLERS, common_tail, compile_template, encode_rendered
+from apiserver.pair_template import (
+    SUFFIX_FILLERS,
+    check_cut_from_right,
+    common_tail,
+    compile_template,
+    encode_rendered,
+)
 from apiserver.tokenizer import TextTokenizer
 from poolserve.protocol import ModelCard, TextTemplate
 
@@ -80,15 +85,9 @@ def tokenize_rendered_texts(
     """Token ids of each text as the model's chat template renders it (after `prompt`, in the role `task`). Longer
     than the model's maximum: refused, or, where the request asks for truncation, cut from the right to the limit
     with the template's tail written back."""
-    limit = truncation.limit
-    if truncation.direction != "right" and limit is not None:
-        raise bad_request(
-            f"this model's texts are rendered by a chat template whose start must stay: `{truncation.option}` may "
-            "cut from the right only.",
-            param=truncation.option,
-        )
+    check_cut_from_right(truncation, "texts")
     chat = chat_texts(card)
-    tail = text_tail(chat, prompt, task, tokenizer) if limit is not None else ()
+    tail = text_tail(chat, prompt, task, tokenizer) if truncation.limit is not None else ()
     return encode_rendered(
         lambda i: chat.render(texts[i], prompt, task),
         len(texts),

@@ -320,10 +320,10 @@ class Supervisor:
             if crashes > self.crashes[child.name].limit and child.role == "engine":
                 # Its model's other engines serve; or, its model's last, the other models do (issue 30: one
                 # model's crash loop never stops another's service).
-                if self._others_serve(child):
+                if self._others_up(child, same_model=True):
                     self._take_out_of_service(child, crashes, code, now, "while the other engines serve")
                     continue
-                if self._other_models_serve(child):
+                if self._others_up(child, same_model=False):
                     model = self._model_of(child).model_names[0]
                     self._take_out_of_service(
                         child, crashes, code, now, f"model {model} is unavailable meanwhile; the other models serve on"
@@ -358,17 +358,14 @@ class Supervisor:
             self.respawn_at[child.name] = now + delay
             self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
 
-    def _others_serve(self, engine: ChildProcess) -> bool:
-        """Whether another engine of its model is up (started, not out of service) to serve while this one cannot."""
-        siblings = self.layout.engines_of(self.layout.model_of(engine.index))
-        return any(
-            other is not engine and other.index in siblings and other.poll() is None for other in self.engines.values()
-        )
-
-    def _other_models_serve(self, engine: ChildProcess) -> bool:
-        """Whether an engine of another model is up."""
+    def _others_up(self, engine: ChildProcess, *, same_model: bool) -> bool:
+        """Whether another engine is up (started, not out of service) to serve while this one cannot: one of its
+        own model's (`same_model`), or one of another model's."""
         own = self.layout.engines_of(self.layout.model_of(engine.index))
-        return any(other.index not in own and other.poll() is None for other in self.engines.values())
+        return any(
+            other is not engine and (other.index in own) == same_model and other.poll() is None
+            for other in self.engines.values()
+        )
 
     def _model_of(self, engine: ChildProcess) -> Config:
         return self.models[self.layout.model_of(engine.index)]
