@@ -20,14 +20,13 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import ApiError, bad_request
+from apiserver.inputs.text import CHUNK_INPUTS
 from apiserver.limits import TokenBudget
 from apiserver.tokenizer import TextTokenizer
 from poolserve.config import Config
 from poolserve.protocol import EMBEDDING, LongInput, ModelCard
 
 F32 = npt.NDArray[np.float32]
-# Inputs tokenized at a time, so that a request past its token budget stops at the group that passes it.
-GROUP_INPUTS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +161,8 @@ def chunk_texts(
     check_overlap(chunking, card.max_model_len - (tokenizer.special_tokens if add_special_tokens else 0))
     pieces: list[list[list[int]]] = []
     total = 0
-    for begin in range(0, len(texts), GROUP_INPUTS):
-        group = texts[begin : begin + GROUP_INPUTS]
+    for begin in range(0, len(texts), CHUNK_INPUTS):
+        group = texts[begin : begin + CHUNK_INPUTS]
         windowed = tokenizer.encode_windows(
             group, card.max_model_len, chunking.overlap, add_special_tokens=add_special_tokens
         )
@@ -173,7 +172,7 @@ def chunk_texts(
             total += sum(len(row) for row in windows)
         pieces.extend(windowed)
         if budget is not None:
-            budget.check(total, so_far=begin + GROUP_INPUTS < len(texts))
+            budget.check(total, so_far=begin + CHUNK_INPUTS < len(texts))
     return pieces
 
 
@@ -215,14 +214,16 @@ def chunk_pairs(
     rows: list[list[int]] = []
     type_rows: list[list[int]] = []
     counts: list[int] = []
-    for begin in range(0, len(pairs), GROUP_INPUTS):
-        group = pairs[begin : begin + GROUP_INPUTS]
+    total = 0
+    for begin in range(0, len(pairs), CHUNK_INPUTS):
+        group = pairs[begin : begin + CHUNK_INPUTS]
         for pieces in tokenizer.encode_pair_windows(group, card.max_model_len, chunking.overlap):
             counts.append(len(pieces))
             for ids, types in pieces:
                 rows.append(ids)
                 type_rows.append(types)
+                total += len(ids)
         if budget is not None:
-            budget.check(sum(len(row) for row in rows), so_far=begin + GROUP_INPUTS < len(pairs))
+            budget.check(total, so_far=begin + CHUNK_INPUTS < len(pairs))
     windows = None if len(rows) == len(pairs) else Windows(counts, [len(row) for row in rows])
     return rows, type_rows, windows
