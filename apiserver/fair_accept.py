@@ -12,8 +12,12 @@ never pauses, so with all servers at their share nothing waits.
 Pausing never closes or drains the listening socket: it is shared with the siblings and the
 supervisor, and a connection queued on it stays queued. A paused server waits for one to queue
 (the socket readable) and then looks at the queue every few milliseconds until it is empty again;
-a connection that has waited there HANDOFF_S (the sibling that should take it is busy on its GIL,
-stopped, or dying) is taken anyway, so balance never costs more than that in latency. While
+when the queue has stayed non-empty for HANDOFF_S with no server taking anything off it (the
+sibling that should take it is busy on its GIL, stopped, or dying), the connection at its head is
+taken anyway, so balance never costs more than that in latency. A queue that stays non-empty
+while siblings drain it (a burst of connections opened at once) is left to them: counting only
+how long the queue was non-empty, a paused server took a burst's connections every 5 ms and one of
+four servers ended a burst of 32 holding 11. While
 nothing is queued a paused server does nothing: it used to look every 5 ms, and one idle keep-alive
 connection (which keeps its server above a sibling holding none) cost 200 wake-ups a second for
 as long as it stayed open.
@@ -95,10 +99,16 @@ class ServerLoad:
         self.label = str(server_index)
         self.connections = 0
         self.in_flight = 0
+        self.accepted = 0
         # Called when this server's load falls: a paused acceptor may take connections again.
         self.on_lighter: Callable[[], None] = lambda: None
         self._open_gauge = OPEN_CONNECTIONS.labels(server=self.label)
         self._opened = CONNECTIONS.labels(server=self.label)
+
+    def connection_accepted(self) -> None:
+        """Taken off the shared queue, to be served or refused."""
+        self.accepted += 1
+        self.board.write(self.slot, Word.ACCEPTED, self.accepted)
 
     def connection_opened(self) -> None:
         self.connections += 1
@@ -159,6 +169,8 @@ class FairAcceptor:
         self._poll_handle: asyncio.TimerHandle | None = None
         self._beat_handle: asyncio.TimerHandle | None = None
         self._queued_since: float | None = None
+        # Every server's accepts (the board's total) when _queued_since was last set.
+        self._accepted_then = 0
         self._queue_poller = select.poll()
         self._queue_poller.register(sock.fileno(), select.POLLIN)
         self._connecting: set[asyncio.Task[None]] = set()
@@ -287,8 +299,11 @@ class FairAcceptor:
             return
         if self._queue_poller.poll(0):
             now = self.loop.time()
-            if self._queued_since is None:
+            accepted = self.load.board.accepted_total()
+            if self._queued_since is None or accepted != self._accepted_then:
+                # A server took a connection off the queue: the one at its head now has waited since then.
                 self._queued_since = now
+                self._accepted_then = accepted
             elif now - self._queued_since >= HANDOFF_S:
                 if not self.is_full():
                     self._queued_since = None
@@ -345,6 +360,7 @@ class FairAcceptor:
             # Anything else concerns that one connection (asyncio's accept loop does the same).
             logger.warning("accept() failed: %s", exc)
             return True
+        self.load.connection_accepted()
         conn.setblocking(False)
         if refuse:
             self.refuser.refuse(conn)

@@ -40,6 +40,9 @@ class Word(IntEnum):
     # CLOCK_MONOTONIC in ns when the process's event loop last wrote here: readers skip a
     # sibling whose loop has been stuck (it cannot accept, so deferring to it would stall).
     BEAT_NS = 4
+    # Connections this process has taken off the shared queue, ever (served or refused): a paused
+    # server watching a queue that stays non-empty tells siblings draining it from siblings stuck.
+    ACCEPTED = 5
 
 
 class SlotState(IntEnum):
@@ -131,6 +134,11 @@ class LoadBoard:
 
     def write(self, slot: int, word: Word, value: int) -> None:
         self._words[slot * WORDS_PER_SLOT + word] = value
+
+    def accepted_total(self) -> int:
+        """Connections every server has taken off the shared queue; it grows while anyone accepts."""
+        words = self._words
+        return sum(int(words[slot * WORDS_PER_SLOT + Word.ACCEPTED]) for slot in range(1, self.slots_in_use))
 
     def accepting_siblings(self, own_slot: int, stale_after_ns: int) -> list[SiblingLoad]:
         """Every other server that accepts now and whose event loop wrote recently."""

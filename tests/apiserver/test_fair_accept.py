@@ -215,6 +215,35 @@ def test_a_paused_acceptor_takes_a_connection_its_busy_sibling_left_waiting(boar
         asyncio.run(run_acceptor(board, sock, scenario))
 
 
+def test_a_burst_a_sibling_is_draining_is_left_to_it_however_long_the_queue_stays_non_empty(board: LoadBoard) -> None:
+    """The handoff counts from the last accept anyone made, not from when the queue became non-empty:
+    a sibling taking a burst one connection every HANDOFF_S / 2 keeps the queue non-empty for far
+    longer than HANDOFF_S, and a paused server takes none of it (it used to take one every 5 ms)."""
+    sibling = add_sibling(board, connections=0)
+
+    async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
+        port = acceptor.sock.getsockname()[1]
+        with clients_of(port, 1):
+            assert await wait_for(lambda: load.connections == 1)
+            taken: list[socket.socket] = []
+            with clients_of(port, 10):
+                # The sibling: its connections end at once, so it stays the least loaded throughout.
+                while len(taken) + load.accepted - 1 < 10:
+                    await asyncio.sleep(fair_accept.HANDOFF_S / 2)
+                    try:
+                        conn, _ = acceptor.sock.accept()
+                    except BlockingIOError:
+                        continue
+                    taken.append(conn)
+                    board.write(sibling, Word.ACCEPTED, len(taken))
+                    board.write(sibling, Word.BEAT_NS, time.monotonic_ns())
+                    conn.close()
+            assert load.connections == 1 and load.accepted == 1, (load.connections, load.accepted)
+
+    with listener() as sock:
+        asyncio.run(run_acceptor(board, sock, scenario))
+
+
 def test_a_sibling_whose_loop_stopped_beating_is_not_waited_for(board: LoadBoard) -> None:
     sibling = add_sibling(board, connections=0)
     board.write(sibling, Word.BEAT_NS, time.monotonic_ns() - 5_000_000_000)
