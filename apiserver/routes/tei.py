@@ -17,7 +17,7 @@ from apiserver.late_interaction import token_vectors_job
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.prompts import named_prompt, role_prompt
-from apiserver.responses import encode_json, json_response
+from apiserver.responses import encode_json, float_json, float_rows, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
     EmbedAllRequest,
@@ -81,7 +81,7 @@ def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
 
 
 def render_embed(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
-    return encode_json(rows.tolist())
+    return encode_json(float_rows(rows))
 
 
 EMBED = Operation(EmbedRequest, parse_embed, render_embed)
@@ -98,7 +98,7 @@ def parse_embed_all(request: EmbedAllRequest, state: AppState) -> Plan[None]:
 
 def render_embed_all(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
     assert plan.job is not None
-    return encode_json([matrix.tolist() for matrix in plan.job.token_outputs(rows)])
+    return encode_json([float_json(matrix) for matrix in plan.job.token_outputs(rows)])
 
 
 EMBED_ALL = Operation(EmbedAllRequest, parse_embed_all, render_embed_all)
