@@ -81,12 +81,11 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     user = getattr(decoded, "user", None)
     if user is not None:  # OpenAI's end-user id: the access log shows it beside the request id
         request.state.user = user
-    # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not).
+    # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not): it goes into the engine
+    # request as run_job builds it.
     priority: int = getattr(decoded, "priority", 0)
     check_priority(priority, state.config)
     job = await job_of(request, plan, state)
-    if job is not None:
-        job.priority = priority
     span = request.scope["state"].get(TRACE_SPAN)
     if span is not None:
         span.set_attributes(
@@ -97,7 +96,7 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
                 "poolserve.tokens": 0 if job is None else job.prompt_tokens,
             }
         )
-    output = NO_ROWS if job is None else await run_job(request, job, state)
+    output = NO_ROWS if job is None else await run_job(request, job, state, priority)
     rows = rows_for(operation, plan, output)
     size = rows.nbytes or (0 if plan.sparse is None else plan.sparse.values.nbytes * 4)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
@@ -178,7 +177,7 @@ async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJo
     return plan.job
 
 
-async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | SparseRows:
+async def run_job(request: Request, job: EngineJob, state: AppState, priority: int) -> Rows | SparseRows:
     """The job's output rows, one per request input, in the request's order, from `state`'s model's engines.
 
     The engine drops the work (an Abort) when the client disconnects or the request's deadline
@@ -193,7 +192,7 @@ async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | S
     span = scope_state.get(TRACE_SPAN)
     try:
         async with asyncio.timeout(remaining):
-            result = await state.engine.pool(job.to_wire(traced=span is not None))
+            result = await state.engine.pool(job.to_wire(priority=priority, traced=span is not None))
     except TimeoutError:
         raise ApiError(
             504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"

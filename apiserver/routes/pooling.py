@@ -86,7 +86,7 @@ def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
             [SparseValue(index, value) for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
             for indices, values in pruned(plan.sparse, request.sparse_top_k, request.sparse_threshold)
         ]
-    elif plan.job is not None and plan.job.per_token:
+    elif plan.job is not None and plan.job.params.per_token:
         matrices = plan.job.token_outputs(rows)
         if fmt == "base64":  # each input's tokens x dim values in embed_dtype, row after row, as vLLM sends them
             data = [encode_rows(np.reshape(matrix, (1, -1)), fmt, dtype, order)[0] for matrix in matrices]

@@ -35,7 +35,15 @@ from apiserver.served_models import ServedModels
 from apiserver.sparse import pruned
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, require_task
-from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_SCORE, TASK_TOKEN_EMBED
+from poolserve.protocol import (
+    CLASSIFIER,
+    TASK_CLASSIFY,
+    TASK_EMBED,
+    TASK_EMBED_SPARSE,
+    TASK_SCORE,
+    TASK_TOKEN_EMBED,
+    PoolingParams,
+)
 
 
 def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state: AppState) -> EngineJob:
@@ -75,8 +83,8 @@ def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state:
 def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
     require_task(state.card, TASK_EMBED, "/embed")
     job = tei_job(request, state)
-    job.dimensions = check_dimensions(request.dimensions, state.card)
-    job.normalize = request.normalize
+    job.params.dimensions = check_dimensions(request.dimensions, state.card)
+    job.params.normalize = request.normalize
     return Plan(None, job=job)
 
 
@@ -92,7 +100,7 @@ def parse_embed_all(request: EmbedAllRequest, state: AppState) -> Plan[None]:
     late-interaction model's token vectors are the model's own, normalized where its modules normalize them."""
     require_task(state.card, TASK_TOKEN_EMBED, "/embed_all")
     job = tei_job(request, state)
-    job.per_token, job.normalize = True, None if state.card.late_interaction is not None else False
+    job.params.per_token, job.params.normalize = True, None if state.card.late_interaction is not None else False
     return Plan(None, job=job)
 
 
@@ -114,7 +122,7 @@ def parse_embed_sparse(request: EmbedSparseRequest, state: AppState) -> Plan[Emb
             code="sparse_not_supported",
         )
     job = tei_job(request, state)
-    job.sparse = True
+    job.params.sparse = True
     return Plan(request, job=job)
 
 
@@ -185,7 +193,11 @@ def parse_predict(request: PredictRequest, state: AppState) -> Plan[bool]:
         for (i, _), row, types in zip(pairs, pair_rows, pair_types, strict=True):
             rows[i], type_rows[i] = row, types
     use_types = bool(pairs) and state.card.uses_token_types
-    job = EngineJob(rows=rows, type_rows=type_rows if use_types else None, activation=not request.raw_scores)
+    job = EngineJob(
+        rows=rows,
+        type_rows=type_rows if use_types else None,
+        params=PoolingParams(activation=not request.raw_scores),
+    )
     return Plan(is_batch, job=job)
 
 
