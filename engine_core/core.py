@@ -25,7 +25,7 @@ from engine_core.metrics import (
     BATCH_TOKENS,
     FORWARD_SECONDS,
     QUEUE_SECONDS,
-    engine_label,
+    engine_labels,
     observe_all,
 )
 from engine_core.multi_vector import MultiVectorRunner
@@ -192,14 +192,14 @@ class EngineCore:
     def run_batch(self, batch: list[WorkItem]) -> StepOutputs:
         """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
         started = time.monotonic()
-        engine = engine_label()
+        engine = engine_labels()
         requests = requests_of(batch)
         waited = [started - request.admitted_at for request in requests if request.start(started)]
         # Wall-clock time, for the traces (ForwardPass); read only when the batch holds a traced request.
         traced = [request for request in requests if request.passes is not None]
         started_ns = time.time_ns() if traced else 0
         self.running += len(waited)
-        observe_all(QUEUE_SECONDS.labels(engine), waited)
+        observe_all(QUEUE_SECONDS.labels(*engine), waited)
         padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
         try:
             rows = self._forward(batch, padded)
@@ -209,13 +209,13 @@ class EngineCore:
             return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
         modality = "image" if batch[0].is_image else "text"
         seconds = time.monotonic() - started
-        FORWARD_SECONDS.labels(engine, modality).observe(seconds)
+        FORWARD_SECONDS.labels(*engine, modality).observe(seconds)
         if modality == "text" and not self.scheduler.packed:  # a packed runner's batches are filled anyway
             fixed = self.pass_cost.observe(padded, seconds)
             if fixed is not None:
                 self.scheduler.batch_overhead_tokens = fixed
-        BATCH_INPUTS.labels(engine).observe(len(batch))
-        BATCH_TOKENS.labels(engine).observe(padded)
+        BATCH_INPUTS.labels(*engine).observe(len(batch))
+        BATCH_TOKENS.labels(*engine).observe(padded)
         if traced:
             record_pass(batch, traced, started_ns, padded)
         if self.cache.max_bytes:

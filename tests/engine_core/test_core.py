@@ -12,12 +12,14 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
+from prometheus_client import REGISTRY
 
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore, StepOutputs
 from engine_core.embedding_cache import EmbeddingCache
 from engine_core.load_model import load_model
 from engine_core.loader import LoadedModel
+from engine_core.metrics import set_engine_index
 from engine_core.postprocess import l2_normalize
 from engine_core.request_state import InvalidRequest, check_request
 from engine_core.scheduler import PriorityPolicy
@@ -294,3 +296,28 @@ def test_a_traced_request_gets_the_forward_passes_it_rode_in_and_an_untraced_one
     # The passes' inputs are the four sent, their tokens all of theirs.
     assert sum(forward.batch_tokens for forward in out.passes) == sum(map(len, [*SENTENCES[:3], HELLO]))
     assert out.passes[0].end_ns <= out.passes[1].start_ns
+
+
+def test_every_engine_series_carries_its_engine_and_its_model(loaded: LoadedModel) -> None:
+    """One server, several models: each engine's figures are labelled with its model's served name, so the models'
+    passes, queues and cache hits show apart on /metrics."""
+    mine = {"engine": "7", "model": "reranker"}
+
+    def read(name: str, **more: str) -> float:
+        return REGISTRY.get_sample_value(name, {**mine, **more}) or 0.0
+
+    set_engine_index(7, "reranker")
+    try:
+        core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
+        for request_id in (1, 2):  # the second is all cache hits
+            submit(core, b"api-0", request_id, PoolJob.from_rows(SENTENCES[:2]))
+            run_until_idle(core)
+        assert core.take_answered_from_cache() is not None
+        assert read("poolserve_forward_duration_seconds_count", modality="text") == 1
+        assert read("poolserve_queue_duration_seconds_count") == 1
+        assert read("poolserve_batch_inputs_sum") == 2
+        assert read("poolserve_batch_tokens_count") == 1
+        assert (read("poolserve_cache_misses_total"), read("poolserve_cache_hits_total")) == (2, 2)
+        assert read("poolserve_cache_bytes") > 0
+    finally:
+        set_engine_index(0, "")
