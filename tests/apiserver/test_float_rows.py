@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine_client import PooledResult
-from poolserve.protocol import PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest
 from tests.apiserver.served_app import DIM
 
 ROWS = np.random.default_rng(7).standard_normal((3, DIM)).astype(np.float32) * np.float32(0.01)
@@ -18,7 +18,7 @@ ROWS[0, 0] = np.float32(1e-7)  # written with an exponent
 ROWS[0, 1] = -0.0
 
 
-def answer(request: PoolRequest, job: PoolJob) -> PooledResult:
+def answer(request: EngineRequest) -> PooledResult:
     return PooledResult(ROWS[: len(request.lengths)].copy())
 
 

@@ -310,7 +310,7 @@ def test_every_engine_series_carries_its_engine_and_its_model(loaded: LoadedMode
     try:
         core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
         for request_id in (1, 2):  # the second is all cache hits
-            submit(core, b"api-0", request_id, PoolJob.from_rows(SENTENCES[:2]))
+            submit(core, b"api-0", request_id, pool_request(SENTENCES[:2]))
             run_until_idle(core)
         assert core.take_answered_from_cache() is not None
         assert read("poolserve_forward_duration_seconds_count", modality="text") == 1
