@@ -1,5 +1,5 @@
-"""The CPU race against ONNX Runtime (issue 33): poolserve's default and `--dtype float32` beside Infinity's ONNX
-Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
+"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` and `--dtype int8` beside
+Infinity's ONNX Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
 
     make bench-onnx-peer
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...] [--out FILE]
@@ -84,6 +84,7 @@ RATIOS = {
     "float32 / onnx fp32": ("poolserve float32", "infinity onnx fp32"),
     "default / onnx int8": ("poolserve default", "infinity onnx int8"),
     "default / onnx fp32": ("poolserve default", "infinity onnx fp32"),
+    "int8 / onnx int8": ("poolserve int8", "infinity onnx int8"),
 }
 
 
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument(
         "--targets",
-        default="poolserve default,poolserve float32,infinity onnx fp32,infinity onnx int8",
+        default="poolserve default,poolserve float32,poolserve int8,infinity onnx fp32,infinity onnx int8",
         help="comma-separated; the peer's need `make bench-onnx-peer`",
     )
     parser.add_argument("--out", type=Path)
@@ -121,6 +122,7 @@ def main() -> None:
     targets = {
         "poolserve default": Target("poolserve default", "/v1/embeddings", poolserve()),
         "poolserve float32": Target("poolserve float32", "/v1/embeddings", poolserve("--dtype", "float32")),
+        "poolserve int8": Target("poolserve int8", "/v1/embeddings", poolserve("--dtype", "int8")),
     }
     if any(name.startswith("infinity") for name in wanted):
         if reason := onnx_peer.missing():

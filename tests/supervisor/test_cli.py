@@ -27,6 +27,10 @@ def test_defaults_serve_the_bundled_model_on_loopback() -> None:
     assert not config.binds_beyond_loopback
 
 
+def test_dtype_takes_int8() -> None:
+    assert parse_config(["--dtype", "int8"]).dtype == "int8"
+
+
 def test_every_flag_maps_to_its_field() -> None:
     config = parse_config(
         [
