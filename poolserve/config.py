@@ -17,7 +17,7 @@ from poolserve.protocol import PRIORITY_MIN, LongInput
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 Device = Literal["auto", "cpu", "cuda"]
-DType = Literal["auto", "float32", "float16", "bfloat16"]
+DType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 TokenPacking = Literal["auto", "on", "off"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
@@ -566,7 +566,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "engine",
             "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 "
             "(AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 "
-            "overlap >= 0.9), else float32.",
+            "overlap >= 0.9), else float32. int8 (CPU only, opt-in fast mode): an embedding model's linear layers "
+            "in int8, per token and per channel, the rest in bf16 where native; refused at start-up unless its "
+            "vectors stay within cosine 0.995 of float32's on the probe set (docs/operations.md, Precision).",
             per_model=True,
         ),
     ] = "auto"
@@ -674,6 +676,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--preprocess-workers", self.preprocess_workers, 0, 64)
         check_range("--torch-threads", self.torch_threads, 0, 1024)
         check_range("--engine-count", self.engine_count, 1, 16)
+        if self.dtype == "int8" and self.device == "cuda":
+            raise ConfigError("--dtype int8 is a CPU mode; with --device cuda use --dtype auto, float16 or bfloat16.")
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)
