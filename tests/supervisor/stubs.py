@@ -183,7 +183,10 @@ def stub_run(folder: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pyte
     """A Run whose supervisor keeps its runtime folder under `folder` and leaves this process as it found it: the
     metrics variable, prometheus_client's file class, and no stub left running."""
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
+    # Set, then removed: monkeypatch then removes the supervisor's value at the end (a bare delenv of a variable that
+    # is not set records nothing to undo, and the next process this one starts would inherit a deleted folder).
+    monkeypatch.setenv(METRICS_DIR_ENV, "")
+    monkeypatch.delenv(METRICS_DIR_ENV)
     monkeypatch.setattr(prometheus_client.values, "MmapedDict", vars(prometheus_client.values)["MmapedDict"])
     monkeypatch.setattr(prometheus_client.values, "ValueClass", prometheus_client.values.ValueClass)
     orders = folder / "orders"

@@ -13,12 +13,15 @@ import re
 import signal
 import socket
 import time
+from pathlib import Path
+
+import pytest
 
 from bench.server_process import wait_until
 from poolserve.config import Config
-from supervisor.arbiter import EXIT_GAVE_UP, EXIT_OK, EXIT_START_FAILED
+from supervisor.arbiter import EXIT_GAVE_UP, EXIT_OK, EXIT_START_FAILED, METRICS_DIR_ENV
 from supervisor.restart_policy import RestartPolicy
-from tests.supervisor.stubs import Run, is_stub
+from tests.supervisor.stubs import Run, is_stub, stub_run
 
 # Back-off waits a tenth of the real ones where a test is about what happens past them, not about the waits.
 QUICK = RestartPolicy(first_backoff=0.05)
@@ -267,3 +270,15 @@ def test_sighup_replaces_the_api_servers_one_by_one_each_new_one_ready_before_th
 
     assert stubs.run(scenario) == EXIT_OK, stubs.log()
     assert "SIGHUP: restarting 3 API server(s) one by one" in stubs.log()
+
+
+def test_a_run_leaves_the_test_process_environment_as_it_found_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The supervisor sets PROMETHEUS_MULTIPROC_DIR in its own process (the test's, here) to a folder it removes when
+    it stops: left set, every process a later test starts would inherit it (and fail to import prometheus_client)."""
+    with pytest.MonkeyPatch.context() as monkeypatch, stub_run(tmp_path, capsys, monkeypatch) as run:
+        run.supervise(Config(api_server_count=1, port=0))
+        assert run.run(lambda run: run.wait_started()) == EXIT_OK, run.log()
+        assert os.environ.get(METRICS_DIR_ENV)
+    assert METRICS_DIR_ENV not in os.environ
