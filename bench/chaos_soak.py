@@ -212,7 +212,7 @@ class FaultDriver:
     def next_kind(self) -> str:
         """Each kind once per round, in a random order: any run of len(kinds) faults has them all. A kill
         waits for a later turn while 3 of its kind fell within the last minute: the supervisor gives up on
-        a child that crashes 5 times in 60 s (supervisor/crash_history.py), by design."""
+        a child that crashes 5 times in 60 s (supervisor/restart_policy.py), by design."""
         while True:
             if not self._bag:
                 self._bag = self.rng.sample(self.kinds, len(self.kinds))

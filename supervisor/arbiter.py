@@ -18,16 +18,16 @@ import socket
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType, ModuleType
 
 import msgspec
 
-from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, child_name
+from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, Role, child_name
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard, SlotState, Word
-from supervisor.children import CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
-from supervisor.crash_history import CrashHistory
+from supervisor.children import CHILD_PROGRAMS, CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
+from supervisor.restart_policy import GiveUp, Others, RestartPolicy, TakeOutOfService
 from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
 from supervisor.sockets import bind_socket, bound_port
 
@@ -43,9 +43,6 @@ ENGINE_STOP_TIMEOUT_S = 10.0
 # Stopping: how long to wait for the API servers to stop accepting before the listening socket is shut
 # under them (_stop_listening); one whose event loop is blocked never says it has.
 STOP_ACCEPTING_WAIT_S = 2.0
-# With several engines, one that crashes more than its crash history allows is left stopped this long (then given
-# a fresh start) while the others serve, rather than the whole server giving up.
-OUT_OF_SERVICE_S = 300.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 HANDLED_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
@@ -64,9 +61,17 @@ class StopRequested(Exception):
 
 
 class Supervisor:
-    def __init__(self, config: Config, models: Sequence[Config] = ()):
+    def __init__(
+        self,
+        config: Config,
+        models: Sequence[Config] = (),
+        *,
+        programs: Mapping[Role, Sequence[str]] = CHILD_PROGRAMS,
+        restart_policy: RestartPolicy | None = None,
+    ):
         """`models`: every model's Config, `config` (the default model's) first, when it serves several
-        (poolserve/served_models.py); their server-wide settings are `config`'s."""
+        (poolserve/served_models.py); their server-wide settings are `config`'s. `programs`: the command line each
+        role's children run (supervisor/children.py); `restart_policy`: what a crash leads to."""
         self.config = config
         self.models = list(models) or [config]
         self.layout = EngineLayout([model.engine_count for model in self.models])
@@ -84,7 +89,10 @@ class Supervisor:
         self.retiring: list[ChildProcess] = []
         self.rolling: deque[int] = deque()
         self.respawn_at: dict[str, float] = {}
-        self.crashes: dict[str, CrashHistory] = defaultdict(CrashHistory)
+        self.programs = programs
+        self.restart_policy = restart_policy or RestartPolicy()
+        # Each child's crash times (monotonic) that still count: the restart policy's input.
+        self.crashes: dict[str, list[float]] = defaultdict(list)
         self.listener: socket.socket | None = None
         # What each API server holds, read by its siblings' fair accept (apiserver/fair_accept.py).
         self.board: LoadBoard | None = None
@@ -316,25 +324,26 @@ class Supervisor:
             if child.has_failed_boot or code == EXIT_BOOT_ERROR:
                 message = child.boot_report.message if child.boot_report else "see its log above"
                 raise StartFailed(f"{child.name} failed to start again: {message}")
-            crashes = self.crashes[child.name].record(now)
-            if crashes > self.crashes[child.name].limit and child.role == "engine":
-                # Its model's other engines serve; or, its model's last, the other models do (issue 30: one
-                # model's crash loop never stops another's service).
-                if self._others_up(child, same_model=True):
-                    self._take_out_of_service(child, crashes, code, now, "while the other engines serve")
-                    continue
-                if self._others_up(child, same_model=False):
+            history = self.restart_policy.recent([*self.crashes[child.name], now], now)
+            self.crashes[child.name] = history
+            others = self._others_serving(child) if child.role == "engine" else Others.NONE
+            decision = self.restart_policy.decide(history, now, is_engine=child.role == "engine", others=others)
+            if isinstance(decision, TakeOutOfService):
+                # Its model's other engines serve; or, its model's last, the other models do (issue 30: one model's
+                # crash loop never stops another's service).
+                if decision.others is Others.OWN_MODEL:
+                    meanwhile = "while the other engines serve"
+                else:
                     model = self._model_of(child).model_names[0]
-                    self._take_out_of_service(
-                        child, crashes, code, now, f"model {model} is unavailable meanwhile; the other models serve on"
-                    )
-                    continue
-            if crashes > self.crashes[child.name].limit:
+                    meanwhile = f"model {model} is unavailable meanwhile; the other models serve on"
+                self._take_out_of_service(child, decision, code, now, meanwhile)
+                continue
+            if isinstance(decision, GiveUp):
                 raise GaveUp(
-                    f"{child.name} stopped unexpectedly {crashes} times within "
-                    f"{self.crashes[child.name].window:.0f}s (last: pid {child.pid} {child.describe_exit(code)})"
+                    f"{child.name} stopped unexpectedly {decision.crashes} times within "
+                    f"{self.restart_policy.window:.0f}s (last: pid {child.pid} {child.describe_exit(code)})"
                 )
-            delay = self.crashes[child.name].backoff(crashes)
+            delay, crashes = decision
             consequence = ""
             if child.role == "engine":
                 consequence = (
@@ -350,7 +359,7 @@ class Supervisor:
                 child.name,
                 child.pid,
                 child.describe_exit(code),
-                f" in {delay:.1f}s (crash {crashes} within {self.crashes[child.name].window:.0f}s)" if delay else "",
+                f" in {delay:.1f}s (crash {crashes} within {self.restart_policy.window:.0f}s)" if delay else "",
                 consequence,
             )
             if child.role == "api" and child.index in self.rolling:
@@ -358,14 +367,14 @@ class Supervisor:
             self.respawn_at[child.name] = now + delay
             self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
 
-    def _others_up(self, engine: ChildProcess, *, same_model: bool) -> bool:
-        """Whether another engine is up (started, not out of service) to serve while this one cannot: one of its
-        own model's (`same_model`), or one of another model's."""
+    def _others_serving(self, engine: ChildProcess) -> Others:
+        """Who is up (started, not out of service) to serve while this engine cannot: another engine of its own
+        model, else one of another model's."""
         own = self.layout.engines_of(self.layout.model_of(engine.index))
-        return any(
-            other is not engine and (other.index in own) == same_model and other.poll() is None
-            for other in self.engines.values()
-        )
+        up = [other for other in self.engines.values() if other is not engine and other.poll() is None]
+        if any(other.index in own for other in up):
+            return Others.OWN_MODEL
+        return Others.OTHER_MODELS if up else Others.NONE
 
     def _model_of(self, engine: ChildProcess) -> Config:
         return self.models[self.layout.model_of(engine.index)]
@@ -374,16 +383,18 @@ class Supervisor:
         """The models after the default, each with its first engine's boot report (the ready line names them)."""
         return list(zip(self.models[1:], reports[1:], strict=True))
 
-    def _take_out_of_service(self, child: ChildProcess, crashes: int, code: int, now: float, meanwhile: str) -> None:
-        """A crash-looping engine beside others that serve: it alone stops, for OUT_OF_SERVICE_S, then gets a
-        fresh start; the API servers send it nothing meanwhile (no link answers), so the service goes on."""
+    def _take_out_of_service(
+        self, child: ChildProcess, decision: TakeOutOfService, code: int, now: float, meanwhile: str
+    ) -> None:
+        """A crash-looping engine beside others that serve: it alone stops, for the policy's time, then gets a fresh
+        start; the API servers send it nothing meanwhile (no link answers), so the service goes on."""
         logger.error(
             "%s (pid %d) %s: %d crashes within %.0fs; taken out of service for %.0fs %s",
-            child.name, child.pid, child.describe_exit(code), crashes, self.crashes[child.name].window,
-            OUT_OF_SERVICE_S, meanwhile,
+            child.name, child.pid, child.describe_exit(code), decision.crashes, self.restart_policy.window,
+            decision.seconds, meanwhile,
         )  # fmt: skip
-        self.crashes[child.name] = CrashHistory()
-        self.respawn_at[child.name] = now + OUT_OF_SERVICE_S
+        self.crashes[child.name] = []
+        self.respawn_at[child.name] = now + decision.seconds
         self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=child.name, model=self._model_of(child).model_names[0]).set(1)
         if self.board is not None:  # the API servers stop keeping its suspects for a restart that is minutes away
             self.board.set_engine_out_of_service(self.engine_slots[child.name], True)
@@ -478,7 +489,14 @@ class Supervisor:
             keyless = msgspec.structs.replace(
                 model, api_key="", protect_metrics=False, torch_threads=model.engine_torch_threads
             )
-            child = spawn_child("engine", keyless, self.runtime_dir, index=index, engine_counts=self._engine_counts)
+            child = spawn_child(
+                "engine",
+                keyless,
+                self.runtime_dir,
+                index=index,
+                engine_counts=self._engine_counts,
+                program=self.programs["engine"],
+            )
         else:
             child = spawn_child(
                 "api",
@@ -489,6 +507,7 @@ class Supervisor:
                 board=self.board,
                 models=self.models if len(self.models) > 1 else None,
                 engine_counts=self._engine_counts,
+                program=self.programs["api"],
             )
         self._selector.register(child.pipe_fd, selectors.EVENT_READ)
         return child

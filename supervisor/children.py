@@ -15,7 +15,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import msgspec
 
@@ -24,6 +26,10 @@ from poolserve.config import API_KEY_ENV, Config
 from poolserve.load_board import LoadBoard
 
 CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# The command line each role's children run: a fresh interpreter on the role's package.
+CHILD_PROGRAMS: Mapping[Role, Sequence[str]] = MappingProxyType(
+    {"engine": (sys.executable, "-m", "engine_core"), "api": (sys.executable, "-m", "apiserver")}
+)
 # One entry per GPU the NVIDIA driver sees.
 NVIDIA_GPUS_DIR = Path("/proc/driver/nvidia/gpus")
 
@@ -130,9 +136,12 @@ def spawn_child(
     board: LoadBoard | None = None,
     models: list[Config] | None = None,
     engine_counts: list[int] | None = None,
+    program: Sequence[str] = (),
 ) -> ChildProcess:
     """`models`: every model's Config, for an API server of several; `engine_counts`: each model's engine count,
-    with several models (poolserve/boot.py, EngineLayout)."""
+    with several models (poolserve/boot.py, EngineLayout); `program`: the command line it runs, the role's own in
+    CHILD_PROGRAMS unless given. Whatever it runs reads its spec from the environment and reports on the boot pipe
+    (poolserve/boot.py)."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     listen_fd = listener.fileno() if listener is not None else -1
@@ -159,10 +168,9 @@ def spawn_child(
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
     elif spec.layout.total > 1:
         env[CUDA_DEVICES_ENV] = engine_gpu(index, env.get(CUDA_DEVICES_ENV))
-    module = "engine_core" if role == "engine" else "apiserver"
     pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
     try:
-        popen = subprocess.Popen([sys.executable, "-m", module], env=env, pass_fds=pass_fds)
+        popen = subprocess.Popen([*(program or CHILD_PROGRAMS[role])], env=env, pass_fds=pass_fds)
     except BaseException:
         os.close(read_fd)
         if board is not None:

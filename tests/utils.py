@@ -3,10 +3,8 @@ a launcher with the tests' environment, and /proc readers."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -55,26 +53,6 @@ def engine_pids(server: LaunchedServer) -> dict[str, int]:
     return {
         index: int(pid) for index, pid in re.findall(r"\[engine-(\d+) (\d+)\]", server.stderr()) if int(pid) in live
     }
-
-
-def crash_loop(server: LaunchedServer, spared: int) -> list[int]:
-    """Kill the engine that is not `spared` again and again, each new process as soon as it exists (while it boots:
-    no need to wait for its model), until the supervisor takes it out of service; the pids killed."""
-    killed: list[int] = []
-
-    def new_engine() -> int | None:
-        fresh = [pid for pid in server.child_pid("engine_core") if pid != spared and pid not in killed]
-        return fresh[0] if fresh else None
-
-    while "taken out of service" not in server.stderr():
-        assert len(killed) < 8 and wait_until(new_engine, 30), server.log()
-        victim = new_engine()
-        assert victim is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
-        killed.append(victim)
-        wait_until(lambda: "taken out of service" in server.stderr() or bool(new_engine()), 15)
-    return killed
 
 
 def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float, since: int = 0) -> float:

@@ -1,7 +1,9 @@
 """Several models behind one `launch`: the bundled MiniLM and a tiny cross-encoder, each with its own engine, each
 request routed by its `model` field; the answers are the one-model servers' own, and one model's engine crash
 costs the other nothing. A second server adds a tiny CLIP as a third model, declared in a --config file that gives
-each model its own queue limit, cache and priority setting, and shows each model's figures apart on /metrics."""
+each model its own queue limit, cache and priority setting, and shows each model's figures apart on /metrics. A
+model whose only engine crash-loops, taken out of service while the other serves, is the supervisor's decision:
+tests/supervisor/test_arbiter.py, on stub children."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from tests.images import data_url, encode, make_image
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, crash_loop, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
 
 QUERY = "what is the capital of france?"
 MODELS = ("minilm", "rerank", "clip")
@@ -183,28 +185,6 @@ def test_a_killed_engine_of_one_model_leaves_the_other_answering(two_models: Lau
     assert served_meanwhile > 0  # the embedder answered while the reranker's engine restarted
     assert engine_pids(server)["0"] == embedder
     assert "the other models serve on" in server.stderr()
-
-
-def test_a_model_whose_only_engine_crash_loops_is_taken_out_of_service_while_the_other_serves(
-    two_models: LaunchedServer,
-) -> None:
-    """More crashes than the crash history allows, in the reranker's only engine: it stops for a while (named in the
-    log and in /health/ready) and the embedder serves on, where the whole server used to give up and exit, taking
-    the embedder with it. Last in this module: engine-1 stays out of service for minutes."""
-    server = two_models
-    embedder = engine_pids(server)["0"]
-
-    with SteadyLoad(server.url, clients=2, body={"input": SENTENCES[:2], "model": "minilm"}) as embeds:
-        # The crash history allows 5 within 60 s (the test above killed it once already).
-        crash_loop(server, embedder)
-        embeds.wait_for(sum(embeds.statuses.values()) + 8)
-    assert server.proc.poll() is None, server.log()
-    assert embeds.failures == [] and set(embeds.statuses) == {200}, (embeds.failures, embeds.statuses)
-    assert "model rerank is unavailable meanwhile; the other models serve on" in server.stderr()
-    assert engine_pids(server) == {"0": embedder}
-    with server.client() as client:
-        health = client.get("/health/ready")
-    assert health.status_code == 503 and "'rerank'" in health.json()["error"]["message"], health.text
 
 
 def test_three_models_answer_as_their_own_one_model_servers(
