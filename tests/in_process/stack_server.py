@@ -2,10 +2,11 @@
 build, each on a thread of its own, over the same ZeroMQ wire (an ipc socket in a temporary folder).
 
 The engine's side is the real `EngineProcess` (its I/O thread, scheduler, model and replies) and the API server's
-the real `EngineClient`, app and plugins, served by uvicorn on a free loopback port, so that the clients users have
-(openai, cohere, huggingface_hub, curl, schemathesis) reach it by URL. Only the supervisor, the shared socket, the
-processes, signals and `apiserver/http_server.py`'s connection policy are left out: their tests start `launch`
-(tests/e2e). Costs a model load, not a `launch` (8-10 s of torch import per process on a 2-core host).
+the real `EngineClient`, app and plugins, served by its own uvicorn server (GatedServer, its HTTP protocol and
+connection policy) on a free loopback port, so that the clients users have (openai, cohere, huggingface_hub, curl,
+schemathesis) reach it by URL. Only the supervisor, the shared socket, several processes and signals are left out:
+their tests start `launch` (tests/e2e). Costs a model load, not a `launch` (8-10 s of torch import per process on a
+2-core host).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ import httpx
 import uvicorn
 
 from apiserver.app import build_app
+from apiserver.client_share import ClientShare
 from apiserver.fair_accept import ServerLoad
 from apiserver.fetch_guard import FetchPolicy
+from apiserver.http_protocol import ConnectionPolicy
+from apiserver.http_server import GatedServer
 from apiserver.inputs.image_sources import ImageLoader
 from apiserver.media import MediaFetcher
 from apiserver.plugins import load_plugins
@@ -80,7 +84,7 @@ class InProcessServer:
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._engine: EngineProcess | None = None
-        self._server: uvicorn.Server | None = None
+        self._server: GatedServer | None = None
         self._threads: list[threading.Thread] = []
         self._failure: BaseException | None = None
 
@@ -131,6 +135,7 @@ class InProcessServer:
         tracer = start_tracing(config, 0)
         try:
             card = await engine.connect(START_TIMEOUT_S)
+            load = ServerLoad(board, board.claim_slot(os.getpid()), 0)
             media = MediaFetcher(
                 max_bytes=config.max_image_bytes, timeout=config.image_fetch_timeout,
                 allowed_local_path=config.allowed_local_media_path,
@@ -141,14 +146,22 @@ class InProcessServer:
             state = AppState(
                 config=config, card=card, engine=engine, tokenizer=TextTokenizer(card.tokenizer_json),
                 preprocess=preprocess, images=ImageLoader(media, card.image, config.max_image_pixels), server_index=0,
-                started_at=0, load=ServerLoad(board, board.claim_slot(os.getpid()), 0), tracer=tracer,
+                started_at=0, load=load, tracer=tracer,
             )  # fmt: skip
             app = build_app(state, load_plugins(config.plugins))
             uvicorn_config = uvicorn.Config(
                 app, lifespan="off", ws="none", access_log=False, log_config=None, server_header=False,
                 proxy_headers=False, timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]
             )  # fmt: skip
-            self._server = uvicorn.Server(uvicorn_config)
+            # The process's server and connection policy: its HTTP protocol (bounded headers, Host, timeouts) and
+            # its accept loop, over this one listening socket (no sibling to share it with).
+            policy = ConnectionPolicy(
+                load, clients=ClientShare(config.client_connection_share, lambda host: False),
+                max_requests=config.max_requests_per_connection, max_age_s=config.max_connection_age,
+                header_timeout_s=config.header_timeout, body_timeout_s=config.body_timeout,
+                send_timeout_s=config.send_timeout,
+            )  # fmt: skip
+            self._server = GatedServer(uvicorn_config, policy, config.accept_balance, config.max_connections_per_server)
             await self._server.serve(sockets=[self._listener])
         finally:
             await engine.close()
