@@ -57,7 +57,7 @@ START_TIMEOUT_S = 60.0
 
 @contextlib.contextmanager
 def environment(env: dict[str, str]) -> Iterator[None]:
-    """`env` set while the flags are read (an API key comes from POOLSERVE_API_KEY, as operators pass it)."""
+    """`env` set for a while (an API key comes from POOLSERVE_API_KEY, as operators pass it)."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
@@ -75,7 +75,8 @@ class InProcessServer:
     and `client()` as tests/utils.py's LaunchedServer has them."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None):
-        with environment(env or {}):
+        self._env = env or {}
+        with environment(self._env):
             self.config: Config = parse_config(["--host", "127.0.0.1", "--port", "0", *args])
         self._runtime_dir = tempfile.mkdtemp(prefix="poolserve-in-process-")
         self._endpoint = engine_endpoint(self._runtime_dir, 0, 1)
@@ -90,7 +91,13 @@ class InProcessServer:
 
     def start(self) -> InProcessServer:
         """The model loaded and the engine answering, as engine_core/__main__.py does; then the API server's
-        handshake and uvicorn, as apiserver/server.py does; returns once it accepts connections."""
+        handshake and uvicorn, as apiserver/server.py does; returns once it accepts connections. `env` is set
+        meanwhile (read at start, as by OpenTelemetry's SDK), and only meanwhile: `launch` processes that tests
+        start later must not inherit it."""
+        with environment(self._env):
+            return self._start()
+
+    def _start(self) -> InProcessServer:
         config = self.config
         loaded = load_model(config)
         self._engine = EngineProcess(
