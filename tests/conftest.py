@@ -1,4 +1,5 @@
-"""Fixtures shared by the suite: the bundled model and one live server for the end-to-end tests."""
+"""Fixtures shared by the suite: the bundled model, tiny test models, and `launch` servers for tests/e2e
+(tests/in_process/conftest.py serves the same names in the test's process)."""
 
 from __future__ import annotations
 
@@ -122,16 +123,6 @@ def serve(*args: str) -> Iterator[LaunchedServer]:
 @pytest.fixture(scope="session")
 def cross_encoder_server(cross_encoder_model: Path) -> Iterator[LaunchedServer]:
     yield from serve("--model", str(cross_encoder_model), "--api-server-count", "1")
-
-
-@pytest.fixture(scope="session")
-def classifier_server(classifier_model: Path) -> Iterator[LaunchedServer]:
-    yield from serve("--model", str(classifier_model), "--api-server-count", "1")
-
-
-@pytest.fixture(scope="session")
-def splade_server(splade_model: Path) -> Iterator[LaunchedServer]:
-    yield from serve("--model", str(splade_model), "--api-server-count", "1")
 
 
 CLIP_MAX_IMAGE_BYTES = 200_000
