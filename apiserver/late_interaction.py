@@ -73,7 +73,7 @@ def token_vectors_job(
 
 
 def with_roles(job: EngineJob, card: ModelCard, queries: int) -> EngineJob:
-    job.per_token, job.queries = True, queries
+    job.params.per_token, job.params.queries = True, queries
     job.vector_counts = vector_counts(card, job.rows, queries)
     return job
 
@@ -117,7 +117,7 @@ def plan_late_scores(
             [prompt + text for text in texts], text_params, limit, tokenizer, seen, direction=truncation.direction,
             option=truncation.option, budget=budget,
         )  # fmt: skip
-    job = with_roles(EngineJob(rows=rows, normalize=None), card, queries=len(queries))
+    job = with_roles(EngineJob(rows=rows), card, queries=len(queries))
     query_of = {query: i for i, query in enumerate(queries)}
     document_of = {document: len(queries) + i for i, document in enumerate(documents)}
     return job, [query_of[q] for q, _ in pairs], [document_of[d] for _, d in pairs]

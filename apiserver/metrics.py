@@ -31,27 +31,37 @@ LAG_SAMPLE_INTERVAL_S = 0.25
 
 logger = logging.getLogger(__name__)
 
-REQUESTS = Counter("poolserve_requests", "HTTP requests answered, by endpoint and status code.", ["endpoint", "status"])
+# The key of a request's scope state that names the model answering it (its served name), once picked: the `model`
+# label of the request's series.
+MODEL = "model"
+
+# `model`: the served name of the model that answered the request (its `model` field's, else the default); empty
+# for a request no model answered (/health, /metrics, an unknown model's 404, a body that does not decode).
+REQUESTS = Counter(
+    "poolserve_requests", "HTTP requests answered, by endpoint, status code and model.", ["endpoint", "status", "model"]
+)
 REQUEST_SECONDS = Histogram(
     "poolserve_request_duration_seconds",
-    "End-to-end time of a request in an API server, by endpoint.",
-    ["endpoint"],
+    "End-to-end time of a request in an API server, by endpoint and model.",
+    ["endpoint", "model"],
     buckets=TIME_BUCKETS,
 )
 PREPROCESS_SECONDS = Histogram(
     "poolserve_preprocess_duration_seconds",
-    "Time spent decoding the request, tokenizing and decoding images, by endpoint.",
-    ["endpoint"],
+    "Time spent decoding the request, tokenizing and decoding images, by endpoint and model.",
+    ["endpoint", "model"],
     buckets=TIME_BUCKETS,
 )
 ENCODE_SECONDS = Histogram(
     "poolserve_encode_duration_seconds",
-    "Time spent encoding the response (rows into JSON), by endpoint.",
-    ["endpoint"],
+    "Time spent encoding the response (rows into JSON), by endpoint and model.",
+    ["endpoint", "model"],
     buckets=TIME_BUCKETS,
 )
-PROMPT_TOKENS = Counter("poolserve_prompt_tokens", "Tokens sent to the model, by endpoint.", ["endpoint"])
-IMAGES = Counter("poolserve_images", "Images sent to the model, by endpoint.", ["endpoint"])
+PROMPT_TOKENS = Counter(
+    "poolserve_prompt_tokens", "Tokens sent to the model, by endpoint and model.", ["endpoint", "model"]
+)
+IMAGES = Counter("poolserve_images", "Images sent to the model, by endpoint and model.", ["endpoint", "model"])
 SERVER_REQUESTS = Counter(
     "poolserve_api_server_requests", "HTTP requests answered by each API-server process (index).", ["server"]
 )

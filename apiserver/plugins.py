@@ -22,8 +22,9 @@ from apiserver.operation import AnyOperation, Operation, Plan, Rows
 from apiserver.responses import encode_json
 from apiserver.state import AppState
 from poolserve.config import PLUGIN_GROUP
+from poolserve.protocol import PoolingParams
 
-# What a plugin module imports, all from here: the endpoint's shape, the engine job, the checks and
+# What a plugin module imports, all from here: the endpoint's shape, the engine job and its params, the checks and
 # errors every endpoint uses, and the server state parse and render are given.
 __all__ = [
     "ApiError",
@@ -32,6 +33,7 @@ __all__ = [
     "Operation",
     "Plan",
     "Plugin",
+    "PoolingParams",
     "Rows",
     "bad_request",
     "check_input_count",

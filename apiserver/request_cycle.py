@@ -26,7 +26,7 @@ from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorSty
 from apiserver.inputs.job import EngineJob
 from apiserver.inputs.job_limits import check_job
 from apiserver.limits import check_image_count, check_priority
-from apiserver.metrics import ENCODE_SECONDS, IMAGES, PREPROCESS_SECONDS, PROMPT_TOKENS, series
+from apiserver.metrics import ENCODE_SECONDS, IMAGES, MODEL, PREPROCESS_SECONDS, PROMPT_TOKENS, series
 from apiserver.operation import NO_ROWS, AnyOperation, Plan, Rows
 from apiserver.served_models import ServedModels
 from apiserver.state import AppState
@@ -67,7 +67,7 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     models: ServedModels = request.app.state.models
     body = await read_body(request)
     decoded, style, parsed, state = await off_loop(
-        request, PARSING, len(body), parse_body, body, decoder, operation, models
+        request, PARSING, len(body), parse_body, body, decoder, operation, models, request.scope["state"]
     )
     if style is not None:  # what fails from here on (the engine, a timeout) answers in the body's style
         setattr(request.state, ERROR_STYLE, style)
@@ -81,12 +81,11 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     user = getattr(decoded, "user", None)
     if user is not None:  # OpenAI's end-user id: the access log shows it beside the request id
         request.state.user = user
-    # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not).
+    # Every request type that reaches the engine has vLLM's `priority` (a plugin's may not): it goes into the engine
+    # request as run_job builds it.
     priority: int = getattr(decoded, "priority", 0)
     check_priority(priority, state.config)
     job = await job_of(request, plan, state)
-    if job is not None:
-        job.priority = priority
     span = request.scope["state"].get(TRACE_SPAN)
     if span is not None:
         span.set_attributes(
@@ -97,7 +96,7 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
                 "poolserve.tokens": 0 if job is None else job.prompt_tokens,
             }
         )
-    output = NO_ROWS if job is None else await run_job(request, job, state)
+    output = NO_ROWS if job is None else await run_job(request, job, state, priority)
     rows = rows_for(operation, plan, output)
     size = rows.nbytes or (0 if plan.sparse is None else plan.sparse.values.nbytes * 4)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
@@ -129,15 +128,20 @@ def rows_for(operation: AnyOperation, plan: Plan[Any], output: Rows | SparseRows
 
 
 def parse_body(
-    body: bytes, decoder: msgspec.json.Decoder[Any], operation: AnyOperation, models: ServedModels
+    body: bytes,
+    decoder: msgspec.json.Decoder[Any],
+    operation: AnyOperation,
+    models: ServedModels,
+    scope_state: dict[str, Any],
 ) -> tuple[Any, ErrorStyle | None, Plan[Any] | Awaitable[Plan[Any]], AppState]:
     """The decoded request, the error style its body asks for, its plan, and the model that answers it (the one
-    its `model` field names; a body without one, the default); an async parse only creates its coroutine here, to
-    be awaited on the loop."""
+    its `model` field names; a body without one, the default), named in `scope_state` for the request's metrics
+    from then on; an async parse only creates its coroutine here, to be awaited on the loop."""
     decoded = decode_body(body, decoder)
     style = None if operation.error_style is None else operation.error_style(decoded)
     try:
         state = models.pick(getattr(decoded, "model", None))
+        scope_state[MODEL] = state.model_name
         return decoded, style, operation.parse(decoded, state), state
     except ApiError as exc:
         exc.style = exc.style or style
@@ -160,7 +164,7 @@ async def off_loop(
 def add_time(request: Request, timer: Timer, elapsed: float) -> None:
     state = request.scope["state"]
     state[timer.field] = state.get(timer.field, 0.0) + elapsed
-    series(timer.histogram, request.scope["path"]).observe(elapsed)
+    series(timer.histogram, request.scope["path"], state.get(MODEL, "")).observe(elapsed)
     span = state.get(TRACE_SPAN)
     if span is not None:
         tracer = request.app.state.poolserve.tracer
@@ -178,7 +182,7 @@ async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJo
     return plan.job
 
 
-async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | SparseRows:
+async def run_job(request: Request, job: EngineJob, state: AppState, priority: int) -> Rows | SparseRows:
     """The job's output rows, one per request input, in the request's order, from `state`'s model's engines.
 
     The engine drops the work (an Abort) when the client disconnects or the request's deadline
@@ -193,7 +197,7 @@ async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | S
     span = scope_state.get(TRACE_SPAN)
     try:
         async with asyncio.timeout(remaining):
-            result = await state.engine.pool(job.to_wire(traced=span is not None))
+            result = await state.engine.pool(job.to_wire(priority=priority, traced=span is not None))
     except TimeoutError:
         raise ApiError(
             504, f"The request took longer than --request-timeout ({timeout:g}s); its work was dropped.", code="timeout"
@@ -211,9 +215,9 @@ async def run_job(request: Request, job: EngineJob, state: AppState) -> Rows | S
     request.state.tokens = job.prompt_tokens
     request.state.cached = result.cached
     path = request.scope["path"]
-    series(PROMPT_TOKENS, path).inc(job.prompt_tokens)
+    series(PROMPT_TOKENS, path, state.model_name).inc(job.prompt_tokens)
     if job.images:
-        series(IMAGES, path).inc(len(job.images))
+        series(IMAGES, path, state.model_name).inc(len(job.images))
     if span is not None and state.tracer is not None:
         span.set_attribute("poolserve.cached_inputs", result.cached)
         state.tracer.add_engine(span, result.queue_time, result.passes or ())

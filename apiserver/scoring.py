@@ -29,6 +29,7 @@ from poolserve.protocol import (
     SPARSE,
     ModelCard,
     Output,
+    PoolingParams,
     Similarity,
     SparseRows,
 )
@@ -88,7 +89,7 @@ def plan_scores(
         # Each reader checks the instruction against its own prompt.
         tokenize = tokenize_format_pairs if card.pair_format else tokenize_rendered_pairs
         rows = tokenize(pairs, params, truncation, tokenizer, card, instruction=instruction, budget=budget)
-        return ScorePlan(EngineJob(rows=rows, activation=activation), first_column)
+        return ScorePlan(EngineJob(rows=rows, params=PoolingParams(activation=activation)), first_column)
     check_instruction(card, instruction)  # a model that reads a pair as it is takes none
     if late:
         # A query against a document, whatever `roles` say: MaxSim is asymmetric.
@@ -104,7 +105,11 @@ def plan_scores(
         return ScorePlan(job, late_scores)
     if card.kind == CLASSIFIER and chunking is not None:
         rows, type_rows, windows = chunk_pairs(pairs, tokenizer, card, chunking, budget=budget, first_param=first_param)
-        job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
+        job = EngineJob(
+            rows=rows,
+            type_rows=type_rows if card.uses_token_types else None,
+            params=PoolingParams(activation=activation),
+        )
         if windows is None:
             return ScorePlan(job, first_column)
         found = windows
@@ -119,7 +124,11 @@ def plan_scores(
             pairs, params, limit, tokenizer, card, direction=direction, option=option, budget=budget,
             second_tokens=second_tokens,
         )  # fmt: skip
-        job = EngineJob(rows=rows, type_rows=type_rows if card.uses_token_types else None, activation=activation)
+        job = EngineJob(
+            rows=rows,
+            type_rows=type_rows if card.uses_token_types else None,
+            params=PoolingParams(activation=activation),
+        )
         return ScorePlan(job, first_column)
     return plan_similarities(
         pairs, params, card, tokenizer, truncation=truncation, budget=budget, second_tokens=second_tokens, roles=roles,
@@ -230,13 +239,13 @@ def plan_similarities(
             found = np.maximum.reduceat(found, pair_starts)
         return found.tolist()  # type: ignore[no-any-return]
 
-    job = EngineJob(
-        rows=[row for windows in text_rows for row in windows],
+    pooling = PoolingParams(
         normalize=None if sparse else normalize_for(card),
         sparse=sparse,
-        pool_from=np.repeat(starts, counts).tolist() if any(starts) else None,
+        queries=int(sum(counts[position[key]] for key in position if key[0])),
+        pool_from=np.repeat(starts, counts).tolist() if any(starts) else [],
     )
-    job.queries = int(sum(counts[position[key]] for key in position if key[0]))
+    job = EngineJob(rows=[row for windows in text_rows for row in windows], params=pooling)
     return ScorePlan(job, scores)
 
 

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from apiserver.errors import ErrorStyle, error_response
-from apiserver.metrics import REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS, series
+from apiserver.metrics import MODEL, REQUEST_SECONDS, REQUESTS, SERVER_REQUESTS, series
 
 MAX_REQUEST_ID_LENGTH = 128
 # OpenAI's `user` in the access log: ids are short; a long one is cut, not logged whole.
@@ -47,11 +47,12 @@ class Telemetry:
         """Counted as the answer starts, so a client that has its answer sees it in the next scrape."""
         path = scope["path"]
         endpoint = path if path in self.endpoints else "other"
-        series(REQUESTS, endpoint, str(status)).inc()
-        series(REQUEST_SECONDS, endpoint).observe(elapsed)
+        state = scope["state"]
+        model = state.get(MODEL, "")
+        series(REQUESTS, endpoint, str(status), model).inc()
+        series(REQUEST_SECONDS, endpoint, model).observe(elapsed)
         self.served.inc()
         if self.access_log:
-            state = scope["state"]
             access_logger.info(
                 "request_id=%s method=%s path=%s status=%d duration_ms=%.1f tokens=%d%s",
                 state["request_id"],

@@ -1,8 +1,9 @@
-"""The CPU race against ONNX Runtime (issue 33): poolserve's default and `--dtype float32` beside Infinity's ONNX
-Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
+"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` and `--dtype int8` beside
+Infinity's ONNX Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
 
     make bench-onnx-peer
-    python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...] [--out FILE]
+    python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
+        [--poolserve-flags "--torch-threads 1"] [--out FILE]
 
 A point is `clients:workload` (bench/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
 target once and runs every point on it; the second pass runs the targets in the opposite order, so neither side
@@ -40,9 +41,9 @@ class Target:
     start: Callable[[], ServerProcess]
 
 
-def poolserve(*flags: str) -> Callable[[], ServerProcess]:
+def poolserve(*flags: str, extra: tuple[str, ...] = ()) -> Callable[[], ServerProcess]:
     def start() -> ServerProcess:
-        return PoolserveProcess(["--api-server-count", "2", *flags]).wait_ready(300)
+        return PoolserveProcess(["--api-server-count", "2", *flags, *extra]).wait_ready(300)
 
     return start
 
@@ -84,6 +85,7 @@ RATIOS = {
     "float32 / onnx fp32": ("poolserve float32", "infinity onnx fp32"),
     "default / onnx int8": ("poolserve default", "infinity onnx int8"),
     "default / onnx fp32": ("poolserve default", "infinity onnx fp32"),
+    "int8 / onnx int8": ("poolserve int8", "infinity onnx int8"),
 }
 
 
@@ -111,16 +113,23 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument(
         "--targets",
-        default="poolserve default,poolserve float32,infinity onnx fp32,infinity onnx int8",
+        default="poolserve default,poolserve float32,poolserve int8,infinity onnx fp32,infinity onnx int8",
         help="comma-separated; the peer's need `make bench-onnx-peer`",
+    )
+    parser.add_argument(
+        "--poolserve-flags", default="", help='more flags for every poolserve target, e.g. "--torch-threads 1"'
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    extra = tuple(args.poolserve_flags.split())
     points = [(int(c), w) for c, w in (p.split(":") for p in args.points.split(","))]
     wanted = args.targets.split(",")
     targets = {
-        "poolserve default": Target("poolserve default", "/v1/embeddings", poolserve()),
-        "poolserve float32": Target("poolserve float32", "/v1/embeddings", poolserve("--dtype", "float32")),
+        "poolserve default": Target("poolserve default", "/v1/embeddings", poolserve(extra=extra)),
+        "poolserve float32": Target(
+            "poolserve float32", "/v1/embeddings", poolserve("--dtype", "float32", extra=extra)
+        ),
+        "poolserve int8": Target("poolserve int8", "/v1/embeddings", poolserve("--dtype", "int8", extra=extra)),
     }
     if any(name.startswith("infinity") for name in wanted):
         if reason := onnx_peer.missing():

@@ -69,7 +69,7 @@ def main() -> None:
     from engine_core.load_model import load_model
     from engine_core.request_state import check_request
     from poolserve.config import Config
-    from poolserve.protocol import PoolJob
+    from poolserve.protocol import EngineRequest
 
     caps = {"max_batch_size": 256, "max_batch_tokens": 32768} if args.gpu_caps else {}
     loaded = load_model(Config(device=args.device, api_server_count=1, token_packing=args.token_packing, **caps))  # type: ignore[arg-type]
@@ -108,10 +108,13 @@ def main() -> None:
     for round_index in range(args.rounds):
         in_runner[0] = 0.0
         tokens[:] = [0, 0]
-        jobs = [(i, PoolJob.from_rows(rows[i : i + args.per_request])) for i in range(0, len(rows), args.per_request)]
+        jobs = [
+            (i, EngineRequest.from_rows(rows[i : i + args.per_request])) for i in range(0, len(rows), args.per_request)
+        ]
         started, cpu_started = time.perf_counter(), time.thread_time()  # the engine's part from here
         for i, job in jobs:
-            request = check_request(b"bench", job.header(round_index * 10**6 + i), job, core.card)
+            job.id = round_index * 10**6 + i
+            request = check_request(b"bench", job, core.card)
             assert core.admission.try_admit(request.count, request.total_cost)
             core.add(request)
         steps = 0

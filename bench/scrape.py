@@ -22,8 +22,10 @@ def scrape(url: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample `name` with exactly these labels; 0 when the scrape has none."""
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The samples `name` with these labels, summed over the labels not given (a server of several models has a
+    series per `model`); 0 when the scrape has none."""
+    wanted = labels.items()
+    return sum(count for (sample, tags), count in samples.items() if sample == name and wanted <= dict(tags).items())
 
 
 def total(samples: Samples, name: str) -> float:

@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-import msgspec
 import zmq.asyncio
 
 from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailable, PoisonPill
@@ -40,13 +39,12 @@ from poolserve.protocol import (
     ERROR_OVERLOADED,
     Abort,
     ClientWire,
+    EngineRequest,
     ForwardPass,
     ModelCard,
     OutputRows,
     Outputs,
     Pong,
-    PoolJob,
-    PoolRequest,
     Ready,
 )
 
@@ -77,12 +75,11 @@ Death = tuple[int, int]
 
 @dataclass(slots=True)
 class InFlight:
-    """A request sent and not yet answered: its header (resubmissions bump `attempt`), its job, and
-    the engine it was sent to (None while it waits for one). A suspect waits for the engine it was
-    blamed for killing (`held_for`) since `held_since`."""
+    """A request sent and not yet answered (resubmissions bump its `attempt`), and the engine it was sent to (None
+    while it waits for one). A suspect waits for the engine it was blamed for killing (`held_for`) since
+    `held_since`."""
 
-    request: PoolRequest
-    job: PoolJob
+    request: EngineRequest
     future: asyncio.Future[PooledResult]
     engine: int | None = None
     blamed_for: set[Death] = field(default_factory=set)
@@ -95,7 +92,7 @@ class InFlight:
 
     @property
     def inputs(self) -> int:
-        return len(self.request.lengths) + self.request.images
+        return self.request.count
 
 
 class EngineClient:
@@ -176,7 +173,7 @@ class EngineClient:
         self._fail_all(EngineUnavailable("the API server is shutting down"))
         self._context.term()
 
-    async def pool(self, job: PoolJob) -> PooledResult:
+    async def pool(self, request: EngineRequest) -> PooledResult:
         """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here.
 
         While no engine is ready, a new request waits for one up to `wait_timeout` seconds."""
@@ -190,9 +187,9 @@ class EngineClient:
                 await asyncio.wait_for(self._any_ready.wait(), self.wait_timeout)
             except TimeoutError:
                 raise EngineUnavailable(f"no engine came back within {self.wait_timeout:g}s") from None
-        request_id = next(self._ids)
+        request_id = request.id = next(self._ids)
         loop = asyncio.get_running_loop()
-        entry = InFlight(job.header(request_id), job, loop.create_future())
+        entry = InFlight(request, loop.create_future())
         self._in_flight[request_id] = entry
         # Engines whose share of the admission limit was full for this request (engine_core/admission.py).
         refused: set[int] = set()
@@ -292,7 +289,7 @@ class EngineClient:
         link = self.links[engine]
         while True:
             try:
-                await link.send(self._wire.encode_pool(entry.request, entry.job))
+                await link.send(self._wire.encode(entry.request))
                 return
             except EngineUnavailable:
                 await asyncio.sleep(SEND_RETRY_S)
@@ -308,9 +305,8 @@ class EngineClient:
     async def _resubmit(self, entries: list[InFlight], *, is_suspect: bool, engine: int | None = None) -> None:
         """Send again (bumping `attempt`: admitted already), each to `engine`, or else the least-loaded live one."""
         for entry in entries:
-            entry.request = msgspec.structs.replace(
-                entry.request, attempt=entry.request.attempt + 1, is_suspect=is_suspect or entry.blames > 0
-            )
+            entry.request.attempt += 1
+            entry.request.is_suspect = is_suspect or entry.blames > 0
             if engine is None:
                 self._route(entry)
             else:

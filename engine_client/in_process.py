@@ -11,25 +11,25 @@ import itertools
 from collections.abc import Awaitable, Callable
 
 from engine_client.client import PooledResult
-from poolserve.protocol import Pong, PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest, Pong
 
-Answer = Callable[[PoolRequest, PoolJob], PooledResult | Awaitable[PooledResult]]
+Answer = Callable[[EngineRequest], PooledResult | Awaitable[PooledResult]]
 
 
 class InProcessEngine:
-    """Implements PoolingEngine by calling `answer` (sync or async) with each request's header and job.
+    """Implements PoolingEngine by calling `answer` (sync or async) with each request.
 
-    Request ids are assigned here, as EngineClient assigns them; `requests` keeps every header sent."""
+    Request ids are assigned here, as EngineClient assigns them; `requests` keeps every request sent."""
 
     def __init__(self, answer: Answer):
         self.answer = answer
-        self.requests: list[PoolRequest] = []
+        self.requests: list[EngineRequest] = []
         self._ids = itertools.count()
 
-    async def pool(self, job: PoolJob) -> PooledResult:
-        request = job.header(next(self._ids))
+    async def pool(self, request: EngineRequest) -> PooledResult:
+        request.id = next(self._ids)
         self.requests.append(request)
-        result = self.answer(request, job)
+        result = self.answer(request)
         return await result if inspect.isawaitable(result) else result
 
     def latest_pong(self) -> Pong | None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from engine_client.client import PooledResult
-from poolserve.protocol import Pong, PoolJob
+from poolserve.protocol import EngineRequest, Pong
 
 
 class PoolingEngine(Protocol):
-    async def pool(self, job: PoolJob) -> PooledResult:
+    async def pool(self, request: EngineRequest) -> PooledResult:
         """Run one request (its arrays and options; the engine side gives it its id) and return its rows.
 
         Raises EngineUnavailable, EngineOverloaded or EngineError (engine_client.errors); cancelling

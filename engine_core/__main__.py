@@ -61,7 +61,7 @@ def main() -> int:
     reserve_metric_files()  # before the engine's modules make their metrics
     from engine_core.metrics import set_engine_index
 
-    set_engine_index(spec.index)
+    set_engine_index(spec.index, spec.config.model_names[0])
     started = time.perf_counter()
     # Imported here so that the boot report above is possible even if torch itself fails to import.
     try:

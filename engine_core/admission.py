@@ -1,11 +1,12 @@
 """Admission: inputs and tokens waiting or running in an engine, within its share of the server's limit.
 
---max-queued-inputs and --max-queued-tokens hold for the whole server. With --engine-count M each engine
-admits its share (the limit split into M parts that sum to it), and an API server whose request an engine
-refuses tries the other live engines before it answers 429 (engine_client/client.py): the server then
-refuses only when every engine's share is full, as one engine holding the whole limit would. One exception
-keeps every request the limit allows servable: an engine holding nothing admits any request within the
-whole server's limit, though it is more than its share (the API servers refuse larger ones with 413).
+--max-queued-inputs and --max-queued-tokens hold for a model's engines (the whole server, with one model; several
+models each have their own, poolserve/served_models.py). With --engine-count M each engine admits its share (the
+limit split into M parts that sum to it), and an API server whose request an engine refuses tries the other live
+engines before it answers 429 (engine_client/client.py): the server then refuses only when every engine's share is
+full, as one engine holding the whole limit would. One exception keeps every request the limit allows servable: an
+engine holding nothing admits any request within the whole limit, though it is more than its share (the API
+servers refuse larger ones with 413).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from engine_core.metrics import (
     BATCH_TOKENS,
     FORWARD_SECONDS,
     QUEUE_SECONDS,
-    engine_label,
+    engine_labels,
     observe_all,
 )
 from engine_core.multi_vector import MultiVectorRunner
@@ -137,14 +137,15 @@ class EngineCore:
         types = None if request.token_types is None else request.input_token_types(index)
         # A text's token states, its pooled row and its sparse row are different outputs of the same ids; so are a
         # late-interaction query's vectors (expanded) and a document's.
+        params = request.params
         kind = (
-            b"query" if index < request.queries
-            else b"tokens" if request.per_token
-            else b"sparse" if request.sparse
+            b"query" if index < params.queries
+            else b"tokens" if params.per_token
+            else b"sparse" if params.sparse
             else b"text"
         )  # fmt: skip
-        if request.pool_from and request.pool_from[index]:  # the same ids pooled from another token
-            kind += b"@%d" % request.pool_from[index]
+        if params.pool_from and params.pool_from[index]:  # the same ids pooled from another token
+            kind += b"@%d" % params.pool_from[index]
         return input_key(kind, request.input_ids(index), types)
 
     def take_answered_from_cache(self) -> StepOutputs | None:
@@ -191,14 +192,14 @@ class EngineCore:
     def run_batch(self, batch: list[WorkItem]) -> StepOutputs:
         """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
         started = time.monotonic()
-        engine = engine_label()
+        engine = engine_labels()
         requests = requests_of(batch)
         waited = [started - request.admitted_at for request in requests if request.start(started)]
         # Wall-clock time, for the traces (ForwardPass); read only when the batch holds a traced request.
         traced = [request for request in requests if request.passes is not None]
         started_ns = time.time_ns() if traced else 0
         self.running += len(waited)
-        observe_all(QUEUE_SECONDS.labels(engine), waited)
+        observe_all(QUEUE_SECONDS.labels(*engine), waited)
         padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
         try:
             rows = self._forward(batch, padded)
@@ -208,13 +209,13 @@ class EngineCore:
             return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
         modality = "image" if batch[0].is_image else "text"
         seconds = time.monotonic() - started
-        FORWARD_SECONDS.labels(engine, modality).observe(seconds)
+        FORWARD_SECONDS.labels(*engine, modality).observe(seconds)
         if modality == "text" and not self.scheduler.packed:  # a packed runner's batches are filled anyway
             fixed = self.pass_cost.observe(padded, seconds)
             if fixed is not None:
                 self.scheduler.batch_overhead_tokens = fixed
-        BATCH_INPUTS.labels(engine).observe(len(batch))
-        BATCH_TOKENS.labels(engine).observe(padded)
+        BATCH_INPUTS.labels(*engine).observe(len(batch))
+        BATCH_TOKENS.labels(*engine).observe(padded)
         if traced:
             record_pass(batch, traced, started_ns, padded)
         if self.cache.max_bytes:
@@ -237,15 +238,18 @@ class EngineCore:
         if any(item.request.token_types is not None for item in batch):
             type_rows = [item.request.input_token_types(item.index) for item in batch]
         if isinstance(self.runner, MultiVectorRunner):
-            return self.runner.run_token_vectors(rows, type_rows, [item.index < item.request.queries for item in batch])
-        per_token = [item.request.per_token for item in batch]
+            return self.runner.run_token_vectors(
+                rows, type_rows, [item.index < item.request.params.queries for item in batch]
+            )
+        per_token = [item.request.params.per_token for item in batch]
         if isinstance(self.runner, M3Runner):
-            return self.runner.run_outputs(rows, type_rows, per_token, [item.request.sparse for item in batch])
+            return self.runner.run_outputs(rows, type_rows, per_token, [item.request.params.sparse for item in batch])
         pool_from = None
-        if any(item.request.pool_from for item in batch):  # a prompt left out of pooling (admission checked)
-            pool_from = [item.request.pool_from[item.index] if item.request.pool_from else 0 for item in batch]
+        starts = [item.request.params.pool_from for item in batch]
+        if any(starts):  # a prompt left out of pooling (admission checked)
+            pool_from = [start[item.index] if start else 0 for start, item in zip(starts, batch, strict=True)]
         if isinstance(self.runner, RouterRunner):
-            is_query = [item.index < item.request.queries for item in batch]
+            is_query = [item.index < item.request.params.queries for item in batch]
             return self.runner.run_routed(rows, type_rows, is_query, per_token, pool_from)
         if pool_from is not None:
             return self.runner.run_texts_per_token(rows, type_rows, per_token, pool_from)
@@ -260,7 +264,7 @@ class EngineCore:
         # (a sparse model's rows are normalized after their max_active_dims: finish_rows)
         together = self.card.kind not in (CLASSIFIER, SPARSE)
         normalized, are_finite = normalize_together(
-            [r for r in finished if r.normalize and together and r.sparse_rows is None]
+            [r for r in finished if r.params.normalize and together and r.sparse_rows is None]
         )
         for request in finished:
             self._requests.pop(request.key, None)
@@ -271,16 +275,17 @@ class EngineCore:
             assert request.output is not None
             rows = normalized.get(id(request))
             if rows is not None:
-                vectors = truncate_dimensions(rows, request.dimensions, renormalize=True)
+                vectors = truncate_dimensions(rows, request.params.dimensions, renormalize=True)
                 # Truncating finite normalized rows and normalizing them again keeps them finite.
                 is_finite = are_finite or bool(np.isfinite(vectors).all())
             else:
+                params = request.params
                 vectors = finish_rows(
                     request.output,
                     self.card,
-                    normalize=request.normalize,
-                    activation=request.activation,
-                    dimensions=request.dimensions,
+                    normalize=params.normalize is True,
+                    activation=params.activation,
+                    dimensions=params.dimensions,
                 )
                 is_finite = bool(np.isfinite(vectors).all())
             if not is_finite:
@@ -320,7 +325,7 @@ class EngineCore:
         assert request.sparse_rows is not None
         parts = [part for part in request.sparse_rows if part is not None]
         assert len(parts) == request.count
-        rows = finish_sparse_rows(parts, self.card.vocab_size, normalize=request.normalize)
+        rows = finish_sparse_rows(parts, self.card.vocab_size, normalize=request.params.normalize is True)
         if not np.isfinite(rows.values).all():
             rows_at = sorted(
                 {int(i) for i in np.repeat(np.arange(rows.count), rows.nonzeros)[~np.isfinite(rows.values)]}

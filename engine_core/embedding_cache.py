@@ -18,7 +18,7 @@ from collections import OrderedDict
 import numpy as np
 import numpy.typing as npt
 
-from engine_core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, engine_label
+from engine_core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_HITS, CACHE_MISSES, engine_labels
 from engine_core.runner import SparseRow
 
 F32 = npt.NDArray[np.float32]
@@ -53,10 +53,10 @@ class EmbeddingCache:
     def get(self, key: bytes) -> Row | None:
         row = self._rows.get(key)
         if row is None:
-            CACHE_MISSES.labels(engine_label()).inc()
+            CACHE_MISSES.labels(*engine_labels()).inc()
             return None
         self._rows.move_to_end(key)
-        CACHE_HITS.labels(engine_label()).inc()
+        CACHE_HITS.labels(*engine_labels()).inc()
         return row
 
     def put(self, key: bytes, row: Row) -> None:
@@ -72,5 +72,5 @@ class EmbeddingCache:
         while self.bytes > self.max_bytes:
             _, evicted = self._rows.popitem(last=False)
             self.bytes -= evicted.nbytes + ENTRY_OVERHEAD_BYTES
-            CACHE_EVICTIONS.labels(engine_label()).inc()
-        CACHE_BYTES.labels(engine_label()).set(self.bytes)
+            CACHE_EVICTIONS.labels(*engine_labels()).inc()
+        CACHE_BYTES.labels(*engine_labels()).set(self.bytes)

@@ -19,7 +19,7 @@ from engine_core.embedding_cache import EmbeddingCache
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
-from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING, engine_label
+from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING, engine_labels
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy
 from poolserve.protocol import EngineWire
@@ -113,10 +113,10 @@ class EngineProcess:
         shown = (self.core.waiting, self.core.running, self.admission.inputs)
         if shown != self._shown:
             self._shown = shown
-            engine = engine_label()
-            REQUESTS_WAITING.labels(engine).set(shown[0])
-            REQUESTS_RUNNING.labels(engine).set(shown[1])
-            INPUTS_QUEUED.labels(engine).set(shown[2])
+            engine = engine_labels()
+            REQUESTS_WAITING.labels(*engine).set(shown[0])
+            REQUESTS_RUNNING.labels(*engine).set(shown[1])
+            INPUTS_QUEUED.labels(*engine).set(shown[2])
 
     def _drain(self, block: bool) -> None:
         try:

@@ -362,6 +362,12 @@ def trained_dtype(model_config: PretrainedConfig) -> torch.dtype | None:
 
 
 def select_dtype(requested: str, device: torch.device, model_config: PretrainedConfig) -> torch.dtype:
+    if requested == "int8":
+        if device.type != "cpu":
+            raise LoadError(f"--dtype int8 is a CPU mode; this engine runs on {device.type} (use --dtype auto there).")
+        return (
+            torch.float32
+        )  # the weights int8 is made from, once the probe has measured them (engine_core/int8_linear.py)
     if requested == "auto":
         if device.type != "cuda":
             return torch.float32  # until load_model has measured bf16 (engine_core/cpu_precision.py)

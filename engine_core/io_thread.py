@@ -23,6 +23,7 @@ from poolserve.protocol import (
     ERROR_INVALID,
     ERROR_OVERLOADED,
     Abort,
+    EngineRequest,
     EngineWire,
     ErrorCode,
     Frame,
@@ -30,11 +31,9 @@ from poolserve.protocol import (
     ModelCard,
     Ping,
     Pong,
-    PoolRequest,
     ProtocolError,
     Ready,
     RequestFailed,
-    decode_job,
 )
 
 logger = logging.getLogger("poolserve.engine")
@@ -153,8 +152,8 @@ class EngineIO:
                 self._refuse(identity, request_id, f"invalid request: {exc}", ERROR_INVALID)
             return
         match msg:
-            case PoolRequest():
-                self._admit(identity, msg, frames[2:])
+            case EngineRequest():
+                self._admit(identity, msg)
             case Abort():
                 self._arrived.append((identity, msg))
             case Ping():
@@ -173,10 +172,10 @@ class EngineIO:
                 )
                 self._send(identity, self._wire.encode(Ready(self.card, suspects)))
 
-    def _admit(self, identity: bytes, msg: PoolRequest, frames: list[bytes]) -> None:
+    def _admit(self, identity: bytes, msg: EngineRequest) -> None:
         try:
-            request = check_request(identity, msg, decode_job(msg, frames), self.card)
-        except (ProtocolError, InvalidRequest) as exc:
+            request = check_request(identity, msg, self.card)
+        except InvalidRequest as exc:
             logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
             self._refuse(identity, msg.id, f"invalid request: {exc}", ERROR_INVALID)
             return

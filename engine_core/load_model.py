@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from engine_core.folder_choices import check_long_input_overlap, read_folder
+from engine_core.folder_choices import LoadError, check_long_input_overlap, read_folder
 from engine_core.loader import LoadedModel, load_folder, load_static_model, resolve_model_folder, select_device
 from engine_core.router import load_router_model
 from poolserve.config import Config
@@ -25,6 +25,9 @@ def load_model(config: Config) -> LoadedModel:
         # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
         torch.backends.cuda.enable_cudnn_sdp(False)
     st = read_folder(folder)
+    if config.dtype == "int8" and (st.static_folder is not None or st.router is not None):
+        what = "a static embedding" if st.static_folder is not None else "a Router"
+        raise LoadError(f"--dtype int8 serves a single transformer encoder; {folder} holds {what} model.")
     if st.static_folder is not None:
         loaded = load_static_model(config, folder, st, device)
     elif st.router is not None:

@@ -31,7 +31,14 @@ from engine_core.bge_m3 import (
     read_m3_heads,
     unused_token_ids,
 )
-from engine_core.cpu_precision import PROBE_TEXTS, Agreement, choose_auto_dtype, has_native_bf16, measure_agreement
+from engine_core.cpu_precision import (
+    PROBE_TEXTS,
+    TOP_K,
+    Agreement,
+    choose_auto_dtype,
+    has_native_bf16,
+    measure_agreement,
+)
 from engine_core.folder_choices import (
     LoadError,
     auto_class_name,
@@ -54,6 +61,7 @@ from engine_core.folder_choices import (
     vision_tokens,
 )
 from engine_core.image_config import ImageConfigError, read_image_processing
+from engine_core.int8_linear import int8_refusal, quantize_linears, record_input_maxima
 from engine_core.multi_vector import (
     LATE_INTERACTION_TASKS,
     MultiVectorRunner,
@@ -310,6 +318,22 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     runner = build_runner(model, dtype)
     first = np.asarray(backend.encode("first pass").ids, dtype=np.int32)
     check_first_pass(model_config, auto, lambda: runner.run_texts([first], None))
+    if config.dtype == "int8":
+        if kind != EMBEDDING or late is not None or m3:
+            what = "a multi-vector" if late is not None else "bge-m3's" if m3 else f"a {kind}"
+            raise LoadError(f"--dtype int8 serves single-vector embedding models; this is {what} model.")
+        probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
+        reference, maxima = record_input_maxima(model, lambda: runner.run_texts(probe, None))
+        dtype = torch.bfloat16 if has_native_bf16() else torch.float32  # what the layers left out of int8 run in
+        model.to(dtype)
+        replaced = quantize_linears(model, maxima)
+        runner = build_runner(model, dtype)
+        measured = measure_agreement(reference, runner.run_texts(probe, None))
+        if (strays := int8_refusal(measured)) is not None:
+            raise LoadError(strays)
+        logger.info("--dtype int8: %d linear layers in int8, the rest in %s; probe min cosine %.4f, top-%d overlap "
+                    "%.3f against float32", replaced, str(dtype).removeprefix("torch."), measured.min_cosine, TOP_K,
+                    measured.top_overlap)  # fmt: skip
     # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
     # agreement of cosines measures; it stays float32, as classifiers do (and so does bge-m3, for its lexical weights).
     if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE and not m3:
@@ -360,7 +384,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         pad_token_id=int(pad_token_id),
         tokenizer_json=backend.to_str(),
         device=str(device),
-        dtype=str(dtype).removeprefix("torch."),
+        dtype="int8" if config.dtype == "int8" else str(dtype).removeprefix("torch."),
         labels=labels,
         activation=scoring.activation
         or (classifier_activation(model_config, st, num_labels) if kind == CLASSIFIER else "none"),

@@ -21,65 +21,65 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 13107
 QUEUE_SECONDS = Histogram(
     "poolserve_queue_duration_seconds",
     "Time a request waited in the engine between admission and its first forward pass.",
-    ["engine"],
+    ["engine", "model"],
     buckets=TIME_BUCKETS,
 )
 FORWARD_SECONDS = Histogram(
     "poolserve_forward_duration_seconds",
     "Duration of one forward pass of the model, by input modality.",
-    ["engine", "modality"],
+    ["engine", "model", "modality"],
     buckets=TIME_BUCKETS,
 )
 BATCH_INPUTS = Histogram(
     "poolserve_batch_inputs",
     "Inputs (texts or images) in one forward pass.",
-    ["engine"],
+    ["engine", "model"],
     buckets=COUNT_BUCKETS,
 )
 BATCH_TOKENS = Histogram(
     "poolserve_batch_tokens",
     "Tokens one forward pass computed, padding included (an image counts its vision tokens).",
-    ["engine"],
+    ["engine", "model"],
     buckets=TOKEN_BUCKETS,
 )
 # Written by the engine alone; a dead engine's values go (mark_process_dead), the live one's stay.
 REQUESTS_WAITING = Gauge(
     "poolserve_engine_requests_waiting",
     "Requests admitted by the engine that no forward pass has started yet.",
-    ["engine"],
+    ["engine", "model"],
     multiprocess_mode="livemostrecent",
 )
 REQUESTS_RUNNING = Gauge(
     "poolserve_engine_requests_running",
     "Requests with at least one input computed or computing and not yet answered.",
-    ["engine"],
+    ["engine", "model"],
     multiprocess_mode="livemostrecent",
 )
 INPUTS_QUEUED = Gauge(
     "poolserve_engine_queued_inputs",
     "Inputs waiting or running in the engine: what the admission limit counts.",
-    ["engine"],
+    ["engine", "model"],
     multiprocess_mode="livemostrecent",
 )
 CACHE_HITS = Counter(
     "poolserve_cache_hits",
     "Inputs answered from the engine's cache (--cache-bytes) without a forward pass.",
-    ["engine"],
+    ["engine", "model"],
 )
 CACHE_MISSES = Counter(
     "poolserve_cache_misses",
     "Inputs looked up in the engine's cache and not found (computed, then cached).",
-    ["engine"],
+    ["engine", "model"],
 )
 CACHE_EVICTIONS = Counter(
     "poolserve_cache_evictions",
     "Rows dropped from the engine's cache, least recently used first, to stay within --cache-bytes.",
-    ["engine"],
+    ["engine", "model"],
 )
 CACHE_BYTES = Gauge(
     "poolserve_cache_bytes",
     "Bytes the engine's cache holds (rows and their bookkeeping), at most --cache-bytes.",
-    ["engine"],
+    ["engine", "model"],
     multiprocess_mode="livemostrecent",
 )
 # Labelled with the served name, not card.path: /metrics is open to anyone who can reach the port
@@ -92,14 +92,15 @@ MODEL_INFO = Gauge(
 )
 
 
-# Which engine of --engine-count this process is: every series here carries it as its `engine` label,
-# so /metrics shows each engine's figures (sum them for the server's). Set once at start-up.
-_engine = "0"
+# Which engine this process is, and whose model it serves: every series here carries them as its `engine` and
+# `model` labels (the engine's number across every model's engines; the model's served name), so /metrics shows each
+# engine's and each model's figures (sum them for the server's). Set once at start-up.
+_labels = ("0", "")
 
 
-def set_engine_index(index: int) -> None:
-    global _engine
-    _engine = str(index)
+def set_engine_index(index: int, model: str) -> None:
+    global _labels
+    _labels = (str(index), model)
     # Each series exists from start-up, at 0 (as Prometheus advises), and takes its room in the metric
     # files now, before a full disk could refuse it (poolserve/metric_files.py).
     for metric in (
@@ -114,16 +115,17 @@ def set_engine_index(index: int) -> None:
         CACHE_EVICTIONS,
         CACHE_BYTES,
     ):
-        metric.labels(_engine)
+        metric.labels(*_labels)
 
 
-def engine_label() -> str:
-    return _engine
+def engine_labels() -> tuple[str, str]:
+    """This engine's (`engine`, `model`) label values, the first labels of every series here."""
+    return _labels
 
 
 def publish_model_info(card: ModelCard, *, model_name: str) -> None:
     MODEL_INFO.labels(
-        engine=engine_label(),
+        engine=_labels[0],
         model_name=model_name,
         architecture=card.architecture,
         kind=card.kind,

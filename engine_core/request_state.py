@@ -6,11 +6,12 @@ import time
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from engine_core.runner import SparseRow
-from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, ForwardPass, ModelCard, PoolJob, PoolRequest
+from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, EngineRequest, ForwardPass, ModelCard, PoolingParams
 
 
 @dataclass(eq=False, slots=True)
@@ -22,29 +23,22 @@ class PendingRequest:
 
     identity: bytes
     id: int
-    lengths: npt.NDArray[np.int64]
+    lengths: list[int]
     tokens: npt.NDArray[np.int32]
-    dimensions: int = 0
-    normalize: bool = False
-    activation: bool = False
     token_types: npt.NDArray[np.int32] | None = None
     pixels: npt.NDArray[np.uint8] | None = None
+    # How its rows are pooled and finished, as the API server asked, `normalize` resolved to the model's own choice
+    # where it asked none, and `sparse` only where the model's own output is not sparse already (check_request).
+    params: PoolingParams = field(default_factory=PoolingParams)
     # What one image costs in the padded-token budget (its vision tokens).
     image_cost: int = 1
     # Running when an engine died: runs in batches of its own, so a second crash names it.
     is_suspect: bool = False
     # Lower runs sooner (scheduler.py).
     priority: int = 0
-    # Every token's state rather than one pooled row per input: `output` holds one row per token.
-    per_token: bool = False
-    # A late-interaction model's inputs: how many of the first are queries, and each input's count of token
-    # vectors (LateInteraction.vector_count), which `output` holds in place of one row per token.
-    queries: int = 0
+    # A late-interaction model's inputs: each input's count of token vectors (LateInteraction.vector_count), which
+    # `output` holds in place of one row per token.
     vector_counts: list[int] | None = None
-    # The model's sparse output rather than its own (bge-m3's lexical weights): `sparse_rows` holds each input's.
-    sparse: bool = False
-    # Where pooling starts in each text input (a prompt the model's Pooling leaves out before it); None: at 0.
-    pool_from: list[int] | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     offsets: npt.NDArray[np.int64] = field(init=False)
@@ -70,11 +64,11 @@ class PendingRequest:
     # Each input's key in the engine's cache (embedding_cache.py), and how many were answered from it.
     cache_keys: list[bytes] = field(default_factory=list)
     cached: int = 0
-    # A traced request's forward passes so far (PoolRequest.traced); None when it is not traced.
+    # A traced request's forward passes so far (EngineRequest.traced); None when it is not traced.
     passes: list[ForwardPass] | None = None
 
     def __post_init__(self) -> None:
-        self.costs = self.lengths.tolist()
+        self.costs = list(self.lengths)
         self.texts = len(self.costs)
         # Summed in Python: np.cumsum costs several µs on the one-input requests that are most of them.
         self.offsets = np.fromiter(accumulate(self.costs, initial=0), dtype=np.int64, count=self.texts + 1)
@@ -85,8 +79,9 @@ class PendingRequest:
             self.row_offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
             np.cumsum(self.vector_counts, out=self.row_offsets[1:])
             # An expanded query runs at its expanded width.
-            self.costs[: self.queries] = map(max, self.costs[: self.queries], self.vector_counts[: self.queries])
-        if self.sparse:
+            queries = self.params.queries
+            self.costs[:queries] = map(max, self.costs[:queries], self.vector_counts[:queries])
+        if self.params.sparse:
             self.sparse_rows = [None] * self.count
         self.total_cost = sum(self.costs) + (self.count - self.texts) * self.image_cost
 
@@ -117,7 +112,7 @@ class PendingRequest:
     def input_token_types(self, index: int) -> npt.NDArray[np.int32]:
         """Token type ids of a text input; all zeros (the first segment) when none were sent."""
         if self.token_types is None:
-            return np.zeros(int(self.lengths[index]), dtype=np.int32)
+            return np.zeros(self.lengths[index], dtype=np.int32)
         return self.token_types[self.offsets[index] : self.offsets[index + 1]]
 
     def image(self, index: int) -> npt.NDArray[np.uint8]:
@@ -140,10 +135,11 @@ class PendingRequest:
             self.sparse_rows[index] = row
             self.remaining -= 1
             return self.remaining == 0
+        per_token = self.params.per_token
         if self.output is None:
-            height = int(self.row_offsets[-1]) if self.per_token else self.count
+            height = int(self.row_offsets[-1]) if per_token else self.count
             self.output = np.empty((height, row.shape[-1]), dtype=np.float32)
-        if self.per_token:
+        if per_token:
             self.output[self.row_offsets[index] : self.row_offsets[index + 1]] = row
         else:
             self.output[index] = row
@@ -170,10 +166,13 @@ class InvalidRequest(ValueError):
     """A well-formed request with values the model cannot take; it is refused, never run."""
 
 
-def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: ModelCard) -> PendingRequest:
-    """Check a request's values against the model's limits; the API servers check first, this is the backstop."""
-    lengths, tokens, token_types = job.lengths, job.tokens, job.token_types
-    if lengths.size and value_range(lengths)[1] > card.max_model_len:
+def check_request(identity: bytes, request: EngineRequest, card: ModelCard) -> PendingRequest:
+    """Check a request's values against the model's limits (the API servers check first, this is the backstop), and
+    make it the engine's own state: its arrays are the received frames' views, its params resolved."""
+    lengths, tokens, token_types, pixels, params = (
+        request.lengths, request.tokens, request.token_types, request.pixels, request.params
+    )  # fmt: skip
+    if lengths and max(lengths) > card.max_model_len:
         raise InvalidRequest(f"input lengths must be within 1..{card.max_model_len}")
     lowest, highest = value_range(tokens)
     if tokens.size and (lowest < 0 or highest >= card.vocab_size):
@@ -185,58 +184,56 @@ def check_request(identity: bytes, request: PoolRequest, job: PoolJob, card: Mod
         lowest, highest = value_range(token_types)
         if token_types.size and (lowest < 0 or highest >= card.type_vocab_size):
             raise InvalidRequest(f"token type ids must be within 0..{card.type_vocab_size - 1}")
-    if job.pixels is not None:
+    if pixels is not None:
         if card.image is None:
             raise InvalidRequest("this model takes no images")
         height, width = card.image.output_size
-        if job.pixels.shape[1:3] != (height, width):
+        if pixels.shape[1:3] != (height, width):
             raise InvalidRequest(f"images must be {height}x{width} pixels")
-    if job.per_token and (not card.supports(TASK_TOKEN_EMBED) or job.pixels is not None):
+    per_token = params.per_token
+    if per_token and (not card.supports(TASK_TOKEN_EMBED) or pixels is not None):
         raise InvalidRequest("per-token output needs texts and a model that gives token states")
-    if job.sparse and not card.has_sparse_output:
+    if params.sparse and not card.has_sparse_output:
         raise InvalidRequest("this model has no sparse output")
     # A SPLADE model's own output is sparse: the flag asks nothing more of it.
-    sparse = job.sparse and card.kind != SPARSE
-    if sparse and (job.per_token or job.pixels is not None):
+    sparse = params.sparse and card.kind != SPARSE
+    if sparse and (per_token or pixels is not None):
         raise InvalidRequest("a sparse output is one row per text")
-    if job.dimensions and (card.kind == SPARSE or sparse):
+    if params.dimensions and (card.kind == SPARSE or sparse):
         raise InvalidRequest("a sparse model's rows have no leading dimensions to keep")
-    if not 0 <= job.dimensions <= card.output_size:
+    if not 0 <= params.dimensions <= card.output_size:
         raise InvalidRequest(f"dimensions must be within 0..{card.output_size}")
     late = card.late_interaction
     vector_counts = None
-    if card.is_late_interaction and not job.per_token:
+    if card.is_late_interaction and not per_token:
         raise InvalidRequest("a late-interaction model answers token vectors only (per_token)")
-    if late is not None and job.per_token:
-        ends = np.cumsum(lengths)
+    if late is not None and per_token:
+        ends = accumulate(lengths)
         vector_counts = [
-            late.vector_count(tokens[end - length : end], i < job.queries)
-            for i, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist(), strict=True))
+            late.vector_count(tokens[end - length : end], i < params.queries)
+            for i, (end, length) in enumerate(zip(ends, lengths, strict=True))
         ]
-    elif job.queries and not card.default_route:
+    elif params.queries and not card.default_route:
         raise InvalidRequest("queries are for late-interaction and Router models")
-    if job.pool_from and not card.prompt_lengths:
+    if params.pool_from and not card.prompt_lengths:
         raise InvalidRequest("this model's pooling leaves no prompt out: pool_from is for one whose does")
     # A sparse output is as its model gives it unless the request asks (bge-m3's dense vector is normalized, its
     # lexical weights are not).
-    normalize = (False if sparse else card.normalize) if job.normalize is None else job.normalize
+    # Resolved in a copy: the request is the sender's (an in-process caller's too).
+    if params.normalize is None or params.sparse != sparse:
+        normalize = (False if sparse else card.normalize) if params.normalize is None else params.normalize
+        params = msgspec.structs.replace(params, normalize=normalize, sparse=sparse)
     return PendingRequest(
         identity=identity,
         id=request.id,
         lengths=lengths,
         tokens=tokens,
-        dimensions=job.dimensions,
-        normalize=normalize,
-        activation=job.activation,
         token_types=token_types,
-        pixels=job.pixels,
+        pixels=pixels,
+        params=params,
         image_cost=max(card.image_tokens, 1),
         is_suspect=request.is_suspect,
-        priority=job.priority,
-        per_token=job.per_token,
-        queries=job.queries,
+        priority=request.priority,
         vector_counts=vector_counts,
-        sparse=sparse,
-        pool_from=list(job.pool_from) if job.pool_from else None,
-        passes=[] if job.traced else None,
+        passes=[] if request.traced else None,
     )

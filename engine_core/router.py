@@ -5,7 +5,7 @@ its trained weight: no model runs) and a SPLADE model for documents.
 
 The API servers tokenize for both with one tokenizer, so the routes must tokenize alike (the same tokenizer, lower
 casing and maximum length; a SparseStaticEmbedding adds no special tokens, which the card says); they send a
-request's query-route inputs first and count them (`PoolRequest.queries`), as they do a late-interaction model's
+request's query-route inputs first and count them (`PoolingParams.queries`), as they do a late-interaction model's
 queries. A batch that mixes the two runs each chain on its own inputs.
 """
 

@@ -17,7 +17,7 @@ from poolserve.protocol import PRIORITY_MIN, LongInput
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 Device = Literal["auto", "cpu", "cuda"]
-DType = Literal["auto", "float32", "float16", "bfloat16"]
+DType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 TokenPacking = Literal["auto", "on", "off"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
@@ -350,13 +350,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         int,
         Flag(
             "HTTP",
-            "Admission limit for the whole server: inputs waiting or running in the engines, from every API "
-            "server (with --engine-count M each engine holds 1/M and a refused request tries the others). A "
-            "request past it gets 429 with Retry-After at once.",
+            "Admission limit of a model's engines: inputs waiting or running in them, from every API server "
+            "(with --engine-count M each engine holds 1/M and a refused request tries the others). A request "
+            "past it gets 429 with Retry-After at once. With several models each has its own (--config sets it "
+            "per model), so a flood on one never fills another's.",
+            per_model=True,
         ),
     ] = 4096
     max_queued_tokens: Annotated[
-        int, Flag("HTTP", "The same limit counted in tokens (an image counts its vision tokens).")
+        int,
+        Flag("HTTP", "The same limit counted in tokens (an image counts its vision tokens).", per_model=True),
     ] = 262_144
     min_priority: Annotated[
         int,
@@ -364,6 +367,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "engine",
             "The most urgent `priority` a request may ask for (lower is served sooner, default 0); a lower one "
             "gets 400. 0 lets no client jump the queue (docs/api.md, 'Priority').",
+            per_model=True,
         ),
     ] = -100
     priority_max_wait: Annotated[
@@ -372,6 +376,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "engine",
             "Seconds a request may wait behind more urgent work: past it, it goes ahead of every request that "
             "has waited less, whatever their priority, so no priority can starve others.",
+            per_model=True,
         ),
     ] = 10.0
     cache_bytes: Annotated[
@@ -382,7 +387,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "whose token ids (or image pixels) were computed before skips the forward pass. Least recently "
             "used rows go first; 0 (default): no cache. A MiniLM row takes about 1.7 KB: 64 MiB holds about "
             "40000 inputs. Off by default because load tests and benchmarks repeat small corpora: with a "
-            "cache they measure it, not the model (docs/operations.md, 'Embedding cache').",
+            "cache they measure it, not the model (docs/operations.md, 'Embedding cache'). Each model's "
+            "engines have their own.",
+            per_model=True,
         ),
     ] = 0
     cache_hits_header: Annotated[
@@ -559,7 +566,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "engine",
             "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 "
             "(AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 "
-            "overlap >= 0.9), else float32.",
+            "overlap >= 0.9), else float32. int8 (CPU only, opt-in fast mode): an embedding model's linear layers "
+            "in int8, per token and per channel, the rest in bf16 where native; refused at start-up unless its "
+            "vectors stay within cosine 0.995 of float32's on the probe set (docs/operations.md, Precision).",
             per_model=True,
         ),
     ] = "auto"
@@ -667,6 +676,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--preprocess-workers", self.preprocess_workers, 0, 64)
         check_range("--torch-threads", self.torch_threads, 0, 1024)
         check_range("--engine-count", self.engine_count, 1, 16)
+        if self.dtype == "int8" and self.device == "cuda":
+            raise ConfigError("--dtype int8 is a CPU mode; with --device cuda use --dtype auto, float16 or bfloat16.")
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)

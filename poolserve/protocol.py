@@ -11,6 +11,7 @@ builds its codec (`ClientWire`, `EngineWire`) once and reuses it, as msgspec adv
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
@@ -220,8 +221,8 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # "mxbai-rerank-v2" or "bge-reranker-v2-gemma"; "": by pair_template, or as a pair.
     pair_format: str = ""
     # Outputs a request may ask for instead of the model's own (`Output`): bge-m3's "sparse" lexical weights
-    # (PoolRequest.sparse) and "multi_vector" ColBERT vectors (PoolRequest.per_token, cut as `late_interaction` says)
-    # beside its dense embedding.
+    # (PoolingParams.sparse) and "multi_vector" ColBERT vectors (PoolingParams.per_token, cut as `late_interaction`
+    # says) beside its dense embedding.
     extra_outputs: list[Output] = msgspec.field(default_factory=list)
     # A model whose Pooling leaves its prompt out (sentence-transformers' `include_prompt: false`): each prompt text's
     # length in tokens as sentence-transformers measures it (the prompt tokenized alone, less a trailing special
@@ -278,39 +279,99 @@ class Hello(msgspec.Struct, tag="hello", array_like=True, frozen=True):
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 
 
-class PoolRequest(msgspec.Struct, tag="pool", array_like=True, frozen=True):
-    """The header of one request: `len(lengths)` text inputs and `images` images, run as one unit.
+class PoolingParams(msgspec.Struct, array_like=True, kw_only=True):
+    """How a request's inputs are pooled and its rows finished: each option declared here alone, set by the API
+    server as it parses a request and read by the engine where it applies it (vLLM's PoolingParams).
 
-    Data frames after it: the token ids of every text input, concatenated (int32); then, when
-    `token_types`, their token type ids in the same layout (int32); then, when `images`, the images'
-    pixels (images x image_height x image_width x 3, uint8). Output rows come back texts first,
-    then images, each in the order sent. The options are PoolJob's.
-
-    `attempt` counts resubmissions after engine crashes: a resubmitted request was admitted
-    already (no queue limit applies), and one that was running when an engine died runs in
-    batches of its own (`is_suspect`), so that a second crash names the culprit.
-
-    `traced`: the request is in a sampled trace, so the engine reports the forward passes it rode in
-    (`PooledOutput.passes`) for the API server to draw as spans.
+    `dimensions` 0 means the full output size; `normalize` None means the model's own choice (the engine resolves it
+    on admission); `activation` applies a classifier's activation to its logits. `per_token`: every token's hidden
+    state instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
+    `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
+    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them). On a Router
+    model (`ModelCard.default_route`), how many of the first text inputs take the query's chain (the others take
+    the document's). `sparse`: the model's sparse output (bge-m3's lexical weights, `ModelCard.extra_outputs`)
+    instead of its own. `pool_from`: where pooling starts in each text input, the tokens before it a prompt the
+    model's Pooling leaves out (`ModelCard.prompt_lengths`); empty: every input's pooling starts at its first token.
     """
 
-    id: int
-    lengths: list[int]
     dimensions: int = 0
     normalize: bool | None = None
     activation: bool = True
-    token_types: bool = False
-    images: int = 0
-    image_height: int = 0
-    image_width: int = 0
-    attempt: int = 0
-    is_suspect: bool = False
-    priority: int = 0
     per_token: bool = False
     queries: int = 0
     sparse: bool = False
     pool_from: list[int] = msgspec.field(default_factory=list)
+
+
+def _no_tokens() -> I32:
+    return np.zeros(0, dtype=TOKEN_DTYPE)
+
+
+class EngineRequest(msgspec.Struct, tag="pool", array_like=True, kw_only=True):
+    """One request: `len(lengths)` text inputs and `len(pixels)` images, run as one unit (vLLM's EngineCoreRequest).
+
+    The API server builds it once (`from_rows`) and the engine client sends it as it is: its arrays travel as data
+    frames after the header (the wire's codecs put each array in a frame of its own and write its frame and shape in
+    its place), and arrive as read-only views of those frames. `tokens`: the token ids of every text input,
+    concatenated (int32), cut into inputs by `lengths`; `token_types`: their token type ids in the same layout;
+    `pixels`: the images (images x height x width x 3, uint8). Output rows come back texts first, then images, each
+    in the order sent.
+
+    `id` is the engine client's, given as it sends the request. `attempt` counts resubmissions after engine
+    crashes: a resubmitted request was admitted already (no queue limit applies), and one that was running when an
+    engine died runs in batches of its own (`is_suspect`), so that a second crash names the culprit. `priority`:
+    lower runs sooner (engine_core/scheduler.py says how). `traced`: the request is in a sampled trace, so the
+    engine reports the forward passes it rode in (`PooledOutput.passes`) for the API server to draw as spans.
+    """
+
+    id: int = 0
+    lengths: list[int] = msgspec.field(default_factory=list)
+    tokens: I32 = msgspec.field(default_factory=_no_tokens)
+    token_types: I32 | None = None
+    pixels: U8 | None = None
+    params: PoolingParams = msgspec.field(default_factory=PoolingParams)
+    priority: int = 0
     traced: bool = False
+    attempt: int = 0
+    is_suspect: bool = False
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: Sequence[Sequence[int]],
+        type_rows: Sequence[Sequence[int]] | None = None,
+        images: Sequence[U8] = (),
+        *,
+        params: PoolingParams | None = None,
+        priority: int = 0,
+        traced: bool = False,
+    ) -> EngineRequest:
+        """A request from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
+        lengths = [len(row) for row in rows]
+        total = sum(lengths)  # a numpy reduction costs microseconds however short the array
+        tokens = np.fromiter(itertools.chain.from_iterable(rows), dtype=TOKEN_DTYPE, count=total)
+        token_types = None
+        if type_rows is not None:
+            token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
+        pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
+        return cls(
+            lengths=lengths,
+            tokens=tokens,
+            token_types=token_types,
+            pixels=pixels,
+            params=PoolingParams() if params is None else params,
+            priority=priority,
+            traced=traced,
+        )
+
+    @property
+    def images(self) -> int:
+        return 0 if self.pixels is None else len(self.pixels)
+
+    @property
+    def count(self) -> int:
+        """How many inputs the request holds: texts and images."""
+        return len(self.lengths) + self.images
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
@@ -321,181 +382,45 @@ class Ping(msgspec.Struct, tag="ping", array_like=True, frozen=True):
     nonce: int
 
 
-ToEngine = Hello | PoolRequest | Abort | Ping
+ToEngine = Hello | EngineRequest | Abort | Ping
+
+# The dtype each array field of a request travels in, by its annotation.
+ARRAY_DTYPES: Final[dict[object, str]] = {I32: TOKEN_DTYPE, U8: "u1"}
+ARRAY_ITEMSIZES: Final = {TOKEN_DTYPE: TOKEN_ITEMSIZE, "u1": 1}
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class PoolJob:
-    """What one request asks of the model: its inputs as arrays, and how its rows are finished.
-
-    A PoolRequest and its data frames, less what the engine client adds (the request id and the
-    resubmission state). `lengths` cut `tokens` (and `token_types`) into the text inputs; `pixels`
-    holds the images. `dimensions` 0 means the full output size; `normalize` None means the
-    model's own choice; `activation` applies a classifier's activation to its logits. `priority`:
-    lower runs sooner (engine_core/scheduler.py says how). `per_token`: every token's hidden state
-    instead of one pooled row per input (texts only; normalization and `dimensions` apply per token).
-    `queries`: on a late-interaction model, how many of the first text inputs are queries (the others are
-    documents); each input's rows are then its token vectors (`LateInteraction.vector_count` of them). On a Router
-    model (`ModelCard.default_route`), how many of the first text inputs take the query's chain (the others take
-    the document's).
-    `sparse`: the model's sparse output (bge-m3's lexical weights, `ModelCard.extra_outputs`) instead of its own.
-    `pool_from`: where pooling starts in each text input, the tokens before it a prompt the model's Pooling leaves
-    out (`ModelCard.prompt_lengths`); empty: every input's pooling starts at its first token.
-    `traced`: report the forward passes the request rode in (PoolRequest.traced).
-    """
-
-    lengths: npt.NDArray[np.int64]
-    tokens: I32
-    token_types: I32 | None = None
-    pixels: U8 | None = None
-    dimensions: int = 0
-    normalize: bool | None = None
-    activation: bool = True
-    priority: int = 0
-    per_token: bool = False
-    queries: int = 0
-    sparse: bool = False
-    pool_from: Sequence[int] = ()
-    traced: bool = False
-
-    @classmethod
-    def from_rows(
-        cls,
-        rows: Sequence[Sequence[int]],
-        type_rows: Sequence[Sequence[int]] | None = None,
-        images: Sequence[U8] = (),
-        *,
-        dimensions: int = 0,
-        normalize: bool | None = None,
-        activation: bool = True,
-        priority: int = 0,
-        per_token: bool = False,
-        queries: int = 0,
-        sparse: bool = False,
-        pool_from: Sequence[int] = (),
-        traced: bool = False,
-    ) -> PoolJob:
-        """A job from token rows (as a tokenizer gives them) and images (height x width x 3 each, one size)."""
-        counts = [len(row) for row in rows]
-        total = sum(counts)  # a numpy reduction costs microseconds however short the array
-        lengths = np.array(counts, dtype=np.int64)
-        tokens = np.fromiter(itertools.chain.from_iterable(rows), dtype=TOKEN_DTYPE, count=total)
-        token_types = None
-        if type_rows is not None:
-            token_types = np.fromiter(itertools.chain.from_iterable(type_rows), dtype=TOKEN_DTYPE, count=total)
-        pixels = np.stack(images).astype(np.uint8, copy=False) if len(images) else None
-        return cls(
-            lengths,
-            tokens,
-            token_types,
-            pixels,
-            dimensions,
-            normalize,
-            activation,
-            priority,
-            per_token,
-            queries,
-            sparse,
-            pool_from,
-            traced,
-        )
-
-    @property
-    def images(self) -> int:
-        return 0 if self.pixels is None else len(self.pixels)
-
-    @property
-    def count(self) -> int:
-        return len(self.lengths) + self.images
-
-    def header(self, request_id: int, *, attempt: int = 0, is_suspect: bool = False) -> PoolRequest:
-        height, width = (0, 0) if self.pixels is None else self.pixels.shape[1:3]
-        return PoolRequest(
-            id=request_id,
-            lengths=self.lengths.tolist(),
-            dimensions=self.dimensions,
-            normalize=self.normalize,
-            activation=self.activation,
-            token_types=self.token_types is not None,
-            images=self.images,
-            image_height=height,
-            image_width=width,
-            attempt=attempt,
-            is_suspect=is_suspect,
-            priority=self.priority,
-            per_token=self.per_token,
-            queries=self.queries,
-            sparse=self.sparse,
-            pool_from=list(self.pool_from),
-            traced=self.traced,
-        )
-
-    def frames(self) -> list[Frame]:
-        """The data frames: flat byte views of the arrays, sent without a copy."""
-        arrays = [np.ascontiguousarray(self.tokens, dtype=TOKEN_DTYPE)]
-        if self.token_types is not None:
-            arrays.append(np.ascontiguousarray(self.token_types, dtype=TOKEN_DTYPE))
-        if self.pixels is not None:
-            arrays.append(np.ascontiguousarray(self.pixels, dtype=np.uint8))
-        return [byte_view(array) for array in arrays]
-
-
-def decode_job(request: PoolRequest, frames: Sequence[Buffer]) -> PoolJob:
-    """A request's arrays as read-only views of its data frames (no copy); ProtocolError when they
-    do not match its header. Whether the model can take them is the engine's check, not the wire's."""
-    expected = 1 + int(request.token_types) + int(request.images > 0)
-    if len(frames) != expected:
-        raise ProtocolError(f"expected {expected} data frame(s), got {len(frames)}")
-    if request.images < 0 or not (request.lengths or request.images):
+def check_layout(request: EngineRequest) -> EngineRequest:
+    """The request, when its arrays fit its lengths and its values fit the wire's ranges; ProtocolError when not.
+    Whether the model can take them is the engine's check, not the wire's."""
+    listed = request.lengths
+    if not (listed or request.pixels is not None):
         raise ProtocolError("no inputs")
-    token_bytes = memoryview(frames[0]).nbytes
     # Checked on the decoded list of Python ints: a numpy reduction costs ~2 µs however short the array,
     # and most requests hold one input.
-    listed = request.lengths
     shortest, longest = (min(listed), max(listed)) if listed else (1, 0)
     if longest > INT64_MAX:  # msgpack integers reach 2**64 - 1
         raise ProtocolError("input lengths must be within 1..2**63 - 1")
     if shortest < 1:
         raise ProtocolError("input lengths must be at least 1")
-    if longest > token_bytes // TOKEN_ITEMSIZE or sum(listed) * TOKEN_ITEMSIZE != token_bytes:
+    tokens = request.tokens
+    if tokens.ndim != 1 or longest > tokens.size or sum(listed) != tokens.size:
         raise ProtocolError("token frame size does not match the lengths")
-    lengths = np.asarray(listed, dtype=np.int64)
-    tokens = np.frombuffer(frames[0], dtype=TOKEN_DTYPE)
-    token_types = None
-    if request.token_types:
-        if memoryview(frames[1]).nbytes != token_bytes:
-            raise ProtocolError("the token type frame does not match the token frame")
-        token_types = np.frombuffer(frames[1], dtype=TOKEN_DTYPE)
-    pixels = None
-    if request.images:
-        count, height, width = request.images, request.image_height, request.image_width
-        if height < 1 or width < 1 or memoryview(frames[-1]).nbytes != count * height * width * 3:
-            raise ProtocolError(f"the pixel frame must hold {count} images of {height}x{width}x3 bytes")
-        pixels = np.frombuffer(frames[-1], dtype=np.uint8).reshape(count, height, width, 3)
-    if not 0 <= request.queries <= len(request.lengths):
+    if request.token_types is not None and request.token_types.shape != tokens.shape:
+        raise ProtocolError("the token type frame does not match the token frame")
+    pixels = request.pixels
+    if pixels is not None and (pixels.ndim != 4 or pixels.shape[3] != 3 or 0 in pixels.shape):
+        raise ProtocolError("the pixel frame must hold images of height x width x 3 bytes")
+    params = request.params
+    if not 0 <= params.queries <= len(listed):
         raise ProtocolError("queries must be within 0..the number of text inputs")
     if not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
         raise ProtocolError(f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}")
-    if request.pool_from and (
-        len(request.pool_from) != len(listed)
-        or any(not 0 <= start < length for start, length in zip(request.pool_from, listed, strict=True))
+    if params.pool_from and (
+        len(params.pool_from) != len(listed)
+        or any(not 0 <= start < length for start, length in zip(params.pool_from, listed, strict=True))
     ):
         raise ProtocolError("pool_from must hold one start per text input, each before the input's last token")
-    return PoolJob(
-        lengths,
-        tokens,
-        token_types,
-        pixels,
-        request.dimensions,
-        request.normalize,
-        request.activation,
-        request.priority,
-        request.per_token,
-        request.queries,
-        request.sparse,
-        request.pool_from,
-        request.traced,
-    )
+    return request
 
 
 # engine -> API server ---------------------------------------------------------------------
@@ -537,7 +462,7 @@ class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
     # Inputs answered from the engine's cache, without a forward pass.
     cached: int = 0
     nonzeros: list[int] | None = None
-    # A traced request's forward passes, in the order they ran (PoolRequest.traced); None for any other.
+    # A traced request's forward passes, in the order they ran (EngineRequest.traced); None for any other.
     passes: list[ForwardPass] | None = None
 
 
@@ -685,17 +610,27 @@ def decode_header(decoder: msgspec.msgpack.Decoder[T], frames: Sequence[Buffer])
 
 
 class ClientWire:
-    """An API server's end: encodes what it sends the engine, decodes what comes back."""
+    """An API server's end: encodes what it sends the engine (a request's arrays as frames of their own, each
+    written in the header as `[frame, *shape]`), decodes what comes back."""
 
     def __init__(self) -> None:
-        self._encoder = msgspec.msgpack.Encoder()
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._put_array)
         self._decoder: msgspec.msgpack.Decoder[FromEngine] = msgspec.msgpack.Decoder(FromEngine)
+        self._arrays: list[Frame] = []
 
-    def encode(self, msg: Hello | Abort | Ping) -> list[Frame]:
-        return [self._encoder.encode(msg)]
+    def encode(self, msg: Hello | EngineRequest | Abort | Ping) -> list[Frame]:
+        """The message's frames: its header, then a request's arrays as flat byte views, sent without a copy."""
+        arrays: list[Frame] = []
+        self._arrays = arrays
+        header = self._encoder.encode(msg)
+        return [header, *arrays] if arrays else [header]
 
-    def encode_pool(self, request: PoolRequest, job: PoolJob) -> list[Frame]:
-        return [self._encoder.encode(request), *job.frames()]
+    def _put_array(self, obj: object) -> list[int]:
+        if not isinstance(obj, np.ndarray):
+            raise NotImplementedError(f"{type(obj).__name__} has no place on the wire")
+        array = np.ascontiguousarray(obj)
+        self._arrays.append(byte_view(array.reshape(-1)))  # flat: a memoryview will not cast a shape with a 0 in it
+        return [len(self._arrays), *array.shape]
 
     def decode(self, frames: Sequence[Buffer]) -> FromEngine:
         """The message in frame 0; an Outputs message's rows are `decode_rows(msg, frames[1:])`."""
@@ -703,11 +638,14 @@ class ClientWire:
 
 
 class EngineWire:
-    """The engine's end: decodes what API servers send, encodes its answers."""
+    """The engine's end: decodes what API servers send (a request's arrays as read-only views of its frames, no
+    copy, checked against its lengths: `check_layout`), encodes its answers."""
 
     def __init__(self) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        self._decoder: msgspec.msgpack.Decoder[ToEngine] = msgspec.msgpack.Decoder(ToEngine)
+        self._decoder: msgspec.msgpack.Decoder[ToEngine] = msgspec.msgpack.Decoder(ToEngine, dec_hook=self._get_array)
+        self._frames: Sequence[Buffer] = ()
+        self._taken = 0
 
     def encode(self, msg: Ready | Pong) -> list[Frame]:
         return [self._encoder.encode(msg)]
@@ -730,16 +668,41 @@ class EngineWire:
         return frames
 
     def decode(self, frames: Sequence[Buffer]) -> ToEngine:
-        """The message in frame 0; a PoolRequest's arrays are `decode_job(msg, frames[1:])`."""
-        return decode_header(self._decoder, frames)
+        """The message in frame 0, a request's arrays read from the frames after it; ProtocolError when they do
+        not match its header."""
+        self._frames, self._taken = frames, 0
+        try:
+            msg = decode_header(self._decoder, frames)
+        finally:
+            self._frames = ()
+        if not isinstance(msg, EngineRequest):
+            return msg
+        if self._taken != len(frames) - 1:
+            raise ProtocolError(f"expected {self._taken} data frame(s), got {len(frames) - 1}")
+        return check_layout(msg)
+
+    def _get_array(self, kind: type, obj: object) -> npt.NDArray[np.generic]:
+        """The array a header names by `[frame, *shape]`: frames are taken in order, each once."""
+        dtype = ARRAY_DTYPES.get(kind)
+        if dtype is None or not isinstance(obj, list) or not all(type(n) is int and n >= 0 for n in obj):
+            raise ValueError(f"expected an array as [frame, *shape], got {obj!r}")
+        self._taken += 1
+        sent = len(self._frames) - 1
+        if not obj or obj[0] != self._taken or self._taken > sent:
+            raise ValueError(f"an array names data frame {obj[0] if obj else None}: not the next data frame of {sent}")
+        frame, shape = self._frames[self._taken], obj[1:]
+        if memoryview(frame).nbytes != math.prod(shape) * ARRAY_ITEMSIZES[dtype]:
+            raise ValueError(f"data frame {self._taken} does not hold {'x'.join(map(str, shape))} {dtype} values")
+        array = np.frombuffer(frame, dtype=dtype)
+        return array.reshape(shape)
 
     def request_id_of(self, frames: Sequence[Buffer]) -> int | None:
-        """The id of a PoolRequest whose header does not decode (a field of the wrong type), so that
-        its sender gets a failure instead of waiting for its timeout; None for anything else."""
+        """The id of an EngineRequest whose header does not decode (a field of the wrong type) or whose frames do not
+        match it, so that its sender gets a failure instead of waiting for its timeout; None for anything else."""
         try:
             header = msgspec.msgpack.decode(frames[0]) if frames else None
         except msgspec.DecodeError:
             return None
-        if not (isinstance(header, list) and len(header) > 1 and header[0] == PoolRequest.__struct_config__.tag):
+        if not (isinstance(header, list) and len(header) > 1 and header[0] == EngineRequest.__struct_config__.tag):
             return None
         return header[1] if type(header[1]) is int else None

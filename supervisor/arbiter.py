@@ -384,7 +384,7 @@ class Supervisor:
         )  # fmt: skip
         self.crashes[child.name] = CrashHistory()
         self.respawn_at[child.name] = now + OUT_OF_SERVICE_S
-        self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=child.name).set(1)
+        self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=child.name, model=self._model_of(child).model_names[0]).set(1)
         if self.board is not None:  # the API servers stop keeping its suspects for a restart that is minutes away
             self.board.set_engine_out_of_service(self.engine_slots[child.name], True)
 
@@ -440,7 +440,8 @@ class Supervisor:
             if slot in self.engine_slots:
                 index = self.engine_slots[slot]
                 self.engines[index] = self._spawn("engine", index)
-                self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=slot).set(0)
+                model = self.models[self.layout.model_of(index)].model_names[0]
+                self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=slot, model=model).set(0)
                 if self.board is not None:
                     self.board.set_engine_out_of_service(index, False)
         for index in range(self.api_server_count):

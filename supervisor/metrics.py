@@ -23,8 +23,8 @@ API_SERVERS = Gauge(
 ENGINES_OUT_OF_SERVICE = Gauge(
     "poolserve_engine_out_of_service",
     "1 while an engine is taken out of service for crashing again and again (--engine-count > 1; the others "
-    "serve), else 0.",
-    ["engine"],
+    "serve), else 0; by engine and its model's served name.",
+    ["engine", "model"],
     multiprocess_mode="livemostrecent",
 )
 

@@ -1,4 +1,5 @@
-"""An engine job: the token rows, token types and images of one request, and how to send them."""
+"""An engine job: the token rows, token types and images of one request, how to pool them, and the engine request
+they become."""
 
 from __future__ import annotations
 
@@ -25,35 +26,26 @@ from apiserver.limits import TokenBudget
 from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, takes_query_route
 from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import Direction, TextTokenizer
-from poolserve.protocol import ModelCard, PoolJob
+from poolserve.protocol import EngineRequest, ModelCard, PoolingParams
 
 Pixels = npt.NDArray[np.uint8]
 
 
 @dataclass(slots=True)
 class EngineJob:
+    """What a request asks of the engine, as parsing builds it: token rows and images, with `params` (the options the
+    engine reads: poolserve/protocol.py), and what the API server keeps to read the answer by."""
+
     rows: list[list[int]]
     type_rows: list[list[int]] | None = None
     images: list[Pixels] = field(default_factory=list)
+    params: PoolingParams = field(default_factory=PoolingParams)
     # Output row of each request input, when texts and images were interleaved (the engine
     # answers texts first, then images).
     order: list[int] | None = None
-    dimensions: int = 0
-    # None: the model's own choice.
-    normalize: bool | None = None
-    activation: bool = True
-    # Lower runs sooner (engine_core/scheduler.py); set from the request's `priority` by request_cycle.py.
-    priority: int = 0
-    # Every token's state instead of one pooled row per input (TEI's /embed_all, vLLM's token_embed).
-    per_token: bool = False
-    # A late-interaction model's: how many of the first inputs are queries, and each input's count of token
-    # vectors (apiserver/late_interaction.py), by which the engine's rows are cut.
-    queries: int = 0
+    # A late-interaction model's count of token vectors for each input (apiserver/late_interaction.py), by which
+    # the engine's rows are cut.
     vector_counts: list[int] | None = None
-    # The model's sparse output instead of its own (bge-m3's lexical weights: /embed_sparse).
-    sparse: bool = False
-    # Where each text input's pooling starts (a prompt the model's Pooling leaves out before it); None: at its start.
-    pool_from: list[int] | None = None
     # Long inputs cut into windows (apiserver/inputs/windows.py): the engine's rows of each input, combined into one
     # when its answer comes. None: one row per input.
     windows: Windows | None = None
@@ -63,25 +55,14 @@ class EngineJob:
         """The tokens the model reads: an expanded query's expansion tokens too."""
         tokens = sum(len(row) for row in self.rows)
         if self.vector_counts is not None:
-            tokens += sum(max(0, self.vector_counts[i] - len(self.rows[i])) for i in range(self.queries))
+            tokens += sum(max(0, self.vector_counts[i] - len(self.rows[i])) for i in range(self.params.queries))
         return tokens
 
-    def to_wire(self, *, traced: bool = False) -> PoolJob:
-        """What the engine client sends: the rows and images as arrays, with the request's options; `traced`: the
-        engine reports the forward passes it ran the job in."""
-        return PoolJob.from_rows(
-            self.rows,
-            self.type_rows,
-            self.images,
-            dimensions=self.dimensions,
-            normalize=self.normalize,
-            activation=self.activation,
-            priority=self.priority,
-            per_token=self.per_token,
-            queries=self.queries,
-            sparse=self.sparse,
-            pool_from=self.pool_from or (),
-            traced=traced,
+    def to_wire(self, *, priority: int = 0, traced: bool = False) -> EngineRequest:
+        """The request the engine client sends, built once: the rows and images as arrays, with the job's params;
+        `priority`: lower runs sooner; `traced`: the engine reports the forward passes it ran the job in."""
+        return EngineRequest.from_rows(
+            self.rows, self.type_rows, self.images, params=self.params, priority=priority, traced=traced
         )
 
     def token_outputs(self, rows: npt.NDArray[np.float32]) -> list[npt.NDArray[np.float32]]:
@@ -157,7 +138,7 @@ def build_job(
     texts = [(k, item) for k, item in enumerate(items) if isinstance(item, str)]
     token_rows = [(k, item) for k, item in enumerate(items) if isinstance(item, list)]
     sources = [item for item in items if isinstance(item, ImageSource)]
-    pool_from = None  # token ids are what the model reads: no prompt to leave out
+    pool_from: list[int] | None = None  # token ids are what the model reads: no prompt to leave out
     add_special_tokens = adds_special_tokens(card, role, add_special_tokens)
     windows: Windows | None = None
     if token_rows:
@@ -204,8 +185,9 @@ def build_job(
     if windows is not None and images:
         windows.counts.extend([1] * len(images))  # the engine answers texts first, then images
         windows.tokens.extend([card.image_tokens] * len(images))
-    job = EngineJob(rows=rows, images=images, pool_from=pool_from, windows=windows)
-    job.queries = len(rows) if takes_query_route(card, role) else 0
+    queries = len(rows) if takes_query_route(card, role) else 0
+    pooling = PoolingParams(queries=queries, pool_from=pool_from or [])
+    job = EngineJob(rows=rows, images=images, params=pooling, windows=windows)
     if texts and sources:
         text_rank = itertools.count()
         image_rank = itertools.count(len(texts))

@@ -32,7 +32,7 @@ def check_fits_queue(job: EngineJob, config: Config, card: ModelCard) -> None:
 
 
 def check_token_states(job: EngineJob, card: ModelCard) -> None:
-    if job.per_token and job.prompt_tokens * card.output_size > MAX_TOKEN_STATE_VALUES:
+    if job.params.per_token and job.prompt_tokens * card.output_size > MAX_TOKEN_STATE_VALUES:
         limit = MAX_TOKEN_STATE_VALUES // card.output_size
         raise over_limit(
             "This request", job.prompt_tokens, "tokens", limit, f"every token's {card.output_size} values back",

@@ -115,7 +115,7 @@ def plan_items_request(
                 items, state.card, state.tokenizer, role, truncation=truncation, budget=state.token_budget,
                 add_special_tokens=request.add_special_tokens, prompt=prompt,
             )  # fmt: skip
-            job.normalize = normalize
+            job.params.normalize = normalize
             return job
         job = build_job(
             items, state.card, state.tokenizer, limit=truncation.limit, load_image=load_image,
@@ -125,12 +125,13 @@ def plan_items_request(
         )  # fmt: skip
         if per_token and job.images:
             raise bad_request(f"{endpoint} gives token states of texts; this request holds images.", param="input")
-        job.dimensions, job.activation, job.per_token = dimensions, activation is not False, per_token
-        job.normalize = normalize_default if normalize is None else normalize
-        job.sparse = sparse
+        params = job.params
+        params.dimensions, params.activation, params.per_token = dimensions, activation is not False, per_token
+        params.normalize = normalize_default if normalize is None else normalize
+        params.sparse = sparse
         if job.windows is not None:  # the windows' vectors are averaged first, then normalized as asked
-            job.windows.normalize = state.card.normalize if job.normalize is None else job.normalize
-            job.normalize = False
+            job.windows.normalize = state.card.normalize if params.normalize is None else params.normalize
+            params.normalize = False
         return job
 
     return plan_job(state, items, build, request)

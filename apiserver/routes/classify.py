@@ -29,7 +29,7 @@ def parse(request: ClassifyRequest, state: AppState) -> Plan[None]:
         items, state.card, state.tokenizer, limit=truncation.limit, direction=truncation.direction,
         budget=state.token_budget, add_special_tokens=request.add_special_tokens,
     )  # fmt: skip
-    job.activation = activation is not False
+    job.params.activation = activation is not False
     return Plan(None, job=job)
 
 

@@ -10,7 +10,7 @@ from apiserver.errors import bad_request
 from apiserver.inputs.prepare import plan_items_request
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.prompts import role_prompt
-from apiserver.responses import encode_json, encode_rows, now, response_id
+from apiserver.responses import encode_json, encode_rows, float_json, now, response_id
 from apiserver.schemas.common import Usage
 from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingResponse, PoolingTask
 from apiserver.schemas.tei import SparseValue
@@ -86,12 +86,12 @@ def render(plan: Plan[PoolingRequest], rows: Rows, state: AppState) -> bytes:
             [SparseValue(index, value) for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
             for indices, values in pruned(plan.sparse, request.sparse_top_k, request.sparse_threshold)
         ]
-    elif plan.job is not None and plan.job.per_token:
+    elif plan.job is not None and plan.job.params.per_token:
         matrices = plan.job.token_outputs(rows)
         if fmt == "base64":  # each input's tokens x dim values in embed_dtype, row after row, as vLLM sends them
             data = [encode_rows(np.reshape(matrix, (1, -1)), fmt, dtype, order)[0] for matrix in matrices]
         else:
-            data = [matrix.tolist() for matrix in matrices]
+            data = [float_json(matrix) for matrix in matrices]
     else:
         data = encode_rows(rows, fmt, dtype, order)
     tokens = plan.prompt_tokens

@@ -38,7 +38,7 @@ def parse(request: SimilarityRequest, state: AppState) -> Plan[None]:
         list(texts), state.card, state.tokenizer, limit=truncation.limit, params=params,
         direction=truncation.direction, option=truncation.option, budget=state.token_budget, prompt=prompt,
     )  # fmt: skip
-    job.normalize = normalize_for(state.card)
+    job.params.normalize = normalize_for(state.card)
     return Plan(None, job=job)
 
 

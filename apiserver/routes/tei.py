@@ -17,7 +17,7 @@ from apiserver.late_interaction import token_vectors_job
 from apiserver.limits import check_input_count
 from apiserver.operation import Operation, Plan, Rows
 from apiserver.prompts import named_prompt, role_prompt
-from apiserver.responses import encode_json, json_response
+from apiserver.responses import encode_json, float_json, float_rows, json_response
 from apiserver.schemas.tei import (
     ClassifierModelType,
     EmbedAllRequest,
@@ -35,7 +35,15 @@ from apiserver.served_models import ServedModels
 from apiserver.sparse import pruned
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, require_task
-from poolserve.protocol import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_SCORE, TASK_TOKEN_EMBED
+from poolserve.protocol import (
+    CLASSIFIER,
+    TASK_CLASSIFY,
+    TASK_EMBED,
+    TASK_EMBED_SPARSE,
+    TASK_SCORE,
+    TASK_TOKEN_EMBED,
+    PoolingParams,
+)
 
 
 def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state: AppState) -> EngineJob:
@@ -75,13 +83,13 @@ def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state:
 def parse_embed(request: EmbedRequest, state: AppState) -> Plan[None]:
     require_task(state.card, TASK_EMBED, "/embed")
     job = tei_job(request, state)
-    job.dimensions = check_dimensions(request.dimensions, state.card)
-    job.normalize = request.normalize
+    job.params.dimensions = check_dimensions(request.dimensions, state.card)
+    job.params.normalize = request.normalize
     return Plan(None, job=job)
 
 
 def render_embed(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
-    return encode_json(rows.tolist())
+    return encode_json(float_rows(rows))
 
 
 EMBED = Operation(EmbedRequest, parse_embed, render_embed)
@@ -92,13 +100,13 @@ def parse_embed_all(request: EmbedAllRequest, state: AppState) -> Plan[None]:
     late-interaction model's token vectors are the model's own, normalized where its modules normalize them."""
     require_task(state.card, TASK_TOKEN_EMBED, "/embed_all")
     job = tei_job(request, state)
-    job.per_token, job.normalize = True, None if state.card.late_interaction is not None else False
+    job.params.per_token, job.params.normalize = True, None if state.card.late_interaction is not None else False
     return Plan(None, job=job)
 
 
 def render_embed_all(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
     assert plan.job is not None
-    return encode_json([matrix.tolist() for matrix in plan.job.token_outputs(rows)])
+    return encode_json([float_json(matrix) for matrix in plan.job.token_outputs(rows)])
 
 
 EMBED_ALL = Operation(EmbedAllRequest, parse_embed_all, render_embed_all)
@@ -114,7 +122,7 @@ def parse_embed_sparse(request: EmbedSparseRequest, state: AppState) -> Plan[Emb
             code="sparse_not_supported",
         )
     job = tei_job(request, state)
-    job.sparse = True
+    job.params.sparse = True
     return Plan(request, job=job)
 
 
@@ -185,7 +193,11 @@ def parse_predict(request: PredictRequest, state: AppState) -> Plan[bool]:
         for (i, _), row, types in zip(pairs, pair_rows, pair_types, strict=True):
             rows[i], type_rows[i] = row, types
     use_types = bool(pairs) and state.card.uses_token_types
-    job = EngineJob(rows=rows, type_rows=type_rows if use_types else None, activation=not request.raw_scores)
+    job = EngineJob(
+        rows=rows,
+        type_rows=type_rows if use_types else None,
+        params=PoolingParams(activation=not request.raw_scores),
+    )
     return Plan(is_batch, job=job)
 
 

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from apiserver.state import AppState
 from engine_client import InProcessEngine, PooledResult
-from poolserve.protocol import CLASSIFIER, ImageProcessing, ModelCard, PoolJob, PoolRequest
+from poolserve.protocol import CLASSIFIER, EngineRequest, ImageProcessing, ModelCard
 
 DIM = 8
 PIXEL_PNG = (
@@ -34,18 +34,18 @@ def image_row(pixels: np.ndarray[Any, Any], dim: int) -> list[float]:
     return [-1.0, float(pixels.mean()), *([0.0] * (dim - 2))]
 
 
-def answering(output_size: int) -> Callable[[PoolRequest, PoolJob], PooledResult]:
+def answering(output_size: int) -> Callable[[EngineRequest], PooledResult]:
     """An engine of `output_size`-long rows, computed from the inputs, in the engine's order: texts, then images."""
 
-    def answer(request: PoolRequest, job: PoolJob) -> PooledResult:
-        ids = job.tokens
-        dim = request.dimensions or output_size
+    def answer(request: EngineRequest) -> PooledResult:
+        ids = request.tokens
+        dim = request.params.dimensions or output_size
         rows, start = [], 0
         for length in request.lengths:
             rows.append(text_row(ids[start : start + length].tolist(), output_size)[:dim])
             start += length
-        if job.pixels is not None:
-            pixels = job.pixels.reshape(request.images, -1)
+        if request.pixels is not None:
+            pixels = request.pixels.reshape(request.images, -1)
             rows.extend(image_row(image, output_size)[:dim] for image in pixels)
         return PooledResult(np.asarray(rows, dtype=np.float32).reshape(len(rows), dim))
 

@@ -15,7 +15,7 @@ from apiserver.schemas.common import ChatMessage, InputItem
 from apiserver.schemas.embeddings import EmbeddingRequest
 from apiserver.tokenizer import TextTokenizer
 from apiserver.validation import check_dimensions, check_model, decode_body, require_task
-from poolserve.protocol import TOKEN_DTYPE, ImageProcessing
+from poolserve.protocol import TOKEN_DTYPE, ClientWire, ImageProcessing, PoolingParams
 from tests.cards import CARD
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
@@ -64,17 +64,11 @@ def test_unknown_fields_are_refused_by_name_as_openai_refuses_them(tokenizer: Te
 
 
 def test_the_wire_form_concatenates_token_ids() -> None:
-    job = EngineJob(rows=[[1, 2], [3]], type_rows=[[0, 1], [0]], dimensions=8, normalize=False, activation=False)
-    request = job.to_wire().header(5)
-    assert (request.id, request.lengths, request.dimensions, request.normalize, request.activation) == (
-        5,
-        [2, 1],
-        8,
-        False,
-        False,
-    )
-    assert request.token_types and request.images == 0
-    assert [bytes(frame) for frame in job.to_wire().frames()] == [
+    params = PoolingParams(dimensions=8, normalize=False, activation=False)
+    job = EngineJob(rows=[[1, 2], [3]], type_rows=[[0, 1], [0]], params=params)
+    request = job.to_wire(priority=-2)
+    assert (request.lengths, request.params, request.priority, request.images) == ([2, 1], params, -2, 0)
+    assert [bytes(frame) for frame in ClientWire().encode(request)[1:]] == [
         np.asarray([1, 2, 3], dtype=TOKEN_DTYPE).tobytes(),
         np.asarray([0, 1, 0], dtype=TOKEN_DTYPE).tobytes(),
     ]
@@ -227,9 +221,9 @@ def test_a_prompt_left_out_of_pooling_starts_each_texts_pooling_after_it(tokeniz
     card = msgspec.structs.replace(CARD, prompt_lengths={prompt: 3})  # [CLS] query : ([SEP] left out)
     job = build_job(["hello", "hello world"], card, tokenizer, limit=None, prompt=prompt)
     assert job.rows[0] == [101, 23032, 1024, 7592, 102]
-    assert job.pool_from == [3, 3] and list(job.to_wire().pool_from) == [3, 3]
-    assert build_job([[101, 7592, 102]], card, tokenizer, limit=None, prompt=prompt).pool_from is None
-    assert build_job(["hello"], card, tokenizer, limit=None, prompt="").pool_from is None
+    assert job.params.pool_from == [3, 3] and job.to_wire().params.pool_from == [3, 3]
+    assert build_job([[101, 7592, 102]], card, tokenizer, limit=None, prompt=prompt).params.pool_from == []
+    assert build_job(["hello"], card, tokenizer, limit=None, prompt="").params.pool_from == []
     with pytest.raises(ApiError, match="leaves none of `input\\[0\\]` after the prompt"):
         build_job(["hello"], card, tokenizer, limit=3, prompt=prompt)
     with pytest.raises(ApiError, match="add_special_tokens"):

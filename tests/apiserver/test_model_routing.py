@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from tests.apiserver.served_app import CLASSIFIER_CHANGES
 
 RERANKER = {
@@ -76,3 +78,39 @@ def test_one_model_answers_as_before_without_the_several_models_fields(serve: An
     served = serve()
     assert "models" not in served.client.get("/info").json()
     assert "models" not in served.client.get("/health/ready").json()
+
+
+def count(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_each_model_s_request_series_are_apart_and_sum_to_the_totals(serve: Any) -> None:
+    """/metrics carries the answering model's served name as `model`: one model's traffic moves its own series only,
+    and a request no model answered (an unknown name) is counted with an empty one."""
+    served = serve(**TWO_MODELS)
+    names = ("embedder", "reranker", "")
+    counted = {
+        "requests": lambda m: (
+            count("poolserve_requests_total", endpoint="/v1/rerank", status="200", model=m)
+            + count("poolserve_requests_total", endpoint="/v1/embeddings", status="200", model=m)
+        ),
+        "refused": lambda m: count("poolserve_requests_total", endpoint="/v1/embeddings", status="404", model=m),
+        "latency": lambda m: count("poolserve_request_duration_seconds_count", endpoint="/v1/embeddings", model=m),
+        "parsing": lambda m: count("poolserve_preprocess_duration_seconds_count", endpoint="/v1/rerank", model=m),
+        "rendering": lambda m: count("poolserve_encode_duration_seconds_count", endpoint="/v1/rerank", model=m),
+        "tokens": lambda m: count("poolserve_prompt_tokens_total", endpoint="/v1/embeddings", model=m),
+    }
+    before = {(what, m): read(m) for what, read in counted.items() for m in names}
+    for _ in range(3):
+        served.post("/v1/embeddings", {"input": ["hello world"], "model": "e5"})  # a second name of the embedder
+    for _ in range(2):
+        served.post("/v1/rerank", {"query": "q", "documents": ["a", "b"], "model": "reranker"})
+    served.post("/v1/embeddings", {"input": "hi", "model": "nope"}, status=404)
+    moved = {key: read(key[1]) - before[key] for key in before for read in [counted[key[0]]]}
+    assert {key: amount for key, amount in moved.items() if amount} == {
+        ("requests", "embedder"): 3, ("requests", "reranker"): 2, ("refused", ""): 1,
+        ("latency", "embedder"): 3, ("latency", ""): 1, ("parsing", "reranker"): 2, ("rendering", "reranker"): 2,
+        ("tokens", "embedder"): 3 * len(served.tokens("hello world")),
+    }  # fmt: skip
+    text = served.client.get("/metrics").text
+    assert 'poolserve_requests_total{endpoint="/v1/rerank",model="reranker",status="200"}' in text

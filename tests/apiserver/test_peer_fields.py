@@ -234,18 +234,18 @@ def test_use_activation_is_normalization_for_embeddings_and_activation_for_class
     served = serve()
     for path in ("/v1/embeddings", "/pooling"):
         served.post(path, {"input": "hi", "use_activation": False})
-        assert served.engine.requests[-1].normalize is False
+        assert served.engine.requests[-1].params.normalize is False
         served.post(path, {"input": "hi"})
-        assert served.engine.requests[-1].normalize is None  # the model's own choice
+        assert served.engine.requests[-1].params.normalize is None  # the model's own choice
     served.post("/pooling", {"input": "hi", "use_activation": False})
-    assert served.engine.requests[-1].activation is False
+    assert served.engine.requests[-1].params.activation is False
     classifier = serve(card=CLASSIFIER_CHANGES)
     for name in ("use_activation", "activation"):
         for path in ("/classify", "/pooling"):
             classifier.post(path, {"input": "hi", name: False})
-            assert classifier.engine.requests[-1].activation is False
+            assert classifier.engine.requests[-1].params.activation is False
             classifier.post(path, {"input": "hi", name: True})
-            assert classifier.engine.requests[-1].activation is True
+            assert classifier.engine.requests[-1].params.activation is True
 
 
 @pytest.mark.parametrize("name", ["use_activation", "activation"])
@@ -260,9 +260,9 @@ def test_score_and_rerank_honour_both_activation_spellings(serve: Any, name: str
     ]
     for path, body in cases:
         served.post(path, {**body, name: False})
-        assert served.engine.requests[-1].activation is False, path
+        assert served.engine.requests[-1].params.activation is False, path
         served.post(path, body)
-        assert served.engine.requests[-1].activation is True, path
+        assert served.engine.requests[-1].params.activation is True, path
 
 
 @pytest.mark.parametrize(
@@ -328,7 +328,7 @@ def test_voyages_fields_map_onto_openais(serve: Any) -> None:
     served = serve(card={"max_model_len": 8})
     row = text_row(served.tokens("hi"), DIM)
     body = served.post("/v1/embeddings", {"input": "hi", "output_dimension": 4, "input_type": None})
-    assert served.engine.requests[-1].dimensions == 4 and body["data"][0]["embedding"] == row[:4]
+    assert served.engine.requests[-1].params.dimensions == 4 and body["data"][0]["embedding"] == row[:4]
     assert served.post("/v1/embeddings", {"input": LONG, "truncation": True})["usage"]["prompt_tokens"] == 8
     error = served.post("/v1/embeddings", {"input": LONG, "truncation": False}, status=400)["error"]
     assert error["code"] == "context_length_exceeded"

@@ -22,7 +22,7 @@ from apiserver.preprocess import INLINE_MAX_BYTES
 from apiserver.responses import encode_json
 from apiserver.state import AppState
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PooledResult
-from poolserve.protocol import PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest
 from tests.apiserver.served_app import CLASSIFIER_CHANGES, CLIP_CHANGES, DIM, MESSAGE, PIXEL_PNG, text_row
 
 
@@ -44,7 +44,7 @@ def test_base64_embeddings_decode_to_the_float_rows_and_dimensions_reach_the_eng
     body = served.post("/v1/embeddings", {"input": "hello", "encoding_format": "base64", "dimensions": 4})
     vector = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
     assert vector.tolist() == text_row(served.tokens("hello"), DIM)[:4]
-    assert served.engine.requests[0].dimensions == 4
+    assert served.engine.requests[0].params.dimensions == 4
 
 
 def test_pooling_passes_normalize_and_activation_to_the_engine(serve: Any) -> None:
@@ -52,10 +52,10 @@ def test_pooling_passes_normalize_and_activation_to_the_engine(serve: Any) -> No
     body = served.post("/pooling", {"input": [[101, 7, 102]], "normalize": False})
     assert body["data"][0]["data"] == text_row([101, 7, 102], DIM)
     assert body["id"].startswith("pool-")
-    assert served.engine.requests[0].normalize is False
+    assert served.engine.requests[0].params.normalize is False
     classifier = serve(card=CLASSIFIER_CHANGES)
     classifier.post("/pooling", {"input": [[101, 7, 102]], "activation": False})
-    assert classifier.engine.requests[0].activation is False
+    assert classifier.engine.requests[0].params.activation is False
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_score_by_cosine_is_the_cosine_of_the_engine_rows(serve: Any) -> None:
     left = text_row(served.tokens("a cat"), DIM)
     expected = [cosine(left, text_row(served.tokens(t), DIM)) for t in ("a kitten", "a dog")]
     np.testing.assert_allclose([item["score"] for item in body["data"]], expected, rtol=1e-6)
-    assert served.engine.requests[0].normalize is True  # a bi-encoder scores normalized vectors
+    assert served.engine.requests[0].params.normalize is True  # a bi-encoder scores normalized vectors
 
 
 def test_rerank_ranks_best_first_in_both_dialects(serve: Any) -> None:
@@ -214,7 +214,7 @@ def test_token_image_and_queue_limits_stop_a_request_before_the_engine(serve: An
     ],
 )
 def test_engine_errors_become_their_http_status(serve: Any, error: Exception, status: int, code: str) -> None:
-    def fail(request: PoolRequest, job: PoolJob) -> PooledResult:
+    def fail(request: EngineRequest) -> PooledResult:
         raise error
 
     served = serve(engine_answer=fail)

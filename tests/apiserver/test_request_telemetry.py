@@ -10,7 +10,7 @@ import pytest
 
 from apiserver.telemetry import printable
 from engine_client import PooledResult
-from poolserve.protocol import PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest
 
 
 @pytest.mark.parametrize("path", ["/nothing%0A2026-11-25 INFO request_id=admin", "/v1/embeddings%0A", "/health%7F"])
@@ -35,7 +35,7 @@ def test_cache_hits_are_told_only_where_the_operator_asks(serve: Any) -> None:
     """x-cache-hits tells a client whether anyone embedded a text before: a membership oracle across users,
     so it is sent only with --cache-hits-header."""
 
-    def cached_answer(request: PoolRequest, job: PoolJob) -> PooledResult:
+    def cached_answer(request: EngineRequest) -> PooledResult:
         return PooledResult(np.zeros((len(request.lengths), 4), dtype=np.float32), cached=len(request.lengths))
 
     quiet = serve(engine_answer=cached_answer, card={"output_size": 4})

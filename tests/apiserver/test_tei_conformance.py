@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PooledResult
-from poolserve.protocol import PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest
 from tests.apiserver.served_app import CLASSIFIER_CHANGES, DIM, answering, text_row
 
 SPEC = json.loads((Path(__file__).parent.parent / "data" / "tei-openapi.json").read_text())
@@ -55,13 +55,14 @@ def check_answer(path: str, method: str, status: int, body: Any) -> None:
         check({"$ref": "#/components/schemas/ErrorResponse"}, body)
 
 
-def per_token(request: PoolRequest, job: PoolJob) -> PooledResult:
+def per_token(request: EngineRequest) -> PooledResult:
     """The fake engine, answering a per-token request with one row per token: [id, position, 0, ...]."""
-    if not request.per_token:
-        return answering(DIM)(request, job)
+    if not request.params.per_token:
+        return answering(DIM)(request)
     positions = [k for length in request.lengths for k in range(length)]
     rows = [
-        [float(token), float(k), *([0.0] * (DIM - 2))] for token, k in zip(job.tokens.tolist(), positions, strict=True)
+        [float(token), float(k), *([0.0] * (DIM - 2))]
+        for token, k in zip(request.tokens.tolist(), positions, strict=True)
     ]
     return PooledResult(np.asarray(rows, dtype=np.float32))
 
@@ -96,7 +97,7 @@ def test_embed_all_answers_each_tokens_state_unnormalized(serve: Any) -> None:
         ids = served.tokens(text)
         assert [row[:2] for row in states] == [[float(token), float(k)] for k, token in enumerate(ids)]
     [sent] = served.engine.requests
-    assert (sent.per_token, sent.normalize) == (True, False)
+    assert (sent.params.per_token, sent.params.normalize) == (True, False)
 
 
 def test_a_per_token_answer_is_bounded_by_its_values(serve: Any) -> None:
@@ -198,7 +199,7 @@ def test_a_body_that_is_not_json_is_a_tei_400_on_tei_routes_and_an_openai_400_el
 def test_engine_failures_on_tei_routes_are_teis(
     serve: Any, failure: Exception, status: int, error_type: str, openai_status: int
 ) -> None:
-    def fail(request: PoolRequest, job: PoolJob) -> PooledResult:
+    def fail(request: EngineRequest) -> PooledResult:
         raise failure
 
     served = serve(engine_answer=fail)
@@ -227,7 +228,7 @@ def test_pooling_tasks_run_where_the_model_can_and_are_refused_by_name_elsewhere
     body = served.post("/pooling", {"input": ["hello"], "task": "token_embed"})
     ids = served.tokens("hello")
     assert [row[:2] for row in body["data"][0]["data"]] == [[float(token), float(k)] for k, token in enumerate(ids)]
-    assert (served.engine.requests[-1].per_token, served.engine.requests[-1].normalize) == (True, True)
+    assert (served.engine.requests[-1].params.per_token, served.engine.requests[-1].params.normalize) == (True, True)
     assert len(served.post("/pooling", {"input": ["hello"], "task": "embed"})["data"][0]["data"]) == DIM
     for task in ("classify", "token_classify", "score", "encode", "plugin"):
         error = served.post("/pooling", {"input": "hello", "task": task}, status=400)["error"]

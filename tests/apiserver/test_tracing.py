@@ -12,7 +12,7 @@ from apiserver.tracing import start_tracing
 from bench.otlp_sink import OtlpReceiver
 from engine_client import PooledResult
 from poolserve.config import Config
-from poolserve.protocol import ForwardPass, PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest, ForwardPass
 from tests.apiserver.served_app import DIM, answering
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -55,8 +55,8 @@ def test_a_sampled_request_asks_the_engine_for_its_passes_and_draws_them_under_i
         ForwardPass(1_003_000_000, 1_004_000_000, 2, 9, 10, 1),
     ]
 
-    def answer(request: PoolRequest, job: PoolJob) -> PooledResult:
-        rows = answering(DIM)(request, job).vectors
+    def answer(request: EngineRequest) -> PooledResult:
+        rows = answering(DIM)(request).vectors
         return PooledResult(rows, queue_time=0.25, passes=passes if request.traced else None)
 
     served = serve(engine_answer=answer, tracer=tracer)

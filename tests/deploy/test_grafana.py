@@ -135,12 +135,26 @@ def test_ranges_follow_the_scrape_interval() -> None:
     assert ranges == {"$__rate_interval"}
 
 
-def test_the_variables_are_a_prometheus_datasource_then_job_then_instance() -> None:
+def test_every_selector_of_a_model_s_figures_is_filtered_by_the_model_variable() -> None:
+    """A server of several models labels each model's figures with its served name (`model`; the model-info gauge's
+    `model_name`): picking a model shows its figures alone."""
+    unfiltered = []
+    exposed = exposed_series()
+    for where, expr in queries(load_dashboard()):
+        for selector in checked(expr, exposed).selectors:
+            labels = exposed[selector.name]
+            label = "model" if "model" in labels else "model_name" if "model_name" in labels else None
+            if label is not None and (label, "=~", "$model") not in selector.matchers:
+                unfiltered.append(f"{where}: {selector.name}")
+    assert not unfiltered, "\n".join(unfiltered)
+
+
+def test_the_variables_are_a_prometheus_datasource_then_job_then_instance_then_model() -> None:
     variables = {variable["name"]: variable for variable in load_dashboard()["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "instance"]
+    assert list(variables) == ["datasource", "job", "instance", "model"]
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     exposed = exposed_series()
-    for name in ("job", "instance"):
+    for name in ("job", "instance", "model"):
         variable = variables[name]
         assert variable["type"] == "query" and variable["datasource"] == DATASOURCE
         assert variable["includeAll"] and variable["multi"] and variable["allValue"] == ".*"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.scrape import Samples, scrape, value
+from bench.scrape import scrape, value
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from poolserve.config import BUNDLED_MODEL_NAME
@@ -151,7 +151,7 @@ def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_log
     assert value(samples, "poolserve_restarts_total", process="engine") == 1
     assert value(samples, "poolserve_restarts_total", process="api_server") == 0
     waiting = [key for key in samples if key[0] == "poolserve_engine_requests_waiting"]
-    assert waiting == [("poolserve_engine_requests_waiting", (("engine", "0"),))]
+    assert waiting == [("poolserve_engine_requests_waiting", (("engine", "0"), ("model", BUNDLED_MODEL_NAME)))]
     assert len([key for key in samples if key[0] == "poolserve_model_info"]) == 1
     # The dead engine's files are folded into the archives and gone: the folder does not grow with restarts
     # (its counters stay in the totals, as the restart count above read through them shows).
@@ -227,12 +227,6 @@ def test_a_real_prometheus_server_scrapes_the_request_counter(metered: LaunchedS
         time.sleep(0.1)
 
 
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum over every series of `name` whose labels include `labels`."""
-    wanted = set(labels.items())
-    return sum(count for (sample, tags), count in samples.items() if sample == name and wanted <= set(tags))
-
-
 def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_disconnect(metered: LaunchedServer) -> None:
     # Once an ERROR with a traceback, counted as a 500: the server's fault in the dashboards.
     before = scrape(metered.url)
@@ -247,14 +241,14 @@ def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_discon
             time.sleep(0.2)  # the request reaches the route, which waits for the rest of the body
     assert wait_until(
         lambda: (
-            total(scrape(metered.url), "poolserve_requests_total", status="499")
-            - total(before, "poolserve_requests_total", status="499")
+            value(scrape(metered.url), "poolserve_requests_total", status="499")
+            - value(before, "poolserve_requests_total", status="499")
             >= 4
         ),
         timeout=10,
     ), metered.log()
     after = scrape(metered.url)
-    assert total(after, "poolserve_requests_total", status="500") == total(
+    assert value(after, "poolserve_requests_total", status="500") == value(
         before, "poolserve_requests_total", status="500"
     )
     log = metered.stderr()[log_start:]
@@ -336,7 +330,9 @@ def test_the_grafana_dashboards_queries_answer_from_a_real_prometheus(metered: L
         def answered() -> bool:
             empty.clear()
             for where, expr in queries(load_dashboard()):
-                filled = expr.replace("$__rate_interval", "10s").replace("$job", ".*").replace("$instance", ".*")
+                filled = expr.replace("$__rate_interval", "10s")
+                for variable in ("$job", "$instance", "$model"):
+                    filled = filled.replace(variable, ".*")
                 try:
                     got = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": filled}, timeout=5)
                 except httpx.HTTPError:

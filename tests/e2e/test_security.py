@@ -21,13 +21,14 @@ from pathlib import Path
 import httpx
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import pytest
 import zmq
 
 from apiserver.auth import OPEN_PATHS
 from bench.server_process import cmdline, memory_mb, wait_until
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
-from poolserve.protocol import Abort, ClientWire, Outputs, Ping, Pong, PoolRequest
+from poolserve.protocol import Abort, ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams
 from tests.conftest import (
     API_KEY,
     CORS_ORIGIN,
@@ -346,6 +347,16 @@ def tokens(*ids: int) -> bytes:
     return np.asarray(ids, dtype="<i4").tobytes()
 
 
+def ids(*values: int) -> npt.NDArray[np.int32]:
+    return np.asarray(values, dtype=np.int32)
+
+
+def sent(request: EngineRequest, *data: bytes) -> list[bytes]:
+    """The request's header as an API server encodes it, followed by `data` frames (or by its own, when none)."""
+    frames = [bytes(frame) for frame in ClientWire().encode(request)]
+    return [frames[0], *data] if data else frames
+
+
 def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(server: LaunchedServer) -> None:
     (engine,) = server.child_pid("engine_core")
     (folder,) = runtime_dirs_of(engine)
@@ -367,16 +378,16 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
     ]
     # Requests that cannot run: each gets an error reply, never a batch.
     refused = {
-        71: [encode_msg(PoolRequest(71, [3])), tokens(101, 102)],
-        72: [encode_msg(PoolRequest(72, [2]))],
-        73: [encode_msg(PoolRequest(73, [2])), tokens(101, 99999)],
-        74: [encode_msg(PoolRequest(74, [2**64 - 1])), tokens(101)],
-        75: [encode_msg(PoolRequest(75, [1], images=1, image_height=2, image_width=2)), tokens(101), b"\0" * 12],
-        76: [encode_msg(PoolRequest(76, [2], token_types=True)), tokens(101, 102), tokens(0, 7)],
-        77: [encode_msg(PoolRequest(77, [1], dimensions=-3)), tokens(101)],
+        71: sent(EngineRequest(id=71, lengths=[3], tokens=ids(101, 102, 103)), tokens(101, 102)),
+        72: sent(EngineRequest(id=72, lengths=[2], tokens=ids(101, 102)))[:1],
+        73: sent(EngineRequest(id=73, lengths=[2], tokens=ids(101, 99999))),
+        74: sent(EngineRequest(id=74, lengths=[2**64 - 1], tokens=ids(101))),
+        75: sent(EngineRequest(id=75, lengths=[1], tokens=ids(101), pixels=np.zeros((1, 2, 2, 3), dtype=np.uint8))),
+        76: sent(EngineRequest(id=76, lengths=[2], tokens=ids(101, 102), token_types=ids(0, 7))),
+        77: sent(EngineRequest(id=77, lengths=[1], tokens=ids(101), params=PoolingParams(dimensions=-3))),
         # Headers with a field of the wrong type: undecodable, yet their id is readable, so they are answered.
         78: [encode_msg(["pool", 78, ["not", "ints"]]), tokens(101)],
-        79: [encode_msg(["pool", 79, [1], 0, 1]), tokens(101)],  # normalize is a bool or nil, not 1
+        79: [encode_msg(["pool", 79, [1], [1, 1], None, None, [0, 1]]), tokens(101)],  # normalize: a bool or nil, not 1
     }
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)

@@ -1,24 +1,30 @@
 """Several models behind one `launch`: the bundled MiniLM and a tiny cross-encoder, each with its own engine, each
 request routed by its `model` field; the answers are the one-model servers' own, and one model's engine crash
-costs the other nothing."""
+costs the other nothing. A second server adds a tiny CLIP as a third model, declared in a --config file that gives
+each model its own queue limit, cache and priority setting, and shows each model's figures apart on /metrics."""
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from bench.scrape import scrape, value
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
+from tests.images import data_url, encode, make_image
 from tests.sentences import SENTENCES
 from tests.utils import FLOAT32_CPU, LaunchedServer, crash_loop, engine_pids, ready_line_time
 
 QUERY = "what is the capital of france?"
+MODELS = ("minilm", "rerank", "clip")
 DOCUMENTS = [
     "Paris is the capital and most populous city of France.",
     "Berlin is the capital of Germany.",
@@ -33,6 +39,42 @@ def two_models(bundled_model: Path, cross_encoder_model: Path) -> Iterator[Launc
         "--model", f"minilm={bundled_model}", "--model", f"rerank={cross_encoder_model}",
         "--api-server-count", "1", *FLOAT32_CPU,
     ).wait_ready(120)  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# The third model's own settings: rerank's queue holds 6 inputs and a cache of about 8 rows; clip lets no request
+# jump its queue (min_priority 0); minilm's cache is 1 MiB. The command line's --cache-hits-header is every model's.
+MODELS_TOML = """
+[[models]]
+served_model_name = ["minilm"]
+cache_bytes = 1048576
+
+[[models]]
+model = "{cross_encoder}"
+served_model_name = ["rerank"]
+max_queued_inputs = 6
+cache_bytes = 2048
+
+[[models]]
+model = "{clip}"
+served_model_name = ["clip"]
+min_priority = 0
+"""
+
+
+@pytest.fixture(scope="module")
+def three_models(
+    bundled_model: Path, cross_encoder_model: Path, clip_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LaunchedServer]:
+    """minilm (the default: engine-0), rerank (engine-1) and clip (engine-2), one API server, from a --config file."""
+    file = tmp_path_factory.mktemp("models") / "models.toml"
+    file.write_text(MODELS_TOML.format(cross_encoder=cross_encoder_model, clip=clip_model))
+    server = LaunchedServer(
+        "--config", str(file), "--api-server-count", "1", "--cache-hits-header", *FLOAT32_CPU
+    ).wait_ready(180)
     try:
         yield server
     finally:
@@ -163,3 +205,103 @@ def test_a_model_whose_only_engine_crash_loops_is_taken_out_of_service_while_the
     with server.client() as client:
         health = client.get("/health/ready")
     assert health.status_code == 503 and "'rerank'" in health.json()["error"]["message"], health.text
+
+
+def test_three_models_answer_as_their_own_one_model_servers(
+    three_models: LaunchedServer,
+    server: LaunchedServer,
+    cross_encoder_server: LaunchedServer,
+    clip_server: LaunchedServer,
+) -> None:
+    texts = SENTENCES[:4]
+    images = [{"image": data_url(encode(make_image(40, 30, seed)))} for seed in (1, 2)]
+    for alone, name, body in (
+        (server, "minilm", {"input": texts}),
+        (clip_server, "clip", {"input": texts}),
+        (clip_server, "clip", {"input": [texts[0], *images]}),  # text and images in one request
+    ):
+        got = post(three_models, "/v1/embeddings", {**body, "model": name})
+        assert got["model"] == name
+        np.testing.assert_allclose(vectors(got), vectors(post(alone, "/v1/embeddings", body)), atol=1e-6, rtol=0)
+    ranking = {"query": QUERY, "documents": DOCUMENTS}
+    want = scores(post(cross_encoder_server, "/v1/rerank", ranking))
+    got = scores(post(three_models, "/v1/rerank", {**ranking, "model": "rerank"}))
+    assert [index for index, _ in got] == [index for index, _ in want]
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in want], atol=1e-6, rtol=0)
+    with three_models.client() as client:
+        unknown = client.post("/v1/embeddings", json={"input": "hi", "model": "nope"})
+        assert unknown.status_code == 404 and "'minilm', 'rerank', 'clip'" in unknown.json()["error"]["message"]
+        listed = client.get("/v1/models").json()["data"]
+        assert [(entry["id"], entry["kind"]) for entry in listed] == [
+            ("minilm", "embedding"), ("rerank", "classifier"), ("clip", "clip"),
+        ]  # fmt: skip
+
+
+def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(three_models: LaunchedServer) -> None:
+    """A flood of new documents on rerank (its queue of 6 inputs, its cache of ~8 rows) fails no request of the
+    other models and evicts nothing of minilm's cache; each model's table setting holds for it alone; and /metrics
+    shows each model's requests, tokens, passes and cache apart, summing to the server's totals."""
+    server = three_models
+    before = scrape(server.url)
+    with server.client() as client:
+        # Priority: clip's table lets no request jump its queue; minilm keeps the command line's -100.
+        urgent = {"input": "urgent", "priority": -3}
+        assert client.post("/v1/embeddings", json={**urgent, "model": "minilm"}).status_code == 200
+        refused = client.post("/v1/embeddings", json={**urgent, "model": "clip"})
+        assert refused.status_code == 400 and "--min-priority" in refused.text, refused.text
+        # Queue limits: 8 inputs are more than rerank's whole queue (413), and nothing to minilm's.
+        many = [f"document {i}" for i in range(8)]
+        too_many = client.post("/v1/rerank", json={"query": QUERY, "documents": many, "model": "rerank"})
+        assert too_many.status_code == 413 and "6 inputs" in too_many.text, too_many.text
+        assert client.post("/v1/embeddings", json={"input": many, "model": "minilm"}).status_code == 200
+        cached = {"input": ["kept in minilm's cache"], "model": "minilm"}
+        assert client.post("/v1/embeddings", json=cached).headers["x-cache-hits"] == "0"
+
+    def new_documents(rng: random.Random) -> dict[str, Any]:
+        documents = [f"new document {rng.random()}" for _ in range(3)]
+        return {"query": QUERY, "documents": documents, "model": "rerank"}
+
+    def image_request(seed: int) -> int:
+        body = {"input": [f"picture {seed}", {"image": data_url(encode(make_image(32, 32, seed)))}], "model": "clip"}
+        with server.client() as client:
+            return client.post("/v1/embeddings", json=body).status_code
+
+    with (
+        SteadyLoad(server.url, clients=4, body=new_documents, path="/v1/rerank") as flood,
+        SteadyLoad(server.url, clients=1, body={"input": SENTENCES[:4], "model": "minilm"}) as embeds,
+    ):
+        flood.wait_for(40)
+        embeds.wait_for(10)
+        with ThreadPoolExecutor(2) as pool:
+            images = list(pool.map(image_request, range(6)))
+    assert images == [200] * 6
+    assert embeds.failures == [] and set(embeds.statuses) == {200}, (embeds.failures, embeds.statuses)
+    assert flood.failures == [] and set(flood.statuses) <= {200, 429}, (flood.failures, flood.statuses)
+    with server.client() as client:
+        assert client.post("/v1/embeddings", json=cached).headers["x-cache-hits"] == "1"
+    after = scrape(server.url)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("poolserve_cache_evictions_total", engine="1", model="rerank") > 0
+    assert moved("poolserve_cache_evictions_total", model="minilm") == 0
+    assert moved("poolserve_cache_hits_total", engine="0", model="minilm") > 0
+    embedded = {name: moved("poolserve_requests_total", endpoint="/v1/embeddings", model=name) for name in MODELS}
+    assert embedded["clip"] == 7 and embedded["minilm"] >= 10 + 4, embedded
+    ranked = moved("poolserve_requests_total", endpoint="/v1/rerank", model="rerank")
+    assert ranked == sum(flood.statuses.values()) + 1  # the flood and the 413
+    for name in (
+        "poolserve_requests_total",
+        "poolserve_prompt_tokens_total",
+        "poolserve_request_duration_seconds_count",
+    ):
+        by_model = [moved(name, model=model) for model in (*MODELS, "")]
+        assert sum(by_model) == moved(name) and all(by_model[:3]), (name, by_model)
+    assert moved("poolserve_images_total", endpoint="/v1/embeddings", model="clip") == 6
+    for engine, model in enumerate(MODELS):  # each model's engine, numbered in the order declared
+        assert moved("poolserve_batch_inputs_count", engine=str(engine), model=model) > 0, model
+        assert moved("poolserve_batch_inputs_count", engine=str(engine)) == moved(
+            "poolserve_batch_inputs_count", model=model
+        ), model
+    assert moved("poolserve_forward_duration_seconds_count", model="clip", modality="image") > 0

@@ -19,13 +19,12 @@ from engine_client import EngineClient
 from poolserve.flight_record import encode_record
 from poolserve.protocol import (
     ERROR_OVERLOADED,
+    EngineRequest,
     EngineWire,
     Hello,
     Ping,
     Pong,
     PooledOutput,
-    PoolJob,
-    PoolRequest,
     Ready,
     RequestFailed,
 )
@@ -45,7 +44,7 @@ class FakeEngine:
         self.queued_inputs = 0
         # Whether its share of the admission limit is full: it refuses every request as overloaded.
         self.is_full = False
-        self.held: list[tuple[bytes, PoolRequest]] = []
+        self.held: list[tuple[bytes, EngineRequest]] = []
         self.refused = 0
         self._wire = EngineWire()
         self._router = context.socket(zmq.ROUTER)
@@ -62,11 +61,11 @@ class FakeEngine:
             elif isinstance(msg, Ping):
                 pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
                 await self._router.send_multipart([identity, *self._wire.encode(pong)])
-            elif isinstance(msg, PoolRequest) and self.is_full:
+            elif isinstance(msg, EngineRequest) and self.is_full:
                 refusal = RequestFailed(msg.id, ERROR_OVERLOADED, f"engine {self.index} is full")
                 await self._router.send_multipart([identity, *self._wire.encode_outputs([], [refusal])])
                 self.refused += 1
-            elif isinstance(msg, PoolRequest):
+            elif isinstance(msg, EngineRequest):
                 self.held.append((identity, msg))
 
     async def answer_all(self) -> None:
@@ -85,7 +84,7 @@ class FakeEngine:
     def ids(self) -> list[int]:
         return [request.id for _, request in self.held]
 
-    def request(self, request_id: int) -> PoolRequest:
+    def request(self, request_id: int) -> EngineRequest:
         return next(request for _, request in self.held if request.id == request_id)
 
     async def die_running(self, record: Path, running: list[int]) -> None:
@@ -103,8 +102,8 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def job(inputs: int = 1) -> PoolJob:
-    return PoolJob.from_rows([[101, 7, 102]] * inputs)
+def job(inputs: int = 1) -> EngineRequest:
+    return EngineRequest.from_rows([[101, 7, 102]] * inputs)
 
 
 def two_engines(context: zmq.asyncio.Context, folder: Path) -> tuple[list[str], list[FakeEngine]]:

@@ -7,7 +7,7 @@ import zmq
 import zmq.asyncio
 
 from engine_client import EngineClient, EngineOverloaded, PoisonPill
-from poolserve.protocol import Pong, PoolJob
+from poolserve.protocol import EngineRequest, Pong
 from tests.cards import CARD
 from tests.engine_client.fake_engine import FakeEngine, connected_client, job, shut_down, two_engines, until
 
@@ -105,7 +105,7 @@ def test_a_send_refused_before_the_disconnect_is_seen_keeps_the_request_for_the_
         link = client.links[0]
         link.ready.set()  # as it was the moment before the engine died
         client._any_ready.set()
-        work = asyncio.ensure_future(client.pool(PoolJob.from_rows([[1]])))
+        work = asyncio.ensure_future(client.pool(EngineRequest.from_rows([[1]])))
         await asyncio.sleep(0.05)
         in_flight_while_refused = client.in_flight
         link.ready.clear()  # the disconnect arrives

@@ -21,7 +21,8 @@ from engine_core.loader import LoadedModel
 from engine_core.request_state import InvalidRequest, check_request
 from engine_core.runner import SparseRow
 from poolserve.config import Config
-from poolserve.protocol import PoolJob, SparseRows
+from poolserve.protocol import EngineRequest, SparseRows
+from tests.engine_core.pending import pool_request
 from tests.fidelity.bge_m3_layouts import build_bge_m3
 
 HELLO = [0, 35, 61, 35, 2]  # <s> ... </s>, token 35 twice
@@ -35,9 +36,10 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return dataclasses.replace(load_model(Config(model=str(folder), device="cpu")), batch_overhead_tokens=64.0)
 
 
-def run(core: EngineCore, *jobs: PoolJob) -> dict[int, object]:
+def run(core: EngineCore, *jobs: EngineRequest) -> dict[int, object]:
     for request_id, job in enumerate(jobs, 1):
-        request = check_request(b"api-0", job.header(request_id), job, core.card)
+        job.id = request_id
+        request = check_request(b"api-0", job, core.card)
         assert core.admission.try_admit(request.count, request.total_cost)
         core.add(request)
     answers: dict[int, object] = {}
@@ -81,10 +83,10 @@ def test_one_batch_answers_dense_rows_colbert_vectors_and_lexical_weights_side_b
     core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
     rows = [HELLO, WORLD]
     jobs = (
-        PoolJob.from_rows(rows),
-        PoolJob.from_rows(rows, per_token=True),
-        PoolJob.from_rows(rows, sparse=True),
-        PoolJob.from_rows(rows, sparse=True, normalize=True),
+        pool_request(rows),
+        pool_request(rows, per_token=True),
+        pool_request(rows, sparse=True),
+        pool_request(rows, sparse=True, normalize=True),
     )
     answers = run(core, *jobs)
     dense, colbert, lexical, unit = (answers[i] for i in (1, 2, 3, 4))
@@ -111,15 +113,15 @@ def test_one_batch_answers_dense_rows_colbert_vectors_and_lexical_weights_side_b
 def test_a_sparse_output_is_refused_where_the_model_has_none_or_with_token_vectors(loaded: LoadedModel) -> None:
     card = loaded.card
     for job, message in (
-        (PoolJob.from_rows([HELLO], sparse=True, per_token=True), "one row per text"),
-        (PoolJob.from_rows([HELLO], sparse=True, dimensions=4), "leading dimensions"),
+        (pool_request([HELLO], sparse=True, per_token=True), "one row per text"),
+        (pool_request([HELLO], sparse=True, dimensions=4), "leading dimensions"),
     ):
         with pytest.raises(InvalidRequest, match=message):
-            check_request(b"api-0", job.header(1), job, card)
+            check_request(b"api-0", job, card)
     dense_only = msgspec.structs.replace(card, extra_outputs=[])
-    job = PoolJob.from_rows([HELLO], sparse=True)
+    job = pool_request([HELLO], sparse=True)
     with pytest.raises(InvalidRequest, match="no sparse output"):
-        check_request(b"api-0", job.header(1), job, dense_only)
+        check_request(b"api-0", job, dense_only)
 
 
 def copy_without(folder: Path, target: Path, *left_out: str) -> Path:

@@ -12,17 +12,20 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
+from prometheus_client import REGISTRY
 
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore, StepOutputs
 from engine_core.embedding_cache import EmbeddingCache
 from engine_core.load_model import load_model
 from engine_core.loader import LoadedModel
+from engine_core.metrics import set_engine_index
 from engine_core.postprocess import l2_normalize
 from engine_core.request_state import InvalidRequest, check_request
 from engine_core.scheduler import PriorityPolicy
 from poolserve.config import Config
-from poolserve.protocol import PooledOutput, PoolJob
+from poolserve.protocol import EngineRequest, PooledOutput
+from tests.engine_core.pending import pool_request
 
 F32 = npt.NDArray[np.float32]
 HELLO = [101, 7592, 102]
@@ -45,9 +48,10 @@ def core(loaded: LoadedModel) -> Iterator[EngineCore]:
     assert (core.admission.inputs, core.admission.tokens, core.running, core.waiting) == (0, 0, 0, 0)
 
 
-def submit(core: EngineCore, identity: bytes, request_id: int, job: PoolJob) -> None:
+def submit(core: EngineCore, identity: bytes, request_id: int, job: EngineRequest) -> None:
     """What the I/O thread does with a decoded request: check it, count it against the admission limit, queue it."""
-    request = check_request(identity, job.header(request_id), job, core.card)
+    job.id = request_id
+    request = check_request(identity, job, core.card)
     assert core.admission.try_admit(request.count, request.total_cost)
     core.add(request)
 
@@ -70,8 +74,8 @@ def reference(loaded: LoadedModel, rows: list[list[int]]) -> F32:
 
 
 def test_requests_from_two_servers_come_back_as_the_model_computes_them(core: EngineCore, loaded: LoadedModel) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows(SENTENCES[:3]))
-    submit(core, b"api-1", 1, PoolJob.from_rows(SENTENCES[3:]))
+    submit(core, b"api-0", 1, pool_request(SENTENCES[:3]))
+    submit(core, b"api-1", 1, pool_request(SENTENCES[3:]))
     outputs, steps = run_until_idle(core)
     assert set(outputs) == {(b"api-0", 1), (b"api-1", 1)}
     assert steps == 2  # four inputs in batches of two
@@ -84,7 +88,7 @@ def test_requests_from_two_servers_come_back_as_the_model_computes_them(core: En
 
 
 def test_a_request_finishes_only_when_its_last_input_has_run(core: EngineCore) -> None:
-    submit(core, b"api-0", 7, PoolJob.from_rows(SENTENCES))
+    submit(core, b"api-0", 7, pool_request(SENTENCES))
     first = core.run_batch(batch) if (batch := core.next_batch()) else StepOutputs()
     assert not first.servers and core.running == 1
     outputs, _ = run_until_idle(core)
@@ -92,8 +96,8 @@ def test_a_request_finishes_only_when_its_last_input_has_run(core: EngineCore) -
 
 
 def test_the_requests_options_shape_its_rows(core: EngineCore, loaded: LoadedModel) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO], normalize=False))
-    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO], dimensions=8))
+    submit(core, b"api-0", 1, pool_request([HELLO], normalize=False))
+    submit(core, b"api-0", 2, pool_request([HELLO], dimensions=8))
     outputs, _ = run_until_idle(core)
     raw = reference(loaded, [HELLO])
     np.testing.assert_allclose(outputs[(b"api-0", 1)][1], raw, atol=1e-5)
@@ -103,8 +107,8 @@ def test_the_requests_options_shape_its_rows(core: EngineCore, loaded: LoadedMod
 
 
 def test_an_aborted_request_never_runs_and_gives_back_its_place_in_the_queue(core: EngineCore) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows(SENTENCES))
-    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO]))
+    submit(core, b"api-0", 1, pool_request(SENTENCES))
+    submit(core, b"api-0", 2, pool_request([HELLO]))
     assert core.admission.inputs == 5
     core.abort(b"api-0", [1])
     core.abort(b"api-1", [2])  # another server's ids: nothing of api-0's is touched
@@ -115,7 +119,7 @@ def test_an_aborted_request_never_runs_and_gives_back_its_place_in_the_queue(cor
 
 @pytest.mark.parametrize("inputs", [4, 12], ids=["within one window", "past the scheduler's window"])
 def test_an_abort_between_steps_saves_the_inputs_not_run_yet(core: EngineCore, inputs: int) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO] * inputs))
+    submit(core, b"api-0", 1, pool_request([HELLO] * inputs))
     batch = core.next_batch()
     assert batch is not None
     core.run_batch(batch)
@@ -133,8 +137,8 @@ class Exploding:
 
 
 def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(core: EngineCore, loaded: LoadedModel) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO]))
-    submit(core, b"api-1", 2, PoolJob.from_rows([HELLO]))
+    submit(core, b"api-0", 1, pool_request([HELLO]))
+    submit(core, b"api-1", 2, pool_request([HELLO]))
     core.runner = Exploding()
     batch = core.next_batch()
     assert batch is not None
@@ -144,7 +148,7 @@ def test_a_failed_forward_pass_fails_its_requests_and_the_engine_goes_on(core: E
     assert (failure.id, failure.code) == (1, "model_error")
     assert "RuntimeError: CUDA error" in failure.message
     core.runner = loaded.runner
-    submit(core, b"api-0", 3, PoolJob.from_rows([HELLO]))
+    submit(core, b"api-0", 3, pool_request([HELLO]))
     outputs, _ = run_until_idle(core)
     assert set(outputs) == {(b"api-0", 3)}
 
@@ -165,8 +169,8 @@ class NanFor:
 def test_a_row_that_is_not_finite_fails_its_request_and_never_reaches_the_client(
     core: EngineCore, loaded: LoadedModel
 ) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO, [101, 999, 102]]))
-    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO]))
+    submit(core, b"api-0", 1, pool_request([HELLO, [101, 999, 102]]))
+    submit(core, b"api-0", 2, pool_request([HELLO]))
     core.runner = NanFor(loaded.runner, 999)  # type: ignore[assignment]
     failures, outputs = [], []
     while (batch := core.next_batch()) is not None:
@@ -182,11 +186,11 @@ def test_a_row_that_is_not_finite_fails_its_request_and_never_reaches_the_client
 
 
 def test_an_urgent_request_displaces_the_rest_of_a_window_and_runs_next(core: EngineCore) -> None:
-    submit(core, b"api-0", 1, PoolJob.from_rows([HELLO] * 8))  # a window of 4 batches of 2
+    submit(core, b"api-0", 1, pool_request([HELLO] * 8))  # a window of 4 batches of 2
     first = core.next_batch()
     assert first is not None
     core.run_batch(first)
-    submit(core, b"api-1", 2, PoolJob.from_rows([HELLO], priority=-1))
+    submit(core, b"api-1", 2, pool_request([HELLO], priority=-1))
     urgent = core.next_batch()
     assert urgent is not None and (b"api-1", 2) in {item.request.key for item in urgent}
     core.run_batch(urgent)
@@ -196,10 +200,10 @@ def test_an_urgent_request_displaces_the_rest_of_a_window_and_runs_next(core: En
 
 def test_a_repeated_input_is_answered_from_the_cache_with_the_computed_row(loaded: LoadedModel) -> None:
     core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
-    submit(core, b"api-0", 1, PoolJob.from_rows(SENTENCES))
+    submit(core, b"api-0", 1, pool_request(SENTENCES))
     first, _ = run_until_idle(core)
     # All cached: answered without a step, each finishing (normalize, dimensions) its own.
-    submit(core, b"api-0", 2, PoolJob.from_rows(SENTENCES, dimensions=8, normalize=False))
+    submit(core, b"api-0", 2, pool_request(SENTENCES, dimensions=8, normalize=False))
     assert core.next_batch() is None
     step = core.take_answered_from_cache()
     assert step is not None
@@ -209,7 +213,7 @@ def test_a_repeated_input_is_answered_from_the_cache_with_the_computed_row(loade
     np.testing.assert_allclose(rows, raw[:, :8], atol=1e-6)
     np.testing.assert_allclose(first[(b"api-0", 1)][1], raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-6)
     # Partly cached: only the new input runs.
-    submit(core, b"api-0", 3, PoolJob.from_rows([SENTENCES[0], [101, 2204, 102]]))
+    submit(core, b"api-0", 3, pool_request([SENTENCES[0], [101, 2204, 102]]))
     batch = core.next_batch()
     assert batch is not None and [item.index for item in batch] == [1]
     step = core.run_batch(batch)
@@ -225,7 +229,7 @@ def test_per_token_requests_get_every_tokens_state_beside_pooled_ones_and_the_ca
     core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
     pair = SENTENCES[:2]
     for request_id in (1, 2):
-        submit(core, b"api-0", request_id, PoolJob.from_rows(pair, normalize=False, per_token=request_id == 2))
+        submit(core, b"api-0", request_id, pool_request(pair, normalize=False, per_token=request_id == 2))
     outputs, _ = run_until_idle(core)
     pooled, states = outputs[(b"api-0", 1)][1], outputs[(b"api-0", 2)][1]
     assert states.shape == (sum(map(len, pair)), loaded.card.output_size)
@@ -234,7 +238,7 @@ def test_per_token_requests_get_every_tokens_state_beside_pooled_ones_and_the_ca
     np.testing.assert_allclose(np.stack(means), pooled, atol=1e-5)
     # Both are cached, each under its own key: the same ids asked each way get their own rows back.
     for request_id, per_token in ((3, True), (4, False)):
-        submit(core, b"api-0", request_id, PoolJob.from_rows(pair, normalize=False, per_token=per_token))
+        submit(core, b"api-0", request_id, pool_request(pair, normalize=False, per_token=per_token))
     step = core.take_answered_from_cache()
     assert step is not None and core.next_batch() is None
     answers = {out.id: rows for out, rows in step.outputs[b"api-0"]}
@@ -244,9 +248,9 @@ def test_per_token_requests_get_every_tokens_state_beside_pooled_ones_and_the_ca
 
 def test_a_model_without_token_states_refuses_per_token_requests(loaded: LoadedModel) -> None:
     card = msgspec.structs.replace(loaded.card, tasks=["classify"])
-    job = PoolJob.from_rows([HELLO], per_token=True)
+    job = pool_request([HELLO], per_token=True)
     with pytest.raises(InvalidRequest, match="per-token"):
-        check_request(b"api-0", job.header(1), job, card)
+        check_request(b"api-0", job, card)
 
 
 def test_a_flood_at_the_most_urgent_priority_holds_a_default_request_only_until_it_is_overdue(
@@ -256,8 +260,8 @@ def test_a_flood_at_the_most_urgent_priority_holds_a_default_request_only_until_
     flood there hold a priority-0 request for 300 s (then 504). Overdue, it goes ahead of the flood."""
     policy = PriorityPolicy(most_urgent=-50, max_wait_s=0.5)
     core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), priority=policy)
-    flood = PoolJob.from_rows([HELLO] * 4, priority=-50)
-    submit(core, b"api-0", 0, PoolJob.from_rows([SENTENCES[1]]))
+    flood = pool_request([HELLO] * 4, priority=-50)
+    submit(core, b"api-0", 0, pool_request([SENTENCES[1]]))
     started = time.monotonic()
     request_id, flood_answered = 1, 0
     default_answered_at = None
@@ -277,9 +281,9 @@ def test_a_flood_at_the_most_urgent_priority_holds_a_default_request_only_until_
 
 
 def test_a_traced_request_gets_the_forward_passes_it_rode_in_and_an_untraced_one_none(core: EngineCore) -> None:
-    traced = PoolJob.from_rows(SENTENCES[:3], traced=True)
+    traced = pool_request(SENTENCES[:3], traced=True)
     submit(core, b"api-0", 1, traced)
-    submit(core, b"api-0", 2, PoolJob.from_rows([HELLO]))
+    submit(core, b"api-0", 2, pool_request([HELLO]))
     before = time.time_ns()
     outputs, steps = run_until_idle(core)
     out, _ = outputs[(b"api-0", 1)]
@@ -292,3 +296,28 @@ def test_a_traced_request_gets_the_forward_passes_it_rode_in_and_an_untraced_one
     # The passes' inputs are the four sent, their tokens all of theirs.
     assert sum(forward.batch_tokens for forward in out.passes) == sum(map(len, [*SENTENCES[:3], HELLO]))
     assert out.passes[0].end_ns <= out.passes[1].start_ns
+
+
+def test_every_engine_series_carries_its_engine_and_its_model(loaded: LoadedModel) -> None:
+    """One server, several models: each engine's figures are labelled with its model's served name, so the models'
+    passes, queues and cache hits show apart on /metrics."""
+    mine = {"engine": "7", "model": "reranker"}
+
+    def read(name: str, **more: str) -> float:
+        return REGISTRY.get_sample_value(name, {**mine, **more}) or 0.0
+
+    set_engine_index(7, "reranker")
+    try:
+        core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096), EmbeddingCache(1 << 20))
+        for request_id in (1, 2):  # the second is all cache hits
+            submit(core, b"api-0", request_id, pool_request(SENTENCES[:2]))
+            run_until_idle(core)
+        assert core.take_answered_from_cache() is not None
+        assert read("poolserve_forward_duration_seconds_count", modality="text") == 1
+        assert read("poolserve_queue_duration_seconds_count") == 1
+        assert read("poolserve_batch_inputs_sum") == 2
+        assert read("poolserve_batch_tokens_count") == 1
+        assert (read("poolserve_cache_misses_total"), read("poolserve_cache_hits_total")) == (2, 2)
+        assert read("poolserve_cache_bytes") > 0
+    finally:
+        set_engine_index(0, "")

@@ -35,6 +35,7 @@ from tests.fidelity.own_code_layouts import (
     build_gte_new_code_and_checkpoint_apart,
     build_gte_new_for_older_transformers,
     build_gte_new_own_code,
+    build_gte_qwen2_own_code,
     build_nomic_code_elsewhere,
     build_nomic_own_code,
 )
@@ -720,6 +721,7 @@ SERVED = [
     Served("bge-m3", build_bge_m3, reference="bge_m3"),
     Served("own-code-nomic-bert", build_nomic_own_code, flags={"trust_remote_code": True}),
     Served("own-code-gte-new", build_gte_new_own_code, flags={"trust_remote_code": True}),
+    Served("own-code-gte-qwen2", build_gte_qwen2_own_code, flags={"trust_remote_code": True}),
 ]
 
 

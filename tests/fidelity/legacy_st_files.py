@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.models import TINY
 
-POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+POOLING_KEYS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken")
 
 
 def write_legacy_st_files(

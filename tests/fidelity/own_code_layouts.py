@@ -15,7 +15,7 @@ code, not those authors' code itself.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,16 @@ class Family:
     pooling: str
     prompts: dict[str, str]
     model_extra: str = ""  # what the family's own model class does beyond transformers' port
+    # Whether the folder brings a config class of its own (gte-Qwen2's config is transformers' own qwen2).
+    own_config: bool = True
+    config_changes: dict[str, Any] = field(default_factory=dict)  # beyond TINY, where the config's defaults are big
 
     def auto_map(self, elsewhere: bool) -> dict[str, str]:
         prefix = f"{self.repository}--" if elsewhere else ""
-        return {
-            "AutoConfig": f"{prefix}{self.config_module}.{self.config_class}",
-            "AutoModel": f"{prefix}{self.model_module}.{self.model_class}",
-        }
+        model = {"AutoModel": f"{prefix}{self.model_module}.{self.model_class}"}
+        return (
+            {"AutoConfig": f"{prefix}{self.config_module}.{self.config_class}", **model} if self.own_config else model
+        )
 
     def stand_in_code(self) -> dict[str, str]:
         """Subclasses of transformers' port, so that transformers registering the folder's classes for its Auto
@@ -62,14 +65,18 @@ class Family:
             f"class {self.config_class}(configuration_{self.port}.{self.port_config}):\n"
             f"    model_type = {self.model_type!r}\n"
         )
+        config_import = f"from .{self.config_module} import {self.config_class}\n" if self.own_config else ""
         model = (
-            f"from transformers.models.{self.port} import modeling_{self.port}\n\n"
-            f"from .{self.config_module} import {self.config_class}\n\n\n"
+            f"from transformers.models.{self.port} import modeling_{self.port}\n"
+            f"from transformers.models.{self.port}.configuration_{self.port} import {self.port_config}\n"
+            f"from transformers.masking_utils import create_bidirectional_mask\n\n"
+            f"{config_import}\n\n"
             f"class {self.model_class}(modeling_{self.port}.{self.port_model}):\n"
-            f"    config_class = {self.config_class}\n"
+            f"    config_class = {self.config_class if self.own_config else self.port_config}\n"
             f"{self.model_extra}"
         )
-        return {f"{self.config_module}.py": config, f"{self.model_module}.py": model}
+        code = {f"{self.model_module}.py": model}
+        return {f"{self.config_module}.py": config, **code} if self.own_config else code
 
 
 # nomic's NomicBertPreTrainedModel loads itself: its own from_pretrained(model_name, config=None, *inputs, **kwargs)
@@ -92,6 +99,29 @@ GTE_NEW = Family(
 )  # fmt: skip
 
 
+# gte-Qwen2-7B-instruct's modeling_qwen.Qwen2Model: Qwen2 whose every token attends to every other (not to padding),
+# as it was trained; its config is transformers' own qwen2 (auto_map names the model class alone).
+BIDIRECTIONAL_QWEN2 = """
+    def __init__(self, config):
+        super().__init__(config)
+        for layer in self.layers:
+            layer.self_attn.is_causal = False
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        embeds = self.embed_tokens(input_ids)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=embeds, attention_mask=attention_mask)
+        return super().forward(inputs_embeds=embeds, attention_mask={"full_attention": mask}, **kwargs)
+"""
+GTE_QWEN2_PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+}
+GTE_QWEN2 = Family(
+    "Alibaba-NLP/gte-Qwen2-7B-instruct", "qwen2", "", "", "modeling_qwen", "Qwen2Model", "qwen2", "Qwen2Config",
+    "Qwen2Model", "lasttoken", GTE_QWEN2_PROMPTS, BIDIRECTIONAL_QWEN2, own_config=False,
+    config_changes={"num_key_value_heads": TINY["num_attention_heads"]},
+)  # fmt: skip
+
+
 def write_folder(family: Family, folder: Path, *, elsewhere: bool = False, weights_as_saved: bool = False) -> None:
     """A tiny random model in the family's layout; its code named in the family's repository (`elsewhere`), or in
     the folder. `weights_as_saved`: the checkpoint as transformers' save_pretrained writes it (see below)."""
@@ -103,7 +133,9 @@ def write_folder(family: Family, folder: Path, *, elsewhere: bool = False, weigh
     configuration = importlib.import_module(f"transformers.models.{family.port}.configuration_{family.port}")
     modeling = importlib.import_module(f"transformers.models.{family.port}.modeling_{family.port}")
     torch.manual_seed(26)
-    settings: dict[str, Any] = {"vocab_size": 30528, "max_position_embeddings": 128, "pad_token_id": 0, **TINY}
+    settings: dict[str, Any] = {
+        "vocab_size": 30528, "max_position_embeddings": 128, "pad_token_id": 0, **TINY, **family.config_changes
+    }  # fmt: skip
     config = getattr(configuration, family.port_config)(**settings)
     model = getattr(modeling, family.port_model)(config).eval()
     folder.mkdir(parents=True)
@@ -137,6 +169,10 @@ def build_nomic_own_code(folder: Path) -> None:
 
 def build_gte_new_own_code(folder: Path) -> None:
     write_folder(GTE_NEW, folder)
+
+
+def build_gte_qwen2_own_code(folder: Path) -> None:
+    write_folder(GTE_QWEN2, folder)
 
 
 def build_nomic_code_elsewhere(folder: Path) -> None:

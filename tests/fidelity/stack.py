@@ -31,7 +31,7 @@ from engine_core.loader import LoadedModel
 from engine_core.request_state import check_request
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard
-from poolserve.protocol import ModelCard, PoolJob, PoolRequest
+from poolserve.protocol import EngineRequest, ModelCard
 
 SERVER = b"api-0"
 
@@ -45,8 +45,8 @@ def core_answer(core: EngineCore) -> Any:
     """The engine core's answer to one request, computed in the caller's thread (the I/O thread's part:
     check, admit, queue; then steps until the request is done)."""
 
-    def answer(request: PoolRequest, job: PoolJob) -> PooledResult:
-        pending = check_request(SERVER, request, job, core.card)
+    def answer(request: EngineRequest) -> PooledResult:
+        pending = check_request(SERVER, request, core.card)
         assert core.admission.try_admit(pending.count, pending.total_cost, force=True)
         core.add(pending)
         while (batch := core.next_batch()) is not None:

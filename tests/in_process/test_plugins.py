@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from poolserve.config import BUNDLED_MODEL_NAME
 from tests.in_process.stack_server import InProcessServer
 from tests.in_process.stack_server import served as serve
 from tests.sentences import SENTENCES
@@ -73,6 +74,7 @@ def test_the_plugin_is_in_openapi_and_metrics(http: httpx.Client) -> None:
     }
     assert "200" in operation["responses"]
     metrics = http.get("/metrics").text
-    assert 'poolserve_requests_total{endpoint="/example/nearest",status="200"}' in metrics
-    assert 'poolserve_prompt_tokens_total{endpoint="/example/nearest"}' in metrics
-    assert 'poolserve_encode_duration_seconds_count{endpoint="/example/nearest"}' in metrics
+    labels = f'endpoint="/example/nearest",model="{BUNDLED_MODEL_NAME}"'  # the model that answered it
+    assert f'poolserve_requests_total{{{labels},status="200"}}' in metrics
+    assert f"poolserve_prompt_tokens_total{{{labels}}}" in metrics
+    assert f"poolserve_encode_duration_seconds_count{{{labels}}}" in metrics

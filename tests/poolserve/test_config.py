@@ -37,3 +37,9 @@ def test_a_score_format_takes_neither_score_tokens_nor_a_score_template() -> Non
         Config(score_format="mxbai-rerank-v2", score_tokens=["1", "0"])
     with pytest.raises(ConfigError, match="drop --score-tokens and --score-template"):
         Config(score_format="bge-reranker-v2-gemma", score_template="t.jinja")
+
+
+def test_int8_is_a_cpu_mode() -> None:
+    assert Config(dtype="int8").dtype == "int8"
+    with pytest.raises(ConfigError, match=r"^--dtype int8 is a CPU mode; with --device cuda"):
+        Config(dtype="int8", device="cuda")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -11,6 +12,7 @@ from poolserve.protocol import (
     Abort,
     Buffer,
     ClientWire,
+    EngineRequest,
     EngineWire,
     Frame,
     Hello,
@@ -20,13 +22,11 @@ from poolserve.protocol import (
     Ping,
     Pong,
     PooledOutput,
-    PoolJob,
-    PoolRequest,
+    PoolingParams,
     ProtocolError,
     Ready,
     RequestFailed,
     SparseRows,
-    decode_job,
     decode_rows,
 )
 from tests.cards import CARD, CLIP_CARD
@@ -41,66 +41,78 @@ def image(seed: int) -> npt.NDArray[np.uint8]:
     return np.random.default_rng(seed).integers(0, 256, (4, 3, 3), dtype=np.uint8)
 
 
-def assert_same_job(decoded: PoolJob, sent: PoolJob) -> None:
-    np.testing.assert_array_equal(decoded.lengths, sent.lengths)
+def assert_same_request(decoded: EngineRequest, sent: EngineRequest) -> None:
+    assert decoded.lengths == sent.lengths
     np.testing.assert_array_equal(decoded.tokens, sent.tokens)
     for got, want in ((decoded.token_types, sent.token_types), (decoded.pixels, sent.pixels)):
         assert (got is None) == (want is None)
         if got is not None:
             np.testing.assert_array_equal(got, want)
-    assert (decoded.dimensions, decoded.normalize, decoded.activation, decoded.priority, decoded.queries) == (
-        sent.dimensions,
-        sent.normalize,
-        sent.activation,
+    assert decoded.params == sent.params
+    assert (decoded.id, decoded.priority, decoded.traced, decoded.attempt, decoded.is_suspect) == (
+        sent.id,
         sent.priority,
-        sent.queries,
+        sent.traced,
+        sent.attempt,
+        sent.is_suspect,
     )
-    assert (decoded.per_token, decoded.sparse) == (sent.per_token, sent.sparse)
-    assert list(decoded.pool_from) == list(sent.pool_from)
 
 
-JOBS = {
-    "texts": PoolJob.from_rows([[101, 7, 102], [101, 102]], dimensions=64, priority=-3),
-    "pairs": PoolJob.from_rows([[101, 7, 102, 8, 102]], [[0, 0, 0, 1, 1]], normalize=False, activation=False),
-    "images only": PoolJob.from_rows([], images=[image(1), image(2)], normalize=True),
-    "texts and images": PoolJob.from_rows([[5]], images=[image(3)]),
-    "late-interaction queries and documents": PoolJob.from_rows([[101, 7, 102], [101, 102]], per_token=True, queries=1),
-    "bge-m3's lexical weights": PoolJob.from_rows([[0, 7, 2]], sparse=True),
-    "texts pooled after their prompt": PoolJob.from_rows([[101, 7, 8, 102], [101, 9, 102]], pool_from=[2, 0]),
+def request(
+    rows: list[list[int]],
+    type_rows: list[list[int]] | None = None,
+    images: Sequence[npt.NDArray[np.uint8]] = (),
+    priority: int = 0,
+    **params: Any,
+) -> EngineRequest:
+    return EngineRequest.from_rows(rows, type_rows, images, params=PoolingParams(**params), priority=priority)
+
+
+def sent_frames(message: EngineRequest) -> list[bytes]:
+    return received(ClientWire().encode(message))
+
+
+REQUESTS = {
+    "texts": request([[101, 7, 102], [101, 102]], dimensions=64, priority=-3),
+    "pairs": request([[101, 7, 102, 8, 102]], [[0, 0, 0, 1, 1]], normalize=False, activation=False),
+    "images only": request([], images=[image(1), image(2)], normalize=True),
+    "texts and images": request([[5]], images=[image(3)]),
+    "late-interaction queries and documents": request([[101, 7, 102], [101, 102]], per_token=True, queries=1),
+    "bge-m3's lexical weights": request([[0, 7, 2]], sparse=True),
+    "texts pooled after their prompt": request([[101, 7, 8, 102], [101, 9, 102]], pool_from=[2, 0]),
 }
 
 
-@pytest.mark.parametrize("job", JOBS.values(), ids=JOBS.keys())
-def test_a_pool_request_round_trips_with_its_frames(job: PoolJob) -> None:
-    frames = received(ClientWire().encode_pool(job.header(7, attempt=2, is_suspect=True), job))
-    header = EngineWire().decode(frames)
-    assert header == job.header(7, attempt=2, is_suspect=True)
-    assert isinstance(header, PoolRequest)
-    assert_same_job(decode_job(header, frames[1:]), job)
+@pytest.mark.parametrize("sent", REQUESTS.values(), ids=REQUESTS.keys())
+def test_a_pool_request_round_trips_with_its_frames(sent: EngineRequest) -> None:
+    sent = msgspec.structs.replace(sent, id=7, attempt=2, is_suspect=True)
+    decoded = EngineWire().decode(sent_frames(sent))
+    assert isinstance(decoded, EngineRequest)
+    assert_same_request(decoded, sent)
 
 
-def test_a_request_header_describes_its_frames() -> None:
-    header = JOBS["texts and images"].header(3)
-    assert (header.lengths, header.token_types, header.images) == ([1], False, 1)
-    assert (header.image_height, header.image_width) == (4, 3)
-    assert header.normalize is None  # the model's own choice, sent as nil
+def test_a_request_header_names_each_array_by_its_frame_and_shape() -> None:
+    frames = sent_frames(REQUESTS["texts and images"])
+    header = msgspec.msgpack.decode(frames[0])
+    assert header[:6] == ["pool", 0, [1], [1, 1], None, [2, 1, 4, 3, 3]]
+    assert header[6][1] is None  # normalize: the model's own choice, sent as nil
+    assert len(frames) == 3
 
 
 def test_decoded_arrays_are_views_of_the_received_frames_not_copies() -> None:
-    job = JOBS["pairs"]
-    frames = received(ClientWire().encode_pool(job.header(1), job))
-    decoded = decode_job(job.header(1), frames[1:])
-    assert decoded.token_types is not None
+    frames = sent_frames(REQUESTS["pairs"])
+    decoded = EngineWire().decode(frames)
+    assert isinstance(decoded, EngineRequest) and decoded.token_types is not None
     for array, frame in ((decoded.tokens, frames[1]), (decoded.token_types, frames[2])):
         assert np.shares_memory(array, np.frombuffer(frame, dtype=np.uint8))
         assert not array.flags.writeable
 
 
-def test_sent_frames_are_views_of_the_jobs_arrays_not_copies() -> None:
-    job = JOBS["images only"]
-    _, tokens, pixels = ClientWire().encode_pool(job.header(1), job)
+def test_sent_frames_are_views_of_the_requests_arrays_not_copies() -> None:
+    sent = REQUESTS["images only"]
+    _, tokens, pixels = ClientWire().encode(sent)
     assert isinstance(pixels, memoryview) and pixels.nbytes == 2 * 4 * 3 * 3
-    assert job.pixels is not None and np.shares_memory(np.frombuffer(pixels, dtype=np.uint8), job.pixels)
+    assert sent.pixels is not None and np.shares_memory(np.frombuffer(pixels, dtype=np.uint8), sent.pixels)
     assert isinstance(tokens, memoryview) and tokens.nbytes == 0
 
 
@@ -212,31 +224,43 @@ def tokens(*ids: int) -> bytes:
     return np.asarray(ids, dtype="<i4").tobytes()
 
 
+def header_of(message: EngineRequest) -> bytes:
+    return sent_frames(message)[0]
+
+
+def one_text(*ids: int, **params: Any) -> EngineRequest:
+    return request([list(ids)], **params)
+
+
+MISMATCHED_TYPES = EngineRequest(lengths=[2], tokens=np.ones(2, np.int32), token_types=np.ones(1, np.int32))
+
+
 @pytest.mark.parametrize(
-    ("header", "frames", "reason"),
+    ("message", "reason"),
     [
-        (PoolRequest(1, []), [b""], "no inputs"),
-        (PoolRequest(1, [1], images=-3), [tokens(1)], "no inputs"),
-        (PoolRequest(1, [1]), [], "expected 1 data frame"),
-        (PoolRequest(1, [1], token_types=True), [tokens(1)], "expected 2 data frame"),
-        (PoolRequest(1, [0]), [b""], "lengths"),
-        (PoolRequest(1, [2**64 - 1]), [tokens(1)], "lengths"),
-        (PoolRequest(1, [2**62, 2**62, 2**62, 2**62]), [tokens(1)], "token frame size"),
-        (PoolRequest(1, [3]), [tokens(1, 2)], "token frame size"),
-        (PoolRequest(1, [1]), [b"\x01\x00\x00"], "token frame size"),
-        (PoolRequest(1, [2], token_types=True), [tokens(1, 2), tokens(0)], "token type frame"),
-        (PoolRequest(1, [], images=1, image_height=4, image_width=3), [b"", b"\0" * 35], "4x3x3"),
-        (PoolRequest(1, [], images=1), [b"", b""], "0x0x3"),
-        (PoolRequest(1, [1], queries=2), [tokens(1)], "queries must be within"),
-        (PoolRequest(1, [2, 1], pool_from=[1]), [tokens(1, 2, 3)], "pool_from must hold one start per text input"),
-        (PoolRequest(1, [2], pool_from=[2]), [tokens(1, 2)], "each before the input's last token"),
+        ([header_of(request([])), b""], "no inputs"),
+        ([header_of(one_text(1))], "not the next data frame"),
+        ([header_of(one_text(1)), tokens(1), tokens(2)], "expected 1 data frame"),
+        ([header_of(request([[1]], [[0]])), tokens(1)], "not the next data frame"),
+        ([header_of(EngineRequest(lengths=[0])), b""], "lengths"),
+        ([header_of(EngineRequest(lengths=[2**64 - 1], tokens=np.ones(1, np.int32))), tokens(1)], "lengths"),
+        ([header_of(EngineRequest(lengths=[2**62] * 4, tokens=np.ones(1, np.int32))), tokens(1)], "token frame size"),
+        ([header_of(EngineRequest(lengths=[3], tokens=np.ones(2, np.int32))), tokens(1, 2)], "token frame size"),
+        ([header_of(one_text(1)), b"\x01\x00\x00"], "does not hold 1 <i4 values"),
+        ([header_of(one_text(1, 2)), tokens(1, 2, 3)], "does not hold 2 <i4 values"),
+        ([header_of(MISMATCHED_TYPES), tokens(1, 2), tokens(0)], "token type frame"),
+        ([header_of(request([], images=[image(1)])), b"", b"\0" * 35], "does not hold 1x4x3x3"),
+        ([header_of(request([], images=[np.zeros((0, 0, 3), np.uint8)])), b"", b""], "height x width x 3"),
+        ([header_of(one_text(1, queries=2)), tokens(1)], "queries must be within"),
+        ([header_of(request([[1, 2], [3]], pool_from=[1])), tokens(1, 2, 3)], "one start per text input"),
+        ([header_of(one_text(1, 2, pool_from=[2])), tokens(1, 2)], "each before the input's last token"),
     ],
 )
-def test_frames_that_do_not_match_their_header_are_a_clear_protocol_error(
-    header: PoolRequest, frames: list[bytes], reason: str
-) -> None:
+def test_frames_that_do_not_match_their_header_are_a_clear_protocol_error(message: list[bytes], reason: str) -> None:
+    wire = EngineWire()
     with pytest.raises(ProtocolError, match=reason):
-        decode_job(header, frames)
+        wire.decode(message)
+    assert wire.request_id_of(message) == 0  # its sender is told, rather than left to wait
 
 
 @pytest.mark.parametrize(
@@ -255,12 +279,8 @@ def test_reply_frames_that_do_not_match_their_outputs_are_a_clear_protocol_error
 
 
 def test_a_priority_past_32_bits_is_a_protocol_error() -> None:
-    job = PoolJob.from_rows([[5]], priority=2**40)
-    frames = received(ClientWire().encode_pool(job.header(1), job))
-    header = EngineWire().decode(frames)
-    assert isinstance(header, PoolRequest)
     with pytest.raises(ProtocolError, match="priority must be within"):
-        decode_job(header, frames[1:])
+        EngineWire().decode(sent_frames(request([[5]], priority=2**40)))
 
 
 def sparse(rows: list[list[float]]) -> SparseRows:

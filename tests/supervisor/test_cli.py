@@ -27,6 +27,10 @@ def test_defaults_serve_the_bundled_model_on_loopback() -> None:
     assert not config.binds_beyond_loopback
 
 
+def test_dtype_takes_int8() -> None:
+    assert parse_config(["--dtype", "int8"]).dtype == "int8"
+
+
 def test_every_flag_maps_to_its_field() -> None:
     config = parse_config(
         [
@@ -291,7 +295,7 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "accept_balance": ("connections", "requests", "both", "none"),
         "long_input": ("refuse", "truncate", "chunk"),
         "device": ("auto", "cpu", "cuda"),
-        "dtype": ("auto", "float32", "float16", "bfloat16"),
+        "dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "token_packing": ("auto", "on", "off"),
         "log_level": ("debug", "info", "warning", "error"),
         "log_format": ("text", "json"),

@@ -48,6 +48,22 @@ def test_a_config_file_gives_each_model_its_own_engine_options(tmp_path: Path) -
     assert rank.dtype == "auto" and {minilm.api_server_count, rank.api_server_count} == {3}
 
 
+def test_each_model_has_its_own_admission_limits_cache_and_priority_settings(tmp_path: Path) -> None:
+    """A [[models]] table overrides the command line's queue limits, cache and priority settings for its model
+    alone: each engine builds its admission limit, cache and priority policy from its own model's Config."""
+    file = tmp_path / "models.toml"
+    file.write_text(
+        '[[models]]\nserved_model_name = ["minilm"]\ncache_bytes = 1048576\n\n'
+        '[[models]]\nmodel = "/m/ce"\nserved_model_name = ["rank"]\nmax_queued_inputs = 16\n'
+        "max_queued_tokens = 2048\nmin_priority = -5\npriority_max_wait = 2.5\n"
+    )
+    minilm, rank = parse_configs(["--config", str(file), "--max-queued-inputs", "512", "--min-priority", "0"])
+    assert (minilm.cache_bytes, minilm.max_queued_inputs, minilm.max_queued_tokens) == (1 << 20, 512, 262_144)
+    assert (minilm.min_priority, minilm.priority_max_wait) == (0, 10.0)
+    assert (rank.cache_bytes, rank.max_queued_inputs, rank.max_queued_tokens) == (0, 16, 2048)
+    assert (rank.min_priority, rank.priority_max_wait) == (-5, 2.5)
+
+
 @pytest.mark.parametrize(
     ("argv", "toml", "message"),
     [

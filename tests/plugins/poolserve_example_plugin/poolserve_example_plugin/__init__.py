@@ -11,6 +11,7 @@ from apiserver.plugins import (
     Operation,
     Plan,
     Plugin,
+    PoolingParams,
     Rows,
     bad_request,
     check_input_count,
@@ -37,7 +38,7 @@ def parse(request: NearestRequest, state: AppState) -> Plan[None]:
     texts = [request.query, *request.candidates]
     params = ["query", *(f"candidates[{i}]" for i in range(len(request.candidates)))]
     rows = tokenize_texts(texts, params, None, state.tokenizer, state.card)
-    return Plan(None, job=EngineJob(rows=rows, normalize=True))
+    return Plan(None, job=EngineJob(rows=rows, params=PoolingParams(normalize=True)))
 
 
 def render(plan: Plan[None], rows: Rows, state: AppState) -> bytes:
