@@ -1,9 +1,13 @@
-"""Fixtures shared by the suite: the bundled model and one live server for the end-to-end tests."""
+"""Fixtures shared by the suite: the bundled model, tiny test models, and `launch` servers for tests/e2e
+(tests/in_process/conftest.py serves the same names in the test's process)."""
 
 from __future__ import annotations
 
 import importlib.resources
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,16 +125,6 @@ def cross_encoder_server(cross_encoder_model: Path) -> Iterator[LaunchedServer]:
     yield from serve("--model", str(cross_encoder_model), "--api-server-count", "1")
 
 
-@pytest.fixture(scope="session")
-def classifier_server(classifier_model: Path) -> Iterator[LaunchedServer]:
-    yield from serve("--model", str(classifier_model), "--api-server-count", "1")
-
-
-@pytest.fixture(scope="session")
-def splade_server(splade_model: Path) -> Iterator[LaunchedServer]:
-    yield from serve("--model", str(splade_model), "--api-server-count", "1")
-
-
 CLIP_MAX_IMAGE_BYTES = 200_000
 
 
@@ -177,3 +171,21 @@ def guarded_server() -> Iterator[LaunchedServer]:
         yield launched.wait_ready()
     finally:
         launched.stop()
+
+
+# The example plugin (tests/plugins/): served by tests/in_process/test_plugins.py, named by tests/e2e/test_plugins.py.
+PLUGIN_SOURCE = Path(__file__).parent / "plugins" / "poolserve_example_plugin"
+
+
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The example plugin pip-installed into a folder of its own (never into the test's environment)."""
+    root = tmp_path_factory.mktemp("plugin")
+    source = shutil.copytree(PLUGIN_SOURCE, root / "source")  # the build writes beside the sources
+    target = root / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
+         str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return str(target)

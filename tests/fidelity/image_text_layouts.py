@@ -148,3 +148,28 @@ class ImageTextReference:
         if normalized:
             rows = torch.nn.functional.normalize(rows, dim=-1)
         return rows.numpy()  # type: ignore[no-any-return]
+
+
+class ClipReference:
+    """A CLIPModel folder through transformers: its processor, its towers, normalized like the server's output."""
+
+    def __init__(self, folder: Path):
+        from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+        self.model = CLIPModel.from_pretrained(folder).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+
+    def images(self, images: list[Any]) -> F32:
+        with torch.inference_mode():
+            pixel_values = torch.from_numpy(self.processor(images=images, return_tensors="np")["pixel_values"])
+            features = self.model.get_image_features(pixel_values=pixel_values).pooler_output
+            return torch.nn.functional.normalize(features, dim=-1).numpy()  # type: ignore[no-any-return]
+
+    def texts(self, texts: list[str]) -> F32:
+        with torch.inference_mode():
+            rows = []
+            for text in texts:
+                encoded = self.tokenizer(text, return_tensors="pt")
+                rows.append(self.model.get_text_features(**encoded).pooler_output[0])
+            return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()  # type: ignore[no-any-return]

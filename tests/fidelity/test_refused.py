@@ -23,6 +23,7 @@ def test_the_layout_is_refused_at_start_with_its_documented_sentence(layout: Ref
     assert layout.message in str(refused.value)
 
 
+@pytest.mark.e2e
 def test_launch_exits_at_start_naming_what_it_refuses(tmp_path: Path) -> None:
     """The engine's refusal reaches the operator as `launch`'s one line, whatever the layout (the path from
     LoadError to the exit is the same for all of them)."""

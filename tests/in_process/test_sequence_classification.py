@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from tests.utils import LaunchedServer
+from tests.in_process.stack_server import InProcessServer
 
 QUERY = "what is the capital of france?"
 DOCUMENTS = [
@@ -44,13 +44,13 @@ def post(client: httpx.Client, path: str, body: dict[str, Any]) -> Any:
 
 
 @pytest.fixture
-def cross_encoder(cross_encoder_server: LaunchedServer) -> Iterator[httpx.Client]:
+def cross_encoder(cross_encoder_server: InProcessServer) -> Iterator[httpx.Client]:
     with cross_encoder_server.client() as client:
         yield client
 
 
 @pytest.fixture
-def classifier(classifier_server: LaunchedServer) -> Iterator[httpx.Client]:
+def classifier(classifier_server: InProcessServer) -> Iterator[httpx.Client]:
     with classifier_server.client() as client:
         yield client
 
@@ -238,7 +238,7 @@ def test_post_root_and_invocations_rank_on_a_cross_encoder_and_predict_on_a_clas
 
 
 def test_huggingface_hubs_text_classification_with_the_bare_url(
-    classifier: httpx.Client, classifier_server: LaunchedServer, monkeypatch: pytest.MonkeyPatch
+    classifier: httpx.Client, classifier_server: InProcessServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import huggingface_hub.constants
     from huggingface_hub import InferenceClient

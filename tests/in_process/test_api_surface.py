@@ -13,12 +13,12 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
 from poolserve.config import BUNDLED_MODEL_NAME
+from tests.in_process.stack_server import InProcessServer
 from tests.sentences import SENTENCES
-from tests.utils import LaunchedServer
 
 
 @pytest.fixture
-def http(server: LaunchedServer) -> Iterator[httpx.Client]:
+def http(server: InProcessServer) -> Iterator[httpx.Client]:
     with server.client() as client:
         yield client
 
@@ -137,7 +137,7 @@ def test_post_root_and_invocations_embed_and_similarity_decode_as_tei(
 
 
 def test_huggingface_hubs_inference_client_with_the_bare_url(
-    server: LaunchedServer, st_model: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
+    server: InProcessServer, st_model: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import huggingface_hub.constants
     from huggingface_hub import InferenceClient

@@ -1,6 +1,7 @@
-"""bge-m3 through the real processes: a request's choice of output (`sparse` on the wire, per-token for its ColBERT
-vectors) crosses the ZeroMQ wire, and its lexical weights come back as index and value frames from a model whose own
-output is dense (tests/fidelity holds every output and endpoint to BGEM3FlagModel in one process)."""
+"""bge-m3 through the API server and the engine (stack_server.py): a request's choice of output (`sparse` on the
+wire, per-token for its ColBERT vectors) crosses the ZeroMQ wire, and its lexical weights come back as index and
+value frames from a model whose own output is dense (tests/fidelity holds every output and endpoint to BGEM3FlagModel
+without the wire)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.fidelity.bge_m3_layouts import bge_m3_reference, build_bge_m3
+from tests.in_process.stack_server import InProcessServer, served_folder
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +24,13 @@ def bge_m3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bge_m3_server(bge_m3: Path) -> Iterator[LaunchedServer]:
-    launched = LaunchedServer("--model", str(bge_m3), "--api-server-count", "1", *FLOAT32_CPU)
-    try:
-        yield launched.wait_ready()
-    finally:
-        launched.stop()
+def bge_m3_server(bge_m3: Path) -> Iterator[InProcessServer]:
+    with served_folder(bge_m3) as started:
+        yield started
 
 
 def test_each_of_bge_m3s_outputs_crosses_the_wire_as_bgem3flagmodel_computes_it(
-    bge_m3_server: LaunchedServer, bge_m3: Path
+    bge_m3_server: InProcessServer, bge_m3: Path
 ) -> None:
     texts = SENTENCES[:12]
     model = bge_m3_reference(bge_m3)

@@ -1,7 +1,7 @@
-"""OpenTelemetry traces from a real `launch`, received by an OTLP/HTTP endpoint the test runs (bench/otlp_sink.py,
-which decodes each export with opentelemetry-proto): the client's trace continued, the request's steps as child
-spans, the engine's forward passes with their batches, sampling by the client's flag and by ratio, and the spans
-sent when the server stops."""
+"""OpenTelemetry traces from the API server and engine of `launch` (stack_server.py), received by an OTLP/HTTP
+endpoint the test runs (bench/otlp_sink.py, which decodes each export with opentelemetry-proto): the client's trace
+continued, the request's steps as child spans, the engine's forward passes (across the ZeroMQ wire) with their
+batches, sampling by the client's flag and by ratio, and the spans sent when the server stops."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from bench.otlp_sink import OtlpReceiver, ReceivedSpan
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.in_process.stack_server import InProcessServer
+from tests.utils import FLOAT32_CPU
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
@@ -18,7 +19,7 @@ BAD_BODY_TRACE = "1af7651916cd43dd8448eb211c80319c"
 UNSAMPLED_TRACE = "2af7651916cd43dd8448eb211c80319c"
 SERVER_SPAN_KIND = 2  # OTLP's SPAN_KIND_SERVER
 ERROR_STATUS = 2  # OTLP's STATUS_CODE_ERROR
-# The engine's times and the API server's are read in two processes (one host's clock): a little slack.
+# The engine's times and the API server's are read on two threads (in two processes under `launch`): a little slack.
 SLACK_NS = 2_000_000
 
 
@@ -35,9 +36,9 @@ def traced() -> Iterator[tuple[list[ReceivedSpan], dict[str, str]]]:
         "OTEL_TRACES_SAMPLER_ARG": "0",
         "OTEL_BSP_SCHEDULE_DELAY": "60000",
     }
-    server = LaunchedServer("--api-server-count", "1", "--otlp-endpoint", receiver.url, *FLOAT32_CPU, env=env)
+    server = InProcessServer("--otlp-endpoint", receiver.url, *FLOAT32_CPU, env=env)
     try:
-        server.wait_ready()
+        server.start()
         with server.client() as client:
             answer = client.post(
                 "/v1/embeddings",

@@ -17,7 +17,7 @@ import jsonschema_rs
 import numpy as np
 
 from poolserve.config import BUNDLED_MODEL_NAME
-from tests.utils import LaunchedServer
+from tests.in_process.stack_server import InProcessServer
 
 QUERY = "What is the capital of France?"
 DOCUMENTS = [
@@ -28,24 +28,24 @@ DOCUMENTS = [
 TEXTS = ["Vector databases store embeddings.", "Retrieval grounds answers in documents.", "hello"]
 
 
-def embeddings_over_http(server: LaunchedServer, texts: list[str]) -> np.ndarray:
+def embeddings_over_http(server: InProcessServer, texts: list[str]) -> np.ndarray:
     with server.client() as client:
         data = client.post("/v1/embeddings", json={"input": texts}).json()["data"]
     return np.asarray([item["embedding"] for item in data])
 
 
-def served_model(server: LaunchedServer) -> str:
+def served_model(server: InProcessServer) -> str:
     with server.client() as client:
         return str(client.get("/v1/models").json()["data"][0]["id"])
 
 
-def scores_over_http(server: LaunchedServer) -> dict[int, float]:
+def scores_over_http(server: InProcessServer) -> dict[int, float]:
     with server.client() as client:
         body = client.post("/rerank", json={"query": QUERY, "documents": DOCUMENTS}).json()
     return {item["index"]: item["relevance_score"] for item in body["results"]}
 
 
-def test_cohere_v2_rerank_with_a_bare_base_url(cross_encoder_server: LaunchedServer) -> None:
+def test_cohere_v2_rerank_with_a_bare_base_url(cross_encoder_server: InProcessServer) -> None:
     # The client's own httpx client is never closed by it; one the test owns is.
     with httpx.Client() as http:
         client = cohere.ClientV2(api_key="unused", base_url=cross_encoder_server.url, httpx_client=http)
@@ -56,7 +56,7 @@ def test_cohere_v2_rerank_with_a_bare_base_url(cross_encoder_server: LaunchedSer
         assert math.isclose(result.relevance_score, expected[result.index], rel_tol=1e-5)
 
 
-def test_cohere_v1_rerank_with_a_bare_base_url(cross_encoder_server: LaunchedServer) -> None:
+def test_cohere_v1_rerank_with_a_bare_base_url(cross_encoder_server: InProcessServer) -> None:
     with httpx.Client() as http:
         client = cohere.Client(api_key="unused", base_url=cross_encoder_server.url, httpx_client=http)
         response = client.rerank(model=served_model(cross_encoder_server), query=QUERY, documents=DOCUMENTS)
@@ -66,7 +66,7 @@ def test_cohere_v1_rerank_with_a_bare_base_url(cross_encoder_server: LaunchedSer
         assert math.isclose(result.relevance_score, expected[result.index], rel_tol=1e-5)
 
 
-def test_langchain_openai_embeddings(server: LaunchedServer) -> None:
+def test_langchain_openai_embeddings(server: InProcessServer) -> None:
     from langchain_openai import OpenAIEmbeddings
 
     # check_embedding_ctx_length=False: langchain's documented setting for servers other than OpenAI's
@@ -79,7 +79,7 @@ def test_langchain_openai_embeddings(server: LaunchedServer) -> None:
     np.testing.assert_allclose(embeddings.embed_query(TEXTS[0]), expected[0], atol=1e-6)
 
 
-def test_embeddings_and_their_errors_match_openais_schema(server: LaunchedServer) -> None:
+def test_embeddings_and_their_errors_match_openais_schema(server: InProcessServer) -> None:
     """Responses and error bodies against OpenAI's own types (tests/data/openai-schemas.json says where
     they come from), whatever a client does with extra leniency."""
     schemas = json.loads((Path(__file__).parent.parent / "data" / "openai-schemas.json").read_text())

@@ -1,5 +1,6 @@
-"""A SPLADE model through the real processes: its sparse rows cross the ZeroMQ wire as index and value frames and
-come back as SparseEncoder.encode computes them (tests/fidelity holds every layout in one process)."""
+"""A SPLADE model through the API server and the engine (stack_server.py): its sparse rows cross the ZeroMQ wire as
+index and value frames and come back as SparseEncoder.encode computes them (tests/fidelity holds every layout without
+the wire)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 import httpx
 import numpy as np
 
+from tests.in_process.stack_server import InProcessServer
 from tests.sentences import SENTENCES
-from tests.utils import LaunchedServer
 
 
 def test_sparse_vectors_cross_the_wire_as_sparse_encoder_computes_them(
-    splade_server: LaunchedServer, splade_model: Path
+    splade_server: InProcessServer, splade_model: Path
 ) -> None:
     from sentence_transformers import SparseEncoder
 
@@ -30,7 +31,7 @@ def test_sparse_vectors_cross_the_wire_as_sparse_encoder_computes_them(
         np.testing.assert_allclose([entry["value"] for entry in entries], row[indices], atol=1e-4, rtol=0)
 
 
-def test_a_sparse_model_says_so_and_refuses_a_dense_embedding(splade_server: LaunchedServer) -> None:
+def test_a_sparse_model_says_so_and_refuses_a_dense_embedding(splade_server: InProcessServer) -> None:
     with splade_server.client() as client:
         check_says_sparse(client)
 

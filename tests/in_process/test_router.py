@@ -1,6 +1,6 @@
-"""A Router model through the real processes: each text's route (`queries` first) and where its pooling starts after a
-prompt the Pooling leaves out (`pool_from`) cross the ZeroMQ wire, and the vectors come back as sentence-transformers
-computes them (tests/fidelity holds every layout in one process)."""
+"""A Router model through the API server and the engine (stack_server.py): each text's route (`queries` first) and
+where its pooling starts after a prompt the Pooling leaves out (`pool_from`) cross the ZeroMQ wire, and the vectors
+come back as sentence-transformers computes them (tests/fidelity holds every layout without the wire)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from tests.fidelity.compare import DOCUMENTS, QUERY, TEXTS, assert_same
 from tests.fidelity.layouts import build_router_shared_transformer
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.in_process.stack_server import InProcessServer, served_folder
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +23,12 @@ def router_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def router_server(router_model: Path) -> Iterator[LaunchedServer]:
-    launched = LaunchedServer("--model", str(router_model), "--api-server-count", "1", *FLOAT32_CPU)
-    try:
-        yield launched.wait_ready()
-    finally:
-        launched.stop()
+def router_server(router_model: Path) -> Iterator[InProcessServer]:
+    with served_folder(router_model) as started:
+        yield started
 
 
-def test_each_role_takes_its_route_across_the_wire(router_server: LaunchedServer, router_model: Path) -> None:
+def test_each_role_takes_its_route_across_the_wire(router_server: InProcessServer, router_model: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(router_model), device="cpu")

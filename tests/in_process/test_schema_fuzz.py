@@ -1,4 +1,5 @@
-"""schemathesis against /openapi.json of live servers: generated requests, valid and not, get no 5xx and no
+"""schemathesis against /openapi.json of live servers (the API server and engine of `launch`, in the test's process:
+stack_server.py, with the API server's own HTTP protocol): generated requests, valid and not, get no 5xx and no
 answer that breaks the published schema.
 
 The schemathesis CLI runs as a subprocess: its pytest plugin does not work with the pytest this suite pins,
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import API_KEY
-from tests.utils import LaunchedServer
+from tests.in_process.stack_server import InProcessServer
 
 # Generated cases per endpoint in the fuzzing phase; the coverage phase adds its own boundary cases. 10, not
 # 25, since the TEI routes added operations: the four runs took 124 s at 25.
@@ -32,7 +33,7 @@ REPEATS += ["--exclude-operation-id", "get_root"]
 
 
 def run_schemathesis(
-    server: LaunchedServer, headers: list[str], cwd: Path, examples: int
+    server: InProcessServer, headers: list[str], cwd: Path, examples: int
 ) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable, "-c", "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
@@ -61,7 +62,7 @@ FIXTURES = {
 def test_generated_requests_get_no_5xx_and_no_answer_outside_the_schema(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    server: LaunchedServer = request.getfixturevalue(FIXTURES[kind])
+    server: InProcessServer = request.getfixturevalue(FIXTURES[kind])
     headers = ["--header", f"Authorization: Bearer {API_KEY}"] if kind == "api-key" else []
     # The bundled model's run fuzzes hardest; the others mostly repeat its request types on another model kind
     # (or behind the key), so their coverage phase and a few generated cases each find what they add.

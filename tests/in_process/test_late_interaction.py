@@ -1,5 +1,6 @@
 """A ColBERT (sentence-transformers' MultiVectorEncoder) served for real: its token vectors and MaxSim scores cross
-the wire between processes as the in-process fidelity suite (tests/fidelity) sees them, equal to the reference."""
+the ZeroMQ wire from the engine to the API server (stack_server.py) as the fidelity suite (tests/fidelity, no wire)
+sees them, equal to the reference."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.fidelity.layouts import build_colbert
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.in_process.stack_server import served_folder
 
 QUERY = "where are the servers?"
 DOCUMENTS = ["servers run in racks, right?", "a cat sat on a mat.", "Embeddings live in vector stores!"]
@@ -26,12 +27,8 @@ def colbert_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def colbert(colbert_model: Path) -> Iterator[httpx.Client]:
-    server = LaunchedServer("--model", str(colbert_model), "--api-server-count", "1", *FLOAT32_CPU)
-    try:
-        with server.wait_ready().client() as client:
-            yield client
-    finally:
-        server.stop()
+    with served_folder(colbert_model) as server, server.client() as client:
+        yield client
 
 
 def test_queries_and_documents_cross_the_wire_as_their_token_vectors(

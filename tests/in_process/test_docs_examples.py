@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import LaunchedServer
+from tests.in_process.stack_server import InProcessServer
 
 DOCS = Path(__file__).parents[2] / "docs" / "api.md"
 EXAMPLE = re.compile(r"<!-- model: (?P<kind>[\w-]+) -->\n```sh\n(?P<command>.*?)```", re.DOTALL)
@@ -33,7 +33,7 @@ def test_every_endpoint_has_an_example() -> None:
 
 @pytest.mark.parametrize(("kind", "command"), EXAMPLES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(EXAMPLES)])
 def test_example_runs(kind: str, command: str, request: pytest.FixtureRequest) -> None:
-    server: LaunchedServer = request.getfixturevalue(SERVERS[kind])
+    server: InProcessServer = request.getfixturevalue(SERVERS[kind])
     live = command.replace("localhost:8000", f"127.0.0.1:{server.port}").replace("curl -s", "curl -sS --fail-with-body")
     result = subprocess.run(["bash", "-c", live], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, f"{live}\n{result.stdout}\n{result.stderr}"

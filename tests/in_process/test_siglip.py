@@ -1,5 +1,6 @@
-"""A SigLIP served for real by `launch`: texts padded to its 64 tokens and images resized without a crop, embedded
-as transformers' processor and get_text_features / get_image_features embed them."""
+"""A SigLIP served for real (the API server and engine of `launch`, in this process: stack_server.py): texts padded
+to its 64 tokens and images resized without a crop, embedded as transformers' processor and get_text_features /
+get_image_features embed them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from PIL import Image
 
 from tests.fidelity.image_text_layouts import ImageTextReference, build_siglip
 from tests.images import data_url, encode, make_image
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.in_process.stack_server import served_folder
 
 IMAGES = [make_image(64, 48, 1), make_image(30, 90, 2), make_image(32, 32, 3, "L"), make_image(17, 5, 4, "RGBA")]
 TEXTS = ["a photo of a cat", "A Diagram, of a TRANSFORMER!", "déjà vu 🐱", "x"]
@@ -31,12 +32,8 @@ def siglip_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def siglip(siglip_folder: Path) -> Iterator[httpx.Client]:
-    server = LaunchedServer("--model", str(siglip_folder), "--api-server-count", "1", *FLOAT32_CPU).wait_ready()
-    try:
-        with server.client() as client:
-            yield client
-    finally:
-        server.stop()
+    with served_folder(siglip_folder) as server, server.client() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Who the engine serves first, on the real engine: round robin between requests, and `priority`."""
+"""Who the engine serves first, on the real engine (stack_server.py: its own thread, as in its process): round robin
+between requests, and `priority`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from tests.in_process.stack_server import InProcessServer
 from tests.sentences import SENTENCES
-from tests.utils import LaunchedServer
 
 QUERY = {"input": "how do I reset my password"}
 
@@ -22,7 +23,7 @@ def timed_post(client: httpx.Client, body: dict[str, object]) -> float:
     return time.perf_counter() - started
 
 
-def test_a_small_request_is_answered_while_a_2048_input_request_runs(server: LaunchedServer) -> None:
+def test_a_small_request_is_answered_while_a_2048_input_request_runs(server: InProcessServer) -> None:
     # Once first come, first served: the one sentence waited for all 2048 inputs ahead of it (~5 s here).
     big = {"input": [SENTENCES[i % len(SENTENCES)] for i in range(2048)]}
     took: list[float] = []
@@ -45,7 +46,7 @@ def test_a_small_request_is_answered_while_a_2048_input_request_runs(server: Lau
     assert small < 0.25 * took[0], f"{small:.2f}s for one sentence, {took[0]:.2f}s for the 2048 ahead of it"
 
 
-def test_an_urgent_query_overtakes_bulk_work_and_the_bulk_work_all_completes(server: LaunchedServer) -> None:
+def test_an_urgent_query_overtakes_bulk_work_and_the_bulk_work_all_completes(server: InProcessServer) -> None:
     bulk = {"input": [SENTENCES[i % len(SENTENCES)] for i in range(64)]}
     stop = threading.Event()
     completed = []
