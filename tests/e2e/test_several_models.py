@@ -1,9 +1,8 @@
-"""Several models behind one `launch`: the bundled MiniLM and a tiny cross-encoder, each with its own engine, each
-request routed by its `model` field; the answers are the one-model servers' own, and one model's engine crash
-costs the other nothing. A second server adds a tiny CLIP as a third model, declared in a --config file that gives
-each model its own queue limit, cache and priority setting, and shows each model's figures apart on /metrics. A
-model whose only engine crash-loops, taken out of service while the other serves, is the supervisor's decision:
-tests/supervisor/test_arbiter.py, on stub children."""
+"""Several models behind one `launch`: the bundled MiniLM, a tiny cross-encoder and a tiny CLIP, each with its own
+engine, declared in a --config file that gives each its own queue limit, cache and priority setting; each request
+routed by its `model` field; the answers are the one-model servers' own, each model's figures are apart on /metrics,
+and one model's engine crash costs the others nothing. A model whose only engine crash-loops, taken out of service
+while the others serve, is the supervisor's decision: tests/supervisor/test_arbiter.py, on stub children."""
 
 from __future__ import annotations
 
@@ -32,19 +31,6 @@ DOCUMENTS = [
     "Berlin is the capital of Germany.",
     "Croissants are a French pastry.",
 ]
-
-
-@pytest.fixture(scope="module")
-def two_models(bundled_model: Path, cross_encoder_model: Path) -> Iterator[LaunchedServer]:
-    """minilm (the default: engine-0) and rerank (engine-1), one API server."""
-    server = LaunchedServer(
-        "--model", f"minilm={bundled_model}", "--model", f"rerank={cross_encoder_model}",
-        "--api-server-count", "1", *FLOAT32_CPU,
-    ).wait_ready(120)  # fmt: skip
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 # The third model's own settings: rerank's queue holds 6 inputs and a cache of about 8 rows; clip lets no request
@@ -99,29 +85,31 @@ def scores(answer: Any) -> list[tuple[int, float]]:
 
 
 def test_each_model_answers_as_its_own_one_model_server(
-    two_models: LaunchedServer, server: LaunchedServer, cross_encoder_server: LaunchedServer
+    three_models: LaunchedServer, server: LaunchedServer, cross_encoder_server: LaunchedServer
 ) -> None:
     texts = SENTENCES[:8]
     alone = vectors(post(server, "/v1/embeddings", {"input": texts}))
-    named = post(two_models, "/v1/embeddings", {"input": texts, "model": "minilm"})
+    named = post(three_models, "/v1/embeddings", {"input": texts, "model": "minilm"})
     assert named["model"] == "minilm"
     np.testing.assert_allclose(vectors(named), alone, atol=1e-6, rtol=0)
     # No `model` field, and TEI's route that has none: the default model.
-    np.testing.assert_allclose(vectors(post(two_models, "/v1/embeddings", {"input": texts})), alone, atol=1e-6, rtol=0)
     np.testing.assert_allclose(
-        np.asarray(post(two_models, "/embed", {"inputs": texts}), dtype=np.float32), alone, atol=1e-6, rtol=0
+        vectors(post(three_models, "/v1/embeddings", {"input": texts})), alone, atol=1e-6, rtol=0
+    )
+    np.testing.assert_allclose(
+        np.asarray(post(three_models, "/embed", {"inputs": texts}), dtype=np.float32), alone, atol=1e-6, rtol=0
     )
     ranking = {"query": QUERY, "documents": DOCUMENTS}
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         want = scores(post(cross_encoder_server, path, ranking))
-        got = post(two_models, path, {**ranking, "model": "rerank"})
+        got = post(three_models, path, {**ranking, "model": "rerank"})
         assert got["model"] == "rerank"
         assert [index for index, _ in scores(got)] == [index for index, _ in want]
         np.testing.assert_allclose([s for _, s in scores(got)], [s for _, s in want], atol=1e-6, rtol=0)
 
 
-def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(two_models: LaunchedServer) -> None:
-    with two_models.client() as client:
+def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(three_models: LaunchedServer) -> None:
+    with three_models.client() as client:
         for path, body in (
             ("/v1/embeddings", {"input": "hello", "model": "nope"}),  # OpenAI's
             ("/v2/rerank", {"query": QUERY, "documents": DOCUMENTS, "model": "nope"}),  # Cohere's
@@ -137,54 +125,19 @@ def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "task_not_supported", refused.text
 
 
-def test_models_info_and_health_list_every_model(two_models: LaunchedServer, cross_encoder_model: Path) -> None:
-    with two_models.client() as client:
+def test_models_info_and_health_list_every_model(three_models: LaunchedServer, cross_encoder_model: Path) -> None:
+    with three_models.client() as client:
         listed = client.get("/v1/models").json()["data"]
-        assert [(entry["id"], entry["kind"]) for entry in listed] == [("minilm", "embedding"), ("rerank", "classifier")]
+        assert [(entry["id"], entry["kind"]) for entry in listed] == [
+            ("minilm", "embedding"), ("rerank", "classifier"), ("clip", "clip"),
+        ]  # fmt: skip
         assert listed[1]["root"] == str(cross_encoder_model)
         info = client.get("/info").json()
         assert info["model_id"] == "minilm"
-        assert [model["model_id"] for model in info["models"]] == ["minilm", "rerank"]
+        assert [model["model_id"] for model in info["models"]] == ["minilm", "rerank", "clip"]
         assert "reranker" in info["models"][1]["model_type"]
         health = client.get("/health/ready")
-        assert health.status_code == 200 and set(health.json()["models"]) == {"minilm", "rerank"}, health.text
-
-
-def test_a_killed_engine_of_one_model_leaves_the_other_answering(two_models: LaunchedServer) -> None:
-    """engine-1 (rerank) killed under load on both models: the embedder's requests all succeed, the reranker's are
-    resubmitted to its restarted engine, and /health/ready names the model that is down meanwhile."""
-    server = two_models
-    victim = engine_pids(server)["1"]
-    embedder = engine_pids(server)["0"]
-    ranking = {"query": QUERY, "documents": DOCUMENTS, "model": "rerank"}
-    down: list[str] = []
-
-    def names_the_model() -> bool:
-        with server.client() as client:
-            health = client.get("/health/ready")
-        if health.status_code == 503:
-            down.append(health.json()["error"]["message"])
-        return bool(down)
-
-    with (
-        SteadyLoad(server.url, clients=2, body={"input": SENTENCES[:4], "model": "minilm"}) as embeds,
-        SteadyLoad(server.url, clients=1, body=ranking, path="/v1/rerank") as reranks,
-    ):
-        embeds.wait_for(4)
-        reranks.wait_for(2)
-        os.kill(victim, signal.SIGKILL)
-        at_kill = sum(embeds.statuses.values())
-        assert wait_until(names_the_model, 10), server.log()
-        ready_line_time(server, "engine-1", victim, timeout=90)
-        served_meanwhile = sum(embeds.statuses.values()) - at_kill
-        reranks.wait_for(sum(reranks.statuses.values()) + 2)
-        embeds.wait_for(sum(embeds.statuses.values()) + 4)
-    assert "'rerank'" in down[0], down
-    assert embeds.failures == [] and set(embeds.statuses) == {200}, (embeds.failures, embeds.statuses)
-    assert reranks.failures == [] and set(reranks.statuses) == {200}, (reranks.failures, reranks.statuses)
-    assert served_meanwhile > 0  # the embedder answered while the reranker's engine restarted
-    assert engine_pids(server)["0"] == embedder
-    assert "the other models serve on" in server.stderr()
+        assert health.status_code == 200 and set(health.json()["models"]) == set(MODELS), health.text
 
 
 def test_three_models_answer_as_their_own_one_model_servers(
@@ -285,3 +238,45 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(t
             "poolserve_batch_inputs_count", model=model
         ), model
     assert moved("poolserve_forward_duration_seconds_count", model="clip", modality="image") > 0
+
+
+def test_a_killed_engine_of_one_model_leaves_the_others_answering(three_models: LaunchedServer) -> None:
+    """engine-1 (rerank) killed under load on all three models: the embedder's and CLIP's requests all succeed, the
+    reranker's are resubmitted to its restarted engine, and /health/ready names the model that is down meanwhile.
+    Last in this module: the other tests read the models' caches and metrics as they were."""
+    server = three_models
+    victim = engine_pids(server)["1"]
+    embedder = engine_pids(server)["0"]
+    ranking: dict[str, object] = {"query": QUERY, "documents": DOCUMENTS, "model": "rerank"}
+    down: list[str] = []
+
+    def names_the_model() -> bool:
+        with server.client() as client:
+            health = client.get("/health/ready")
+        if health.status_code == 503:
+            down.append(health.json()["error"]["message"])
+        return bool(down)
+
+    with (
+        SteadyLoad(server.url, clients=2, body={"input": SENTENCES[:4], "model": "minilm"}) as embeds,
+        SteadyLoad(server.url, clients=1, body=ranking, path="/v1/rerank") as reranks,
+        SteadyLoad(server.url, clients=1, body={"input": SENTENCES[4:6], "model": "clip"}) as clips,
+    ):
+        embeds.wait_for(4)
+        clips.wait_for(2)
+        reranks.wait_for(2)
+        os.kill(victim, signal.SIGKILL)
+        at_kill = sum(embeds.statuses.values())
+        assert wait_until(names_the_model, 10), server.log()
+        ready_line_time(server, "engine-1", victim, timeout=90)
+        served_meanwhile = sum(embeds.statuses.values()) - at_kill
+        reranks.wait_for(sum(reranks.statuses.values()) + 2)
+        embeds.wait_for(sum(embeds.statuses.values()) + 4)
+        clips.wait_for(sum(clips.statuses.values()) + 2)
+    assert "'rerank'" in down[0], down
+    assert embeds.failures == [] and set(embeds.statuses) == {200}, (embeds.failures, embeds.statuses)
+    assert reranks.failures == [] and set(reranks.statuses) == {200}, (reranks.failures, reranks.statuses)
+    assert clips.failures == [] and set(clips.statuses) == {200}, (clips.failures, clips.statuses)
+    assert served_meanwhile > 0  # the embedder answered while the reranker's engine restarted
+    assert engine_pids(server)["0"] == embedder
+    assert "the other models serve on" in server.stderr()
