@@ -19,13 +19,15 @@ def check_job(job: EngineJob, config: Config, card: ModelCard) -> None:
 
 
 def check_fits_queue(job: EngineJob, config: Config, card: ModelCard) -> None:
-    """A request bigger than the engine's whole queue would get 429 forever: it is a 413 instead."""
+    """A request bigger than the engine's whole queue would get 429 forever: it is a 413 instead. The queue is the
+    model's: with several models each has its own engines and limits."""
     inputs = len(job.rows) + len(job.images)
     tokens = job.prompt_tokens + len(job.images) * card.image_tokens
     if inputs > config.max_queued_inputs or tokens > config.max_queued_tokens:
         raise ApiError(
             413,
-            f"This request has {inputs} inputs and {tokens} tokens, more than the server's whole queue holds: "
+            f"This request has {inputs} inputs and {tokens} tokens, more than the whole queue of the model "
+            f"{config.model_names[0]!r} holds: "
             f"{config.max_queued_inputs} inputs and {config.max_queued_tokens} tokens "
             "(--max-queued-inputs, --max-queued-tokens). Split it.",
         )

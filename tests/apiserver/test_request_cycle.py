@@ -201,7 +201,8 @@ def test_token_image_and_queue_limits_stop_a_request_before_the_engine(serve: An
     assert images["code"] == "too_many_images"
     assert "limit of 1 per request (--max-images-per-request)" in images["message"]
     queue = serve(config={"max_queued_inputs": 1})
-    assert "whole queue" in queue.post("/v1/embeddings", {"input": ["a", "b"]}, status=413)["error"]["message"]
+    message = queue.post("/v1/embeddings", {"input": ["a", "b"]}, status=413)["error"]["message"]
+    assert f"whole queue of the model {queue.state.model_name!r}" in message, message
     assert served.engine.requests == queue.engine.requests == []
 
 

@@ -185,7 +185,9 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(t
         # Queue limits: 8 inputs are more than rerank's whole queue (413), and nothing to minilm's.
         many = [f"document {i}" for i in range(8)]
         too_many = client.post("/v1/rerank", json={"query": QUERY, "documents": many, "model": "rerank"})
-        assert too_many.status_code == 413 and "6 inputs" in too_many.text, too_many.text
+        assert too_many.status_code == 413 and "6 inputs" in too_many.text and "'rerank'" in too_many.text, (
+            too_many.text
+        )
         assert client.post("/v1/embeddings", json={"input": many, "model": "minilm"}).status_code == 200
         cached = {"input": ["kept in minilm's cache"], "model": "minilm"}
         assert client.post("/v1/embeddings", json=cached).headers["x-cache-hits"] == "0"
