@@ -51,7 +51,7 @@ def float_rows(rows: npt.NDArray[np.float32]) -> list[list[float] | str]:
 
     `tolist()` widens each value to a Python float, whose shortest form is a float64's (0.006385671440511942 for
     the float32 0.0063856714): 1.7 x the bytes, and with msgspec twice the CPU of orjson's float32 writer
-    (16 and 8 µs a 384-float row, 0.8 and 0.34 ms for 16 rows: docs/benchmarks.md)."""
+    (16.8 and 8.6 µs a 384-float row, 0.68 and 0.26 ms for 16 rows: docs/benchmarks.md)."""
     # Typed as the lists the schemas declare (the OpenAPI document is built from them): the JSON is the same.
     return [cast(list[float], float_json(row)) for row in rows]
 

@@ -365,9 +365,8 @@ def select_dtype(requested: str, device: torch.device, model_config: PretrainedC
     if requested == "int8":
         if device.type != "cpu":
             raise LoadError(f"--dtype int8 is a CPU mode; this engine runs on {device.type} (use --dtype auto there).")
-        return (
-            torch.float32
-        )  # the weights int8 is made from, once the probe has measured them (engine_core/int8_linear.py)
+        # The weights int8 is made from, once the probe has measured them (engine_core/int8_linear.py).
+        return torch.float32
     if requested == "auto":
         if device.type != "cuda":
             return torch.float32  # until load_model has measured bf16 (engine_core/cpu_precision.py)

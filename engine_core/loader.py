@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import torch
+from tokenizers import Tokenizer
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -189,6 +190,12 @@ def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) 
     return follow_dtype(model, dtype)
 
 
+def probe_rows(backend: Tokenizer, max_model_len: int) -> list[npt.NDArray[np.int32]]:
+    """The probe set's token ids (engine_core/cpu_precision.py), cut to the model's length: what a precision other
+    than float32 is measured on at start-up."""
+    return [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
+
+
 def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
     """A model of one transformer, as its folder's files (`st`) and the flags say."""
     trust = config.trust_remote_code
@@ -322,7 +329,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         if kind != EMBEDDING or late is not None or m3:
             what = "a multi-vector" if late is not None else "bge-m3's" if m3 else f"a {kind}"
             raise LoadError(f"--dtype int8 serves single-vector embedding models; this is {what} model.")
-        probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
+        probe = probe_rows(backend, max_model_len)
         reference, maxima = record_input_maxima(model, lambda: runner.run_texts(probe, None))
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32  # what the layers left out of int8 run in
         model.to(dtype)
@@ -337,7 +344,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
     # agreement of cosines measures; it stays float32, as classifiers do (and so does bge-m3, for its lexical weights).
     if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE and not m3:
-        probe = [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
+        probe = probe_rows(backend, max_model_len)
         converted = False
 
         def bf16_agreement() -> Agreement:

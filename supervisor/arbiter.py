@@ -334,7 +334,7 @@ class Supervisor:
                 if decision.others is Others.OWN_MODEL:
                     meanwhile = "while the other engines serve"
                 else:
-                    model = self._model_of(child).model_names[0]
+                    model = self._model_of(child.index).model_names[0]
                     meanwhile = f"model {model} is unavailable meanwhile; the other models serve on"
                 self._take_out_of_service(child, decision, code, now, meanwhile)
                 continue
@@ -349,11 +349,11 @@ class Supervisor:
                 consequence = (
                     "; the API servers move what it had queued to the other engines and keep what it was running "
                     "for its restart"
-                    if self._model_of(child).engine_count > 1
+                    if self._model_of(child.index).engine_count > 1
                     else "; the API servers keep what was in flight and resubmit it"
                 )
                 if len(self.models) > 1:
-                    consequence += f" (model {self._model_of(child).model_names[0]}; the other models serve on)"
+                    consequence += f" (model {self._model_of(child.index).model_names[0]}; the other models serve on)"
             logger.error(
                 "%s (pid %d) %s; restarting it%s%s",
                 child.name,
@@ -376,8 +376,8 @@ class Supervisor:
             return Others.OWN_MODEL
         return Others.OTHER_MODELS if up else Others.NONE
 
-    def _model_of(self, engine: ChildProcess) -> Config:
-        return self.models[self.layout.model_of(engine.index)]
+    def _model_of(self, engine_index: int) -> Config:
+        return self.models[self.layout.model_of(engine_index)]
 
     def _others(self, reports: list[str]) -> list[tuple[Config, str]]:
         """The models after the default, each with its first engine's boot report (the ready line names them)."""
@@ -395,7 +395,9 @@ class Supervisor:
         )  # fmt: skip
         self.crashes[child.name] = []
         self.respawn_at[child.name] = now + decision.seconds
-        self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=child.name, model=self._model_of(child).model_names[0]).set(1)
+        self.metrics.ENGINES_OUT_OF_SERVICE.labels(
+            engine=child.name, model=self._model_of(child.index).model_names[0]
+        ).set(1)
         if self.board is not None:  # the API servers stop keeping its suspects for a restart that is minutes away
             self.board.set_engine_out_of_service(self.engine_slots[child.name], True)
 
@@ -451,7 +453,7 @@ class Supervisor:
             if slot in self.engine_slots:
                 index = self.engine_slots[slot]
                 self.engines[index] = self._spawn("engine", index)
-                model = self.models[self.layout.model_of(index)].model_names[0]
+                model = self._model_of(index).model_names[0]
                 self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=slot, model=model).set(0)
                 if self.board is not None:
                     self.board.set_engine_out_of_service(index, False)
