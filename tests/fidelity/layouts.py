@@ -29,6 +29,7 @@ from tests.fidelity.image_text_layouts import (
     build_siglip_sentencepiece,
     build_siglip_unmasked,
 )
+from tests.fidelity.jina_bert_layout import build_jina_bert_own_code
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 from tests.fidelity.own_code_layouts import (
     NOMIC,
@@ -722,6 +723,7 @@ SERVED = [
     Served("own-code-nomic-bert", build_nomic_own_code, flags={"trust_remote_code": True}),
     Served("own-code-gte-new", build_gte_new_own_code, flags={"trust_remote_code": True}),
     Served("own-code-gte-qwen2", build_gte_qwen2_own_code, flags={"trust_remote_code": True}),
+    Served("own-code-jina-bert", build_jina_bert_own_code, flags={"trust_remote_code": True}),
 ]
 
 
@@ -884,6 +886,12 @@ REFUSED = [
         "own-code-without-trust",
         build_own_code,
         "the folder's config runs its own code for AutoModel (modeling_bidirectional.BidirectionalBert); give "
+        "--trust-remote-code to run it.",
+    ),
+    Refused(
+        "own-code-known-model-type-without-trust",
+        build_jina_bert_own_code,
+        "the folder's config runs its own code for AutoModel (modeling_bert.JinaBertModel); give "
         "--trust-remote-code to run it.",
     ),
     Refused(
