@@ -78,6 +78,7 @@ from engine_core.own_code import (
     check_weights_found,
     code_not_found,
     follow_dtype,
+    restore_computed_buffers,
     untrusted_config,
 )
 from engine_core.packed_encoder import packable
@@ -187,7 +188,11 @@ def load_weights(auto_name: str, folder: Path, dtype: torch.dtype, trust: bool) 
     model, info = loaded if isinstance(loaded, tuple) else (loaded, None)
     if info is not None:
         check_weights_found(model.config, auto_name, info["missing_keys"])
-    return follow_dtype(model, dtype)
+    model = follow_dtype(model, dtype)
+    if restored := restore_computed_buffers(model, auto_name):
+        logger.info("the folder's own code: %d buffers it computes at construction restored (%s)", len(restored),
+                    ", ".join(restored[:5]))  # fmt: skip
+    return model
 
 
 def probe_rows(backend: Tokenizer, max_model_len: int) -> list[npt.NDArray[np.int32]]:

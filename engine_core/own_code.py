@@ -4,7 +4,8 @@ whether it can be found where the folder says it is."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -70,6 +71,60 @@ def check_first_pass(model_config: PretrainedConfig, auto: str, run: Callable[[]
             f"the folder's own code ({own}) fails on its first forward pass ({type(exc).__name__}: {first_line(exc)}): "
             f"it may be written for another transformers release than the one installed ({transformers.__version__})."
         ) from exc
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built here put their parameters on the meta device (no memory, no initialisation work) and their
+    buffers where they are computed, as accelerate's `init_empty_weights(include_buffers=False)` does."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, parameter: torch.nn.Parameter | None) -> None:
+        register(module, name, parameter)
+        if parameter is not None:
+            module._parameters[name] = torch.nn.Parameter(parameter.to("meta"), requires_grad=False)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def restore_computed_buffers(model: torch.nn.Module, auto: str) -> list[str]:
+    """The buffers the folder's own code computes when it builds the model (ALiBi slopes, rotary frequencies,
+    position ids: `register_buffer(..., persistent=False)`), as that code computes them. They are not in the
+    checkpoint, and transformers 5 builds a model on the meta device and materialises what the checkpoint lacks
+    as uninitialised memory unless the model's `_init_weights` sets it, which code written for transformers 4 (as
+    jina-bert-implementation's and nomic's) does not: served so, every vector would be wrong without a word. The
+    model is built once more with its parameters on the meta device, and each such buffer that differs is taken
+    from there (cast to the loaded one's dtype and device). Returns the names restored."""
+    own = (getattr(model.config, "auto_map", None) or {}).get(auto)
+    persistent = set(model.state_dict())
+    computed = [name for name, _ in model.named_buffers() if name not in persistent]
+    if not own or not computed:
+        return []
+    try:
+        with parameters_on_meta():
+            built = dict(type(model)(model.config).named_buffers())
+    except Exception as exc:
+        raise LoadError(
+            f"the folder's own code ({own}) computes buffers when it builds the model ({', '.join(computed[:3])}), "
+            f"which transformers {transformers.__version__} leaves uninitialised on loading, and building it again "
+            f"to compute them failed ({type(exc).__name__}: {first_line(exc)})."
+        ) from exc
+    restored = []
+    for name in computed:
+        loaded = model.get_buffer(name)
+        fresh = built.get(name)
+        if fresh is None or fresh.is_meta:
+            continue
+        fresh = fresh.to(device=loaded.device, dtype=loaded.dtype if loaded.is_floating_point() else fresh.dtype)
+        if fresh.shape != loaded.shape or not torch.equal(fresh, loaded):
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner).register_buffer(leaf, fresh, persistent=False)
+            restored.append(name)
+    return restored
 
 
 def follow_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

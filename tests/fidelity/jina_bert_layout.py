@@ -142,6 +142,8 @@ class JinaBertModel(PreTrainedModel):
         super().__init__(config)
         self.embeddings = JinaBertEmbeddings(config)
         self.layers = nn.ModuleList(JinaBertLayer(config) for _ in range(config.num_hidden_layers))
+        # Computed at construction and kept out of the checkpoint, as jina's encoder keeps its `alibi` tensor.
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(config.num_attention_heads)), persistent=False)
         self.post_init()
 
     def _init_weights(self, module):
@@ -162,9 +164,7 @@ class JinaBertModel(PreTrainedModel):
         hidden = self.embeddings(input_ids, token_type_ids)
         positions = torch.arange(length, device=input_ids.device)
         distance = (positions[None, :] - positions[:, None]).abs().to(hidden.dtype)
-        # Built on each pass, as jina's rebuild_alibi_tensor does: not a buffer the checkpoint would have to hold.
-        slopes = torch.tensor(alibi_slopes(self.config.num_attention_heads), device=hidden.device, dtype=hidden.dtype)
-        alibi = -distance[None, :, :] * slopes[:, None, None]
+        alibi = -distance[None, :, :] * self.slopes.to(hidden.dtype)[:, None, None]
         padding = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
         bias = alibi[None] + padding
         for layer in self.layers:
@@ -211,3 +211,14 @@ def build_jina_bert_own_code(folder: Path) -> None:
     path.write_text(json.dumps(saved, indent=2))
     AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(folder)
     write_legacy_st_files(folder, pooling="mean_tokens", max_seq_length=128, version="2.2.2")
+
+
+def computed_buffers(model: torch.nn.Module) -> None:
+    """The model's buffers as its code computes them when it builds it on a CPU, the way transformers 4 loaded such
+    code (transformers 5 leaves them uninitialised): the reference the served model is held to."""
+    built = type(model)(model.config)
+    persistent = set(model.state_dict())
+    for name, buffer in built.named_buffers():
+        if name not in persistent:
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)

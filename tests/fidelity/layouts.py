@@ -29,7 +29,7 @@ from tests.fidelity.image_text_layouts import (
     build_siglip_sentencepiece,
     build_siglip_unmasked,
 )
-from tests.fidelity.jina_bert_layout import build_jina_bert_own_code
+from tests.fidelity.jina_bert_layout import build_jina_bert_own_code, computed_buffers
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 from tests.fidelity.own_code_layouts import (
     NOMIC,
@@ -73,6 +73,9 @@ class Served:
     flags: dict[str, Any] = field(default_factory=dict)
     # Flags that name files the build writes beside the folder.
     folder_flags: Callable[[Path], dict[str, Any]] | None = None
+    # The reference's transformer made the model its own code builds, where transformers 5's loading leaves it
+    # otherwise (a buffer its code computes at construction comes back uninitialised: see own_code.py).
+    as_built: Callable[[Any], None] | None = None
 
     def flags_for(self, folder: Path) -> dict[str, Any]:
         return {**self.flags, **(self.folder_flags(folder) if self.folder_flags else {})}
@@ -723,7 +726,9 @@ SERVED = [
     Served("own-code-nomic-bert", build_nomic_own_code, flags={"trust_remote_code": True}),
     Served("own-code-gte-new", build_gte_new_own_code, flags={"trust_remote_code": True}),
     Served("own-code-gte-qwen2", build_gte_qwen2_own_code, flags={"trust_remote_code": True}),
-    Served("own-code-jina-bert", build_jina_bert_own_code, flags={"trust_remote_code": True}),
+    Served(
+        "own-code-jina-bert", build_jina_bert_own_code, flags={"trust_remote_code": True}, as_built=computed_buffers
+    ),
 ]
 
 

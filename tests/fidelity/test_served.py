@@ -10,7 +10,7 @@ within 1e-4) and its `max_active_dims` for pruning; FlagEmbedding's BGEM3FlagMod
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import cohere
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from engine_core.loader import LoadedModel
 from tests.fidelity.bge_m3_layouts import bge_m3_reference
@@ -73,7 +74,10 @@ def test_the_layout_is_served_as_its_reference_library_computes_it(case: tuple[S
             plain = layout.reference == "plain"
             one_by_one = layout.reference == "one_by_one" or plain
             trust = bool(flags.get("trust_remote_code"))
-            check_embedder(client, folder, one_by_one=one_by_one, normalized=plain, trust_remote_code=trust)
+            check_embedder(
+                client, folder, one_by_one=one_by_one, normalized=plain, trust_remote_code=trust,
+                as_built=layout.as_built,
+            )  # fmt: skip
 
 
 def check_documented_pass(layout_id: str, loaded: LoadedModel) -> None:
@@ -86,13 +90,22 @@ def check_documented_pass(layout_id: str, loaded: LoadedModel) -> None:
 
 
 def check_embedder(
-    client: httpx.Client, folder: Path, *, one_by_one: bool, normalized: bool = False, trust_remote_code: bool = False
+    client: httpx.Client,
+    folder: Path,
+    *,
+    one_by_one: bool,
+    normalized: bool = False,
+    trust_remote_code: bool = False,
+    as_built: Callable[[torch.nn.Module], None] | None = None,
 ) -> None:
     """`normalized`: a folder without Sentence-Transformers files, whose vectors poolserve normalizes (as OpenAI's)
-    where sentence-transformers adds no Normalize. `trust_remote_code`: the folder's own code runs in both."""
+    where sentence-transformers adds no Normalize. `trust_remote_code`: the folder's own code runs in both.
+    `as_built`: what the reference's transformer needs to be the model its code builds (see Served)."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=trust_remote_code)
+    if as_built is not None:
+        as_built(model[0].auto_model)
 
     def reference(texts: list[str], method: str = "encode", **kwargs: Any) -> F32:
         encode = getattr(model, method)
