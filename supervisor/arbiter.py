@@ -395,8 +395,9 @@ class Supervisor:
         )  # fmt: skip
         self.crashes[child.name] = []
         self.respawn_at[child.name] = now + decision.seconds
+        # The `engine` label the engines' own series carry: the engine's index ("1" for engine-1).
         self.metrics.ENGINES_OUT_OF_SERVICE.labels(
-            engine=child.name, model=self._model_of(child.index).model_names[0]
+            engine=str(child.index), model=self._model_of(child.index).model_names[0]
         ).set(1)
         if self.board is not None:  # the API servers stop keeping its suspects for a restart that is minutes away
             self.board.set_engine_out_of_service(self.engine_slots[child.name], True)
@@ -454,7 +455,7 @@ class Supervisor:
                 index = self.engine_slots[slot]
                 self.engines[index] = self._spawn("engine", index)
                 model = self._model_of(index).model_names[0]
-                self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=slot, model=model).set(0)
+                self.metrics.ENGINES_OUT_OF_SERVICE.labels(engine=str(index), model=model).set(0)
                 if self.board is not None:
                     self.board.set_engine_out_of_service(index, False)
         for index in range(self.api_server_count):

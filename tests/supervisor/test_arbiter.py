@@ -207,7 +207,7 @@ def test_an_engine_that_crashes_again_and_again_is_taken_out_of_service_while_th
         assert run.live("engine") == [survivor]
         assert supervisor.board is not None and supervisor.board.is_engine_out_of_service(1)
         assert not supervisor.board.is_engine_out_of_service(0)
-        assert out_of_service(supervisor, "engine-1") == 1
+        assert out_of_service(supervisor, "1") == 1
 
     assert stubs.run(scenario) == EXIT_OK, stubs.log()
 
@@ -223,7 +223,7 @@ def test_an_engine_out_of_service_starts_afresh_when_its_time_is_over(stubs: Run
         run.wait_log(r"engine-1 .* taken out of service for 1s")
         run.wait_log(r"engine-1 \(pid \d+\) is ready", since=len(run.records) - 1)
         assert supervisor.board is not None and not supervisor.board.is_engine_out_of_service(1)
-        assert out_of_service(supervisor, "engine-1") == 0
+        assert out_of_service(supervisor, "1") == 0
         # Its crashes were forgotten: the next one restarts it at once, as a first crash.
         mark = len(run.records)
         (fresh,) = set(run.live("engine-1")) - set(killed)
