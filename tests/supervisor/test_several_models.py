@@ -39,13 +39,14 @@ def test_a_config_file_gives_each_model_its_own_engine_options(tmp_path: Path) -
     file.write_text(
         '[[models]]\nserved_model_name = ["minilm", "default"]\ndtype = "float32"\n\n'
         '[[models]]\nmodel = "/m/ce"\nserved_model_name = ["rank"]\nengine_count = 2\nmax_batch_size = 64\n'
-        "max_batch_tokens = 4096\n"
+        'max_batch_tokens = 4096\ndevice = "cuda:1,2"\n'
     )
     minilm, rank = parse_configs(["--config", str(file), "--api-server-count", "3", "--max-batch-size", "16"])
     assert (minilm.is_bundled_model, minilm.model_names, minilm.dtype) == (True, ["minilm", "default"], "float32")
     assert (minilm.engine_count, minilm.max_batch_size) == (1, 16)  # the command line's, where the table is silent
     assert (rank.model, rank.engine_count, rank.max_batch_size, rank.max_batch_tokens) == ("/m/ce", 2, 64, 4096)
     assert rank.dtype == "auto" and {minilm.api_server_count, rank.api_server_count} == {3}
+    assert (minilm.device, rank.device_kind, rank.gpu_indexes) == ("auto", "cuda", [1, 2])
 
 
 def test_each_model_has_its_own_admission_limits_cache_and_priority_settings(tmp_path: Path) -> None:
@@ -74,6 +75,7 @@ def test_each_model_has_its_own_admission_limits_cache_and_priority_settings(tmp
         ([], "[[models]]\nmodel = '/y'\nport = 80\n", "'port' is not a per-model setting"),
         ([], "[[models]]\nengine_count = 'two'\n", "Expected `int`, got `str`"),
         ([], "[[models]]\nengine_count = 0\n", "--engine-count has value 0"),
+        ([], "[[models]]\ndevice = 'gpu1'\n", "--device has value 'gpu1'; give auto, cpu, cuda, or cuda:I[,J...]"),
         ([], "models = 3\n", "give at least one [[models]] table"),
         ([], "[server]\nport = 1\n", "unknown key 'server'"),
         ([], "[[models]\n", "not valid TOML"),
