@@ -3,19 +3,30 @@
     python -m bench.poison_isolation --rounds 3 --clients 2
 
 One `launch` serves the bundled MiniLM (`minilm`) and the fault tests' tiny BERT whose own code crashes its engine
-on a marker token (`faulty`, bench/models.py). Closed-loop clients embed 4 sentences on minilm throughout; each
-round first lets them run QUIET_S seconds untouched, then sends faulty one poison pill and waits until faulty answers
-again: the pill crashes faulty's engine, runs alone on its restart, crashes it again and is failed (500
-`poison_pill`), and faulty's second restart serves. minilm's latencies are split by the phase they finished in, so
-"quiet" and "pill" are measured in the same run, alternately. One pill is two crashes: the quiet phase keeps a round
-long enough that faulty stays within the restart policy's 5 crashes a minute (supervisor/restart_policy.py).
+on a marker token (`faulty`, bench/models.py). Closed-loop clients embed 4 sentences on minilm throughout, while
+these phases follow each other, each round in turn:
+
+- quiet: QUIET_S seconds, nothing else;
+- pill: faulty gets one poison pill, and the phase lasts until faulty answers again: the pill crashes faulty's
+  engine, runs alone on its restart, crashes it again and is failed (500 `poison_pill`), and faulty's second
+  restart serves;
+- quiet again;
+- restarts (the control): faulty's engine killed with SIGKILL, and again once it serves, until it serves: the same
+  two restarts with no pill, so what the pill phase costs beyond this phase would be the pill's own.
+
+minilm's latencies are split by the phase they finished in, so every phase is measured in the same run. Each pill or
+pair of kills is two crashes, with a quiet phase between: faulty stays within the restart policy's 5 crashes a minute
+(supervisor/restart_policy.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +75,28 @@ def send_pill(url: str, timeout: float = 120.0) -> dict[str, Any]:
     }
 
 
+def faulty_engine_pids(server: PoolserveProcess) -> list[int]:
+    """The live pids of faulty's engine (engine-1: the second model's), from their log prefix."""
+    live = set(server.child_pid("engine_core"))
+    return sorted({int(pid) for pid in re.findall(r"\[engine-1 (\d+)\]", server.stderr()) if int(pid) in live})
+
+
+def restart_twice(server: PoolserveProcess, timeout: float = 120.0) -> None:
+    """faulty's engine killed (SIGKILL), twice, each time waiting until its restart serves."""
+    with httpx.Client(base_url=server.url, timeout=timeout) as client:
+
+        def replaced_and_serving(victim: int) -> bool:
+            if faulty_engine_pids(server) in ([], [victim]):
+                return False
+            return client.post("/v1/embeddings", json={"input": "harmless", "model": "faulty"}).status_code == 200
+
+        for _ in range(2):
+            (victim,) = faulty_engine_pids(server)
+            os.kill(victim, signal.SIGKILL)
+            if not wait_until(functools.partial(replaced_and_serving, victim), timeout, interval=0.1):
+                raise TimeoutError(f"faulty did not serve again within {timeout}s of a kill\n{server.log()}")
+
+
 def finished_during(load: SteadyLoad, action: Callable[[], object]) -> tuple[list[float], float]:
     """The latencies of `load`'s requests that came back while `action` ran, and how long it ran."""
     mark = len(load.latencies)
@@ -89,8 +122,8 @@ def start_server(api_servers: int, torch_threads: int) -> PoolserveProcess:
 
 def run(rounds: int, clients: int, api_servers: int, torch_threads: int) -> dict[str, Any]:
     server = start_server(api_servers, torch_threads)
-    phases: dict[str, list[float]] = {"quiet": [], "pill": []}
-    seconds = {"quiet": 0.0, "pill": 0.0}
+    phases: dict[str, list[float]] = {"quiet": [], "pill": [], "restarts": []}
+    seconds = dict.fromkeys(phases, 0.0)
     pills = []
     try:
         with SteadyLoad(server.url, clients=clients, body=STEADY_BODY) as load:
@@ -99,6 +132,8 @@ def run(rounds: int, clients: int, api_servers: int, torch_threads: int) -> dict
                 for phase, action in (
                     ("quiet", lambda: time.sleep(QUIET_S)),
                     ("pill", lambda: pills.append(send_pill(server.url))),
+                    ("quiet", lambda: time.sleep(QUIET_S)),
+                    ("restarts", lambda: restart_twice(server)),
                 ):
                     latencies, spent = finished_during(load, action)
                     phases[phase] += latencies
@@ -115,7 +150,7 @@ def run(rounds: int, clients: int, api_servers: int, torch_threads: int) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="Quiet phases and pills, alternated.")
+    parser.add_argument("--rounds", type=int, default=2, help="Rounds of quiet, pill, quiet, restarts.")
     parser.add_argument("--clients", type=int, default=2, help="Closed-loop clients on minilm.")
     parser.add_argument("--api-server-count", type=int, default=1)
     parser.add_argument("--torch-threads", type=int, default=1, help="Each engine's.")

@@ -138,9 +138,19 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "A TOML file declaring the models to serve, one [[models]] table each: `model` (the folder; absent: the "
             "bundled model), `served_model_name` (a list), and any of the per-model flags by their field name "
             "(engine_count, dtype, max_batch_size, max_batch_tokens, device, torch_threads, token_packing, and "
-            "the model flags); unset keys take the command line's values. The first table is the default model. "
-            "Not with --model (docs/operations.md, 'Several models').",
+            "the model flags); unset keys take the command line's values. The first table is the default model "
+            "unless --default-model names another. Not with --model (docs/operations.md, 'Several models').",
             metavar="FILE",
+        ),
+    ] = ""
+    default_model: Annotated[
+        str,
+        Flag(
+            "model",
+            "With several models, the one that answers requests naming none, and TEI's routes (they have no `model` "
+            "field): one of its names. Empty: the first declared. It is listed first (/v1/models, /info, the ready "
+            "line) and its engines are numbered first.",
+            metavar="NAME",
         ),
     ] = ""
     max_model_len: Annotated[

@@ -1,8 +1,10 @@
 """Several models behind one `launch`: the bundled MiniLM, a tiny cross-encoder and a tiny CLIP, each with its own
 engine, declared in a --config file that gives each its own queue limit, cache and priority setting; each request
 routed by its `model` field; the answers are the one-model servers' own, each model's figures are apart on /metrics,
-and one model's engine crash costs the others nothing. A model whose only engine crash-loops, taken out of service
-while the others serve, is the supervisor's decision: tests/supervisor/test_arbiter.py, on stub children."""
+and one model's engine crash, or a poison pill to a fourth model (the fault tests' faulty BERT), costs the others
+nothing. A model whose only engine crash-loops, taken out of service while the others serve, is the supervisor's
+decision: tests/supervisor/test_arbiter.py, on stub children; which GPU each model's engines get,
+tests/supervisor/test_gpu_placement.py."""
 
 from __future__ import annotations
 
