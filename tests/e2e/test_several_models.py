@@ -266,9 +266,10 @@ def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(sever
     minilm's requests all succeed meanwhile; none takes as long as faulty's second restart took (a request that
     waited on it would), and their p90 while the pill is handled stays under max(3 x, + 1 s) their p90 in the window
     just before. The bound is loose for what this 2-core host shares with the restarts: a new engine importing torch
-    and loading its model takes CPU from minilm's engine (measured: p90 170 -> 580 ms, 3.4 x, at load 8-9, while each
-    restart took 15-18 s; bench/poison_isolation.py, docs/benchmarks.md); and tight for what isolation means: a minilm
-    request that waited on faulty's restart, or an API server stalled by faulty's engine loss, breaks it."""
+    and loading its model takes CPU from minilm's engine (bench/poison_isolation.py at load 9-13: p90 216 -> 653 ms
+    during pills, 569 ms during two plain restarts, each restart 20-25 s; here p90 34 -> 43 and 10 -> 24 ms; see
+    docs/benchmarks.md); and tight for what isolation means: a minilm request that waited on faulty's restart, or an
+    API server stalled by faulty's engine loss, breaks it."""
     server = several_models
     mark = len(server.stderr())
     pills: list[dict[str, Any]] = []
