@@ -39,10 +39,10 @@ RERANK: dict[str, object] = {
 }
 
 
-def start(models: list[tuple[str, str]], api_servers: int, torch_threads: int) -> PoolserveProcess:
+def start(models: list[tuple[str, str]], api_servers: int, torch_threads: int, extra: list[str]) -> PoolserveProcess:
     flags = [flag for name, path in models for flag in ("--model", f"{name}={path}")]
     shared = ["--api-server-count", str(api_servers), "--torch-threads", str(torch_threads)]
-    return start_poolserve([*flags, *shared, "--device", "cpu", "--dtype", "float32"])
+    return start_poolserve([*flags, *shared, "--device", "cpu", "--dtype", "float32", *extra])
 
 
 def measure(embed_url: str, rerank_url: str, clients: int, seconds: float) -> dict[str, Any]:
@@ -66,21 +66,21 @@ def measure(embed_url: str, rerank_url: str, clients: int, seconds: float) -> di
     return result
 
 
-def run_shape(shape: str, clients: int, seconds: float, torch_threads: int) -> dict[str, Any]:
+def run_shape(shape: str, clients: int, seconds: float, torch_threads: int, extra: list[str]) -> dict[str, Any]:
     models = [("minilm", ""), ("rerank", str(model_folder("xlmr384_reranker")))]
     load_before = os.getloadavg()[0]
     with ExitStack() as stack:
         if shape == "together":
-            server = start(models, 2, torch_threads)
+            server = start(models, 2, torch_threads, extra)
             stack.callback(server.stop)
             urls = (server.url, server.url)
         else:
-            servers = [start([model], 1, torch_threads) for model in models]
+            servers = [start([model], 1, torch_threads, extra) for model in models]
             for server in servers:
                 stack.callback(server.stop)
             urls = (servers[0].url, servers[1].url)
         figures = measure(*urls, clients, seconds)
-    return {"shape": shape, "load_1min": round(load_before, 1), **figures}
+    return {"shape": shape, "load_1min": round(load_before, 1), "server_args": extra, **figures}
 
 
 def main() -> None:
@@ -89,13 +89,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="Measured seconds of each run.")
     parser.add_argument("--clients", type=int, default=4, help="Closed-loop clients on each model.")
     parser.add_argument("--torch-threads", type=int, default=1, help="Each engine's.")
+    parser.add_argument("--server-args", default="", help="More `launch` flags, every server's (one string).")
+    parser.add_argument("--shapes", default="together,apart", help="Which shapes, in each round's order.")
     args = parser.parse_args()
     model_folder("xlmr384_reranker")  # built before any timing
     runs = []
     for number in range(args.rounds):
-        shapes = ("together", "apart") if number % 2 == 0 else ("apart", "together")
-        for shape in shapes:
-            run = run_shape(shape, args.clients, args.seconds, args.torch_threads)
+        shapes = args.shapes.split(",")
+        for shape in shapes if number % 2 == 0 else reversed(shapes):
+            run = run_shape(shape, args.clients, args.seconds, args.torch_threads, args.server_args.split())
             print(json.dumps(run), flush=True)
             runs.append(run)
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
