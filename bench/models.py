@@ -20,7 +20,9 @@ from typing import Any
 # ModernBERT also at its base model's width (768), random weights: bench/packed_trial.py compares them packed and
 # padded.
 PACKED_KINDS = ("bert384", "xlmr384", "mpnet384", "modernbert384", "modernbert768", "xlmr384_reranker")
-MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "splade", "simgpu", *PACKED_KINDS)
+MODEL_KINDS = (
+    "bundled", "clip", "tiny512", "static256", "llm_reranker", "splade", "simgpu", "faulty", *PACKED_KINDS,
+)  # fmt: skip
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "2"
 DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
@@ -157,6 +159,39 @@ def build_simgpu(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(settings, indent=2))
 
 
+# Token ids of the bundled BERT vocabulary on which the `faulty` model's forward pass crashes (SIGSEGV) or hangs.
+CRASH_TOKEN = 29_999
+HANG_TOKEN = 29_998
+
+
+def build_faulty(folder: Path) -> None:
+    """A tiny BERT whose own modeling code (bench/faulty_bert.py) kills its process with SIGSEGV on CRASH_TOKEN and
+    sleeps for an hour on HANG_TOKEN, loaded like any model that ships code: --trust-remote-code. The fault tests'
+    poison pill and hung engine, and bench/poison_isolation.py's."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(6)
+    model: Any = BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY))
+    save_with_tokenizer(model.eval(), folder)
+    modeling = Path(__file__).with_name("faulty_bert.py")
+    shutil.copy(modeling, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        architectures=["FaultyBertModel"],
+        auto_map={"AutoModel": f"{modeling.stem}.FaultyBertModel"},
+        crash_token_id=CRASH_TOKEN,
+        hang_token_id=HANG_TOKEN,
+    )
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def remote_code_env(folder: Path) -> dict[str, str]:
+    """The environment that serves `folder`'s own code: transformers copies it into HF_MODULES_CACHE, here a folder
+    beside the model's rather than ~/.cache, shared by every run."""
+    return {"HF_MODULES_CACHE": str(folder.parent / f"{folder.name}-modules")}
+
+
 # The MLM head's bias of `splade`: random logits are positive for most of the vocabulary, where a trained SPLADE's
 # are for a few hundred entries; shifted down so, a corpus sentence (29 tokens) has about 250 non-zero entries.
 SPLADE_HEAD_BIAS = -0.38
@@ -225,4 +260,5 @@ BUILDERS = {
     "llm_reranker": build_llm_reranker,
     "splade": build_splade,
     "simgpu": build_simgpu,
+    "faulty": build_faulty,
 }

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from bench.models import model_folder
 from bench.stats import summarize_latencies
 from bench.workloads import build_workload, corpus_jpegs, corpus_long_texts, corpus_sentences, resolve_name
-from poolserve.config import Device, DType
+from poolserve.config import DeviceKind, DType
 
 
 def time_batches(
@@ -88,7 +88,7 @@ def measure(
     seed: int,
     thread_counts: list[int],
     *,
-    device: Device = "cpu",
+    device: DeviceKind = "cpu",
     dtype: DType = "auto",
 ) -> dict[str, Any]:
     import torch
@@ -188,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads", default="", help="torch thread counts to try, e.g. 1,2 (default: 1 and torch's default)."
     )
-    parser.add_argument("--device", default="cpu", choices=get_args(Device), help="The GPU run: bench/device/run.sh.")
+    parser.add_argument(
+        "--device", default="cpu", choices=get_args(DeviceKind), help="The GPU run: bench/device/run.sh."
+    )
     parser.add_argument("--dtype", default="auto", choices=get_args(DType), help="The engine's --dtype.")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@ def load_model(config: Config) -> LoadedModel:
     transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     folder = resolve_model_folder(config.model, config.revision)
-    device = select_device(config.device)
+    device = select_device(config.device_kind)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     if device.type == "cuda":

@@ -16,7 +16,9 @@ from poolserve.protocol import PRIORITY_MIN, LongInput
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
-Device = Literal["auto", "cpu", "cuda"]
+# --device: auto, cpu, cuda, or cuda:I[,J...] (GPU indexes; Config.device_kind and Config.gpu_indexes read it).
+DeviceKind = Literal["auto", "cpu", "cuda"]
+DEVICE_KINDS: tuple[DeviceKind, ...] = ("auto", "cpu", "cuda")
 DType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 TokenPacking = Literal["auto", "on", "off"]
 Pooling = Literal["auto", "mean", "cls", "last"]
@@ -136,9 +138,19 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "A TOML file declaring the models to serve, one [[models]] table each: `model` (the folder; absent: the "
             "bundled model), `served_model_name` (a list), and any of the per-model flags by their field name "
             "(engine_count, dtype, max_batch_size, max_batch_tokens, device, torch_threads, token_packing, and "
-            "the model flags); unset keys take the command line's values. The first table is the default model. "
-            "Not with --model (docs/operations.md, 'Several models').",
+            "the model flags); unset keys take the command line's values. The first table is the default model "
+            "unless --default-model names another. Not with --model (docs/operations.md, 'Several models').",
             metavar="FILE",
+        ),
+    ] = ""
+    default_model: Annotated[
+        str,
+        Flag(
+            "model",
+            "With several models, the one that answers requests naming none, and TEI's routes (they have no `model` "
+            "field): one of its names. Empty: the first declared. It is listed first (/v1/models, /info, the ready "
+            "line) and its engines are numbered first.",
+            metavar="NAME",
         ),
     ] = ""
     max_model_len: Annotated[
@@ -545,7 +557,18 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         ),
     ] = msgspec.field(default_factory=list)
 
-    device: Annotated[Device, Flag("engine", "auto: CUDA when visible, else CPU.", per_model=True)] = "auto"
+    device: Annotated[
+        str,
+        Flag(
+            "engine",
+            "auto: CUDA when visible, else CPU; cpu; cuda; or cuda:I[,J...]: these GPUs only (indexes into "
+            "CUDA_VISIBLE_DEVICES, else the driver's list), the model's engine k on the (k mod n)-th of them. Without "
+            "GPU indexes, engines go round the GPUs no model names (docs/operations.md, 'Several models'); a GPU "
+            "that holds several engines is warned about at start; an index beyond the GPUs is refused.",
+            metavar="{auto,cpu,cuda,cuda:I[,J...]}",
+            per_model=True,
+        ),
+    ] = "auto"
     engine_count: Annotated[
         int,
         Flag(
@@ -553,7 +576,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "Engine-core processes (1 to 16, default 1), each with its own copy of the model; every API server "
             "sends each request to the one holding the fewest inputs, and moves a dead engine's requests to the "
             "others at once. On CUDA engine i gets the i-th visible GPU (CUDA_VISIBLE_DEVICES, else the driver's), "
-            "wrapping round when there are fewer GPUs; on the CPU "
+            "wrapping round when there are fewer GPUs (--device cuda:I,J picks them); on the CPU "
             "each gets an equal share of the usable cores as torch threads unless --torch-threads is set. Use one "
             "engine per GPU. On the CPU, engines of 1 thread each beat one engine of all the threads (2 cores: "
             "+15-37% throughput with 2 engines x 1 thread; docs/scaling.md) at the cost of a model copy each.",
@@ -676,7 +699,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_range("--preprocess-workers", self.preprocess_workers, 0, 64)
         check_range("--torch-threads", self.torch_threads, 0, 1024)
         check_range("--engine-count", self.engine_count, 1, 16)
-        if self.dtype == "int8" and self.device == "cuda":
+        check_device(self.device)
+        if self.dtype == "int8" and self.device_kind == "cuda":
             raise ConfigError("--dtype int8 is a CPU mode; with --device cuda use --dtype auto, float16 or bfloat16.")
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
@@ -770,6 +794,19 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         return not self.model
 
     @property
+    def device_kind(self) -> DeviceKind:
+        """--device without its GPU indexes: an engine placed on cuda:1 sees that GPU alone (CUDA_VISIBLE_DEVICES),
+        as `cuda`."""
+        kind = self.device.partition(":")[0]
+        return kind if kind in ("cpu", "cuda") else "auto"  # type: ignore[return-value]
+
+    @property
+    def gpu_indexes(self) -> list[int]:
+        """The GPUs --device cuda:I[,J...] names (indexes into the GPUs the supervisor sees); empty: none named."""
+        _, _, indexes = self.device.partition(":")
+        return [int(index) for index in indexes.split(",")] if indexes else []
+
+    @property
     def api_server_ceiling(self) -> int:
         """How many API servers SIGTTIN may scale up to (--max-api-server-count)."""
         return self.max_api_server_count or max(self.api_server_count, 2 * usable_cores())
@@ -810,6 +847,21 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             return not ipaddress.ip_address(self.host).is_loopback
         except ValueError:  # a host name: it may resolve to anything
             return True
+
+
+def check_device(device: str) -> None:
+    kind, colon, indexes = device.partition(":")
+    numbers = indexes.split(",") if colon else []
+    if (
+        kind not in DEVICE_KINDS
+        or (colon and kind != "cuda")
+        or not all(number.isdecimal() and number.isascii() for number in numbers)
+        or len(set(map(int, numbers))) != len(numbers)
+    ):
+        raise ConfigError(
+            f"--device has value {device!r}; give auto, cpu, cuda, or cuda:I[,J...] with distinct GPU indexes "
+            "(cuda:1, cuda:0,2)."
+        )
 
 
 def check_range(flag: str, value: int, low: int, high: int) -> None:

@@ -19,6 +19,8 @@ from poolserve.config import Config, ConfigError, Flag
 
 # The table of a --config file that lists the models.
 MODELS_TABLE = "models"
+# Model flags that say how the models are declared, not what one model is: a table may not set them.
+DECLARATION_FIELDS = ("config", "default_model")
 
 
 def per_model_fields() -> dict[str, Any]:
@@ -26,7 +28,7 @@ def per_model_fields() -> dict[str, Any]:
     fields = {}
     for field in msgspec.structs.fields(Config):
         flags = [meta for meta in getattr(field.type, "__metadata__", ()) if isinstance(meta, Flag)]
-        if flags and flags[0].is_per_model and field.name != "config":
+        if flags and flags[0].is_per_model and field.name not in DECLARATION_FIELDS:
             fields[field.name] = field.type
     return fields
 
@@ -63,7 +65,19 @@ def model_configs(values: Mapping[str, Any]) -> list[Config]:
             )
     configs = [Config(**{**shared, **table}) for table in tables]
     check_names_unique(configs)
-    return configs
+    return put_default_first(configs, shared["default_model"])
+
+
+def put_default_first(configs: list[Config], name: str) -> list[Config]:
+    """The models with the one --default-model names first (every process takes the first as the default); the
+    others in the order declared. No name: as declared."""
+    if not name:
+        return configs
+    for number, config in enumerate(configs):
+        if name in config.model_names:
+            return [config, *configs[:number], *configs[number + 1 :]]
+    served = ", ".join(repr(served) for config in configs for served in config.model_names)
+    raise ConfigError(f"--default-model has value {name!r}, which names no model served; the names are {served}.")
 
 
 def read_models_file(path: str) -> list[dict[str, Any]]:

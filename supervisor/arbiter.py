@@ -27,6 +27,7 @@ from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, Role, child_name
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard, SlotState, Word
 from supervisor.children import CHILD_PROGRAMS, CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
+from supervisor.gpu_placement import PlacedModel, PlacementError, place_engines
 from supervisor.restart_policy import GiveUp, Others, RestartPolicy, TakeOutOfService
 from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
 from supervisor.sockets import bind_socket, bound_port
@@ -97,6 +98,8 @@ class Supervisor:
         # What each API server holds, read by its siblings' fair accept (apiserver/fair_accept.py).
         self.board: LoadBoard | None = None
         self.runtime_dir = ""
+        # Each engine's CUDA_VISIBLE_DEVICES (None: the supervisor's), decided at start (supervisor/gpu_placement.py).
+        self.engine_gpus: list[str | None] = [None] * self.layout.total
         self._announced: set[int] = set()
         self.metrics: ModuleType
         self._signals: deque[int] = deque()
@@ -138,6 +141,17 @@ class Supervisor:
     def start(self) -> None:
         config = self.config
         started = time.perf_counter()
+        placed = [
+            PlacedModel(model.model_names[0], model.device_kind, model.gpu_indexes, model.engine_count)
+            for model in self.models
+        ]
+        try:
+            placement = place_engines(placed, gpu_names(os.environ.get(CUDA_DEVICES_ENV)))
+        except PlacementError as exc:
+            raise StartFailed(str(exc)) from None
+        self.engine_gpus = placement.gpus
+        for warning in placement.warnings:
+            logger.warning("%s", warning)
         try:
             remove_stale_runtime_dirs()  # what a supervisor killed with SIGKILL could not remove
             self.runtime_dir = create_runtime_dir()
@@ -158,14 +172,6 @@ class Supervisor:
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
         self.board = LoadBoard.create()
-        gpus = gpu_names(os.environ.get(CUDA_DEVICES_ENV))
-        if self.layout.total > len(gpus) > 0 and any(model.device != "cpu" for model in self.models):
-            logger.warning(
-                "%d engines on %d GPU(s): engine i gets GPU i mod %d, so some share one (a copy of the model each)",
-                self.layout.total,
-                len(gpus),
-                len(gpus),
-            )
         # All at once: each loads its own copy of the model, and start-up waits for the slowest.
         for index in range(self.layout.total):
             self.engines[index] = self._spawn("engine", index)
@@ -498,6 +504,7 @@ class Supervisor:
                 self.runtime_dir,
                 index=index,
                 engine_counts=self._engine_counts,
+                gpu=self.engine_gpus[index],
                 program=self.programs["engine"],
             )
         else:

@@ -136,10 +136,12 @@ def spawn_child(
     board: LoadBoard | None = None,
     models: list[Config] | None = None,
     engine_counts: list[int] | None = None,
+    gpu: str | None = None,
     program: Sequence[str] = (),
 ) -> ChildProcess:
     """`models`: every model's Config, for an API server of several; `engine_counts`: each model's engine count,
-    with several models (poolserve/boot.py, EngineLayout); `program`: the command line it runs, the role's own in
+    with several models (poolserve/boot.py, EngineLayout); `gpu`: an engine's CUDA_VISIBLE_DEVICES (None: the
+    supervisor's; supervisor/gpu_placement.py decides it); `program`: the command line it runs, the role's own in
     CHILD_PROGRAMS unless given. Whatever it runs reads its spec from the environment and reports on the boot pipe
     (poolserve/boot.py)."""
     read_fd, write_fd = os.pipe()
@@ -166,8 +168,8 @@ def spawn_child(
     if role == "api":
         # One tokenizer thread per API server: parallelism comes from running N of them.
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    elif spec.layout.total > 1:
-        env[CUDA_DEVICES_ENV] = engine_gpu(index, env.get(CUDA_DEVICES_ENV))
+    elif gpu is not None:
+        env[CUDA_DEVICES_ENV] = gpu
     pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
     try:
         popen = subprocess.Popen([*(program or CHILD_PROGRAMS[role])], env=env, pass_fds=pass_fds)
@@ -193,12 +195,3 @@ def gpu_names(visible: str | None, driver_dir: Path = NVIDIA_GPUS_DIR) -> list[s
         return [str(index) for index in range(sum(1 for _ in driver_dir.iterdir()))]
     except OSError:
         return []
-
-
-def engine_gpu(index: int, visible: str | None, driver_dir: Path = NVIDIA_GPUS_DIR) -> str:
-    """The GPU engine `index` of several gets: the index-th of gpu_names(), wrapping round when there are
-    more engines than GPUs. Without the wrap, engine 1 on a one-GPU machine would see no GPU at all, and
-    under `--device auto` serve from the CPU beside engine 0 on the GPU. On a machine with no GPU the
-    variable is read by nothing."""
-    names = gpu_names(visible, driver_dir)
-    return names[index % len(names)] if names else str(index)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.models import build_faulty
+
 HERE = Path(__file__).parent
 
 
@@ -15,3 +17,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def faulty_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT whose own code crashes its engine on CRASH_TOKEN and hangs it on HANG_TOKEN (bench/models.py,
+    build_faulty): served with --trust-remote-code and bench.models.remote_code_env's environment."""
+    folder = tmp_path_factory.mktemp("faulty-bert")
+    build_faulty(folder)
+    return folder

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,16 +22,11 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bench.models import TINY, save_with_tokenizer
+from bench.models import CRASH_TOKEN, HANG_TOKEN, remote_code_env
 from bench.prober import Prober
 from bench.server_process import wait_until
 from bench.steady_load import SteadyLoad
 from tests.utils import LaunchedServer, api_server_pids, is_alive, ready_line_time
-
-# Token ids in the bundled BERT vocabulary on which the faulty model's forward pass crashes or hangs.
-CRASH_TOKEN = 29_999
-HANG_TOKEN = 29_998
-FAULTY_MODELING = Path(__file__).with_name("faulty_bert.py")
 
 
 @contextlib.contextmanager
@@ -44,33 +38,9 @@ def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[Launched
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def faulty_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny BERT whose own modeling code (faulty_bert.py) kills its process with SIGSEGV on CRASH_TOKEN
-    and sleeps for an hour on HANG_TOKEN, loaded like any model that ships code: --trust-remote-code."""
-    import torch
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(6)
-    folder = tmp_path_factory.mktemp("faulty-bert")
-    save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
-    shutil.copy(FAULTY_MODELING, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(
-        architectures=["FaultyBertModel"],
-        auto_map={"AutoModel": f"{FAULTY_MODELING.stem}.FaultyBertModel"},
-        crash_token_id=CRASH_TOKEN,
-        hang_token_id=HANG_TOKEN,
-    )
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
-
-
 @contextlib.contextmanager
 def launched_faulty(folder: Path, *args: str) -> Iterator[LaunchedServer]:
-    # transformers copies remote code into HF_MODULES_CACHE: a folder of this model's own, not ~/.cache.
-    env = {"HF_MODULES_CACHE": str(folder.parent / f"{folder.name}-modules")}
-    with launched("--model", str(folder), "--trust-remote-code", *args, env=env) as server:
+    with launched("--model", str(folder), "--trust-remote-code", *args, env=remote_code_env(folder)) as server:
         yield server
 
 

@@ -1,13 +1,16 @@
 """Several models behind one `launch`: the bundled MiniLM, a tiny cross-encoder and a tiny CLIP, each with its own
 engine, declared in a --config file that gives each its own queue limit, cache and priority setting; each request
 routed by its `model` field; the answers are the one-model servers' own, each model's figures are apart on /metrics,
-and one model's engine crash costs the others nothing. A model whose only engine crash-loops, taken out of service
-while the others serve, is the supervisor's decision: tests/supervisor/test_arbiter.py, on stub children."""
+and one model's engine crash, or a poison pill to a fourth model (the fault tests' faulty BERT), costs the others
+nothing. A model whose only engine crash-loops, taken out of service while the others serve, is the supervisor's
+decision: tests/supervisor/test_arbiter.py, on stub children; which GPU each model's engines get,
+tests/supervisor/test_gpu_placement.py."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.models import remote_code_env
+from bench.poison_isolation import finished_during, send_pill
 from bench.scrape import scrape, value
 from bench.server_process import wait_until
+from bench.stats import percentile
 from bench.steady_load import SteadyLoad
 from tests.images import data_url, encode, make_image
 from tests.sentences import SENTENCES
@@ -33,8 +39,9 @@ DOCUMENTS = [
 ]
 
 
-# The third model's own settings: rerank's queue holds 6 inputs and a cache of about 8 rows; clip lets no request
-# jump its queue (min_priority 0); minilm's cache is 1 MiB. The command line's --cache-hits-header is every model's.
+# The models' own settings: rerank's queue holds 6 inputs and a cache of about 8 rows; clip lets no request jump its
+# queue (min_priority 0); minilm's cache is 1 MiB; faulty (the fault tests' BERT that crashes its engine on a marker
+# token) runs its own code. The command line's --cache-hits-header is every model's.
 MODELS_TOML = """
 [[models]]
 served_model_name = ["minilm"]
@@ -50,19 +57,30 @@ cache_bytes = 2048
 model = "{clip}"
 served_model_name = ["clip"]
 min_priority = 0
+
+[[models]]
+model = "{faulty}"
+served_model_name = ["faulty"]
+trust_remote_code = true
 """
 
 
 @pytest.fixture(scope="module")
-def three_models(
-    bundled_model: Path, cross_encoder_model: Path, clip_model: Path, tmp_path_factory: pytest.TempPathFactory
+def several_models(
+    bundled_model: Path,
+    cross_encoder_model: Path,
+    clip_model: Path,
+    faulty_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LaunchedServer]:
-    """minilm (the default: engine-0), rerank (engine-1) and clip (engine-2), one API server, from a --config file."""
+    """minilm (the default: engine-0), rerank (engine-1) and clip (engine-2), one API server, from a --config file;
+    and a fourth, faulty (engine-3), for the poison pill: the three answer, the fourth only crashes."""
     file = tmp_path_factory.mktemp("models") / "models.toml"
-    file.write_text(MODELS_TOML.format(cross_encoder=cross_encoder_model, clip=clip_model))
+    file.write_text(MODELS_TOML.format(cross_encoder=cross_encoder_model, clip=clip_model, faulty=faulty_model))
     server = LaunchedServer(
-        "--config", str(file), "--api-server-count", "1", "--cache-hits-header", *FLOAT32_CPU
-    ).wait_ready(180)
+        "--config", str(file), "--api-server-count", "1", "--cache-hits-header", *FLOAT32_CPU,
+        env=remote_code_env(faulty_model),
+    ).wait_ready(180)  # fmt: skip
     try:
         yield server
     finally:
@@ -85,31 +103,33 @@ def scores(answer: Any) -> list[tuple[int, float]]:
 
 
 def test_each_model_answers_as_its_own_one_model_server(
-    three_models: LaunchedServer, server: LaunchedServer, cross_encoder_server: LaunchedServer
+    several_models: LaunchedServer, server: LaunchedServer, cross_encoder_server: LaunchedServer
 ) -> None:
     texts = SENTENCES[:8]
     alone = vectors(post(server, "/v1/embeddings", {"input": texts}))
-    named = post(three_models, "/v1/embeddings", {"input": texts, "model": "minilm"})
+    named = post(several_models, "/v1/embeddings", {"input": texts, "model": "minilm"})
     assert named["model"] == "minilm"
     np.testing.assert_allclose(vectors(named), alone, atol=1e-6, rtol=0)
     # No `model` field, and TEI's route that has none: the default model.
     np.testing.assert_allclose(
-        vectors(post(three_models, "/v1/embeddings", {"input": texts})), alone, atol=1e-6, rtol=0
+        vectors(post(several_models, "/v1/embeddings", {"input": texts})), alone, atol=1e-6, rtol=0
     )
     np.testing.assert_allclose(
-        np.asarray(post(three_models, "/embed", {"inputs": texts}), dtype=np.float32), alone, atol=1e-6, rtol=0
+        np.asarray(post(several_models, "/embed", {"inputs": texts}), dtype=np.float32), alone, atol=1e-6, rtol=0
     )
     ranking = {"query": QUERY, "documents": DOCUMENTS}
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         want = scores(post(cross_encoder_server, path, ranking))
-        got = post(three_models, path, {**ranking, "model": "rerank"})
+        got = post(several_models, path, {**ranking, "model": "rerank"})
         assert got["model"] == "rerank"
         assert [index for index, _ in scores(got)] == [index for index, _ in want]
         np.testing.assert_allclose([s for _, s in scores(got)], [s for _, s in want], atol=1e-6, rtol=0)
 
 
-def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(three_models: LaunchedServer) -> None:
-    with three_models.client() as client:
+def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(
+    several_models: LaunchedServer,
+) -> None:
+    with several_models.client() as client:
         for path, body in (
             ("/v1/embeddings", {"input": "hello", "model": "nope"}),  # OpenAI's
             ("/v2/rerank", {"query": QUERY, "documents": DOCUMENTS, "model": "nope"}),  # Cohere's
@@ -125,23 +145,23 @@ def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "task_not_supported", refused.text
 
 
-def test_models_info_and_health_list_every_model(three_models: LaunchedServer, cross_encoder_model: Path) -> None:
-    with three_models.client() as client:
+def test_models_info_and_health_list_every_model(several_models: LaunchedServer, cross_encoder_model: Path) -> None:
+    with several_models.client() as client:
         listed = client.get("/v1/models").json()["data"]
         assert [(entry["id"], entry["kind"]) for entry in listed] == [
-            ("minilm", "embedding"), ("rerank", "classifier"), ("clip", "clip"),
+            ("minilm", "embedding"), ("rerank", "classifier"), ("clip", "clip"), ("faulty", "embedding"),
         ]  # fmt: skip
         assert listed[1]["root"] == str(cross_encoder_model)
         info = client.get("/info").json()
         assert info["model_id"] == "minilm"
-        assert [model["model_id"] for model in info["models"]] == ["minilm", "rerank", "clip"]
+        assert [model["model_id"] for model in info["models"]] == [*MODELS, "faulty"]
         assert "reranker" in info["models"][1]["model_type"]
         health = client.get("/health/ready")
-        assert health.status_code == 200 and set(health.json()["models"]) == set(MODELS), health.text
+        assert health.status_code == 200 and set(health.json()["models"]) == {*MODELS, "faulty"}, health.text
 
 
 def test_three_models_answer_as_their_own_one_model_servers(
-    three_models: LaunchedServer,
+    several_models: LaunchedServer,
     server: LaunchedServer,
     cross_encoder_server: LaunchedServer,
     clip_server: LaunchedServer,
@@ -153,28 +173,26 @@ def test_three_models_answer_as_their_own_one_model_servers(
         (clip_server, "clip", {"input": texts}),
         (clip_server, "clip", {"input": [texts[0], *images]}),  # text and images in one request
     ):
-        got = post(three_models, "/v1/embeddings", {**body, "model": name})
+        got = post(several_models, "/v1/embeddings", {**body, "model": name})
         assert got["model"] == name
         np.testing.assert_allclose(vectors(got), vectors(post(alone, "/v1/embeddings", body)), atol=1e-6, rtol=0)
     ranking = {"query": QUERY, "documents": DOCUMENTS}
     want = scores(post(cross_encoder_server, "/v1/rerank", ranking))
-    got = scores(post(three_models, "/v1/rerank", {**ranking, "model": "rerank"}))
+    got = scores(post(several_models, "/v1/rerank", {**ranking, "model": "rerank"}))
     assert [index for index, _ in got] == [index for index, _ in want]
     np.testing.assert_allclose([s for _, s in got], [s for _, s in want], atol=1e-6, rtol=0)
-    with three_models.client() as client:
+    with several_models.client() as client:
         unknown = client.post("/v1/embeddings", json={"input": "hi", "model": "nope"})
         assert unknown.status_code == 404 and "'minilm', 'rerank', 'clip'" in unknown.json()["error"]["message"]
         listed = client.get("/v1/models").json()["data"]
-        assert [(entry["id"], entry["kind"]) for entry in listed] == [
-            ("minilm", "embedding"), ("rerank", "classifier"), ("clip", "clip"),
-        ]  # fmt: skip
+        assert [entry["id"] for entry in listed] == [*MODELS, "faulty"]
 
 
-def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(three_models: LaunchedServer) -> None:
+def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(several_models: LaunchedServer) -> None:
     """A flood of new documents on rerank (its queue of 6 inputs, its cache of ~8 rows) fails no request of the
     other models and evicts nothing of minilm's cache; each model's table setting holds for it alone; and /metrics
     shows each model's requests, tokens, passes and cache apart, summing to the server's totals."""
-    server = three_models
+    server = several_models
     before = scrape(server.url)
     with server.client() as client:
         # Priority: clip's table lets no request jump its queue; minilm keeps the command line's -100.
@@ -242,11 +260,40 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(t
     assert moved("poolserve_forward_duration_seconds_count", model="clip", modality="image") > 0
 
 
-def test_a_killed_engine_of_one_model_leaves_the_others_answering(three_models: LaunchedServer) -> None:
+def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(several_models: LaunchedServer) -> None:
+    """Under steady load on minilm, one poison pill sent to faulty: it crashes faulty's engine, runs alone on the
+    restarted one, crashes it again and is failed (500 poison_pill), and faulty serves after its second restart.
+    minilm's requests all succeed meanwhile; none takes as long as faulty's second restart took (a request that
+    waited on it would), and their p90 while the pill is handled stays under max(3 x, + 1 s) their p90 in the window
+    just before. The bound is loose for what this 2-core host shares with the restarts: a new engine importing torch
+    and loading its model takes CPU from minilm's engine (bench/poison_isolation.py at load 9-13: p90 216 -> 653 ms
+    during pills, 569 ms during two plain restarts, each restart 20-25 s; here p90 34 -> 43 and 10 -> 24 ms; see
+    docs/benchmarks.md); and tight for what isolation means: a minilm request that waited on faulty's restart, or an
+    API server stalled by faulty's engine loss, breaks it."""
+    server = several_models
+    mark = len(server.stderr())
+    pills: list[dict[str, Any]] = []
+    with SteadyLoad(server.url, clients=2, body={"input": SENTENCES[:4], "model": "minilm"}) as load:
+        load.wait_for(10)
+        before, _ = finished_during(load, lambda: load.wait_for(sum(load.statuses.values()) + 40, timeout=60))
+        during, seconds = finished_during(load, lambda: pills.append(send_pill(server.url, timeout=60)))
+    (pill,) = pills
+    assert pill["status"] == 500 and pill["code"] == "poison_pill", pill
+    assert load.failures == [] and set(load.statuses) == {200}, (load.failures, load.statuses)
+    killed = re.findall(r"(engine-\d) \(pid \d+\) was killed by SIGSEGV", server.stderr()[mark:])
+    assert killed == ["engine-3", "engine-3"], server.stderr()[mark:]
+    quiet, poisoned = percentile(sorted(before), 90), percentile(sorted(during), 90)
+    print(f"minilm p90 {quiet * 1000:.0f} ms before, {poisoned * 1000:.0f} ms during the pill's {seconds:.1f} s")
+    assert poisoned < max(3 * quiet, quiet + 1.0), (quiet, poisoned, sorted(during)[-5:])
+    restart = pill["serving_again_s"] - pill["answered_s"]
+    assert max(during) < restart, (max(during), restart)
+
+
+def test_a_killed_engine_of_one_model_leaves_the_others_answering(several_models: LaunchedServer) -> None:
     """engine-1 (rerank) killed under load on all three models: the embedder's and CLIP's requests all succeed, the
     reranker's are resubmitted to its restarted engine, and /health/ready names the model that is down meanwhile.
     Last in this module: the other tests read the models' caches and metrics as they were."""
-    server = three_models
+    server = several_models
     victim = engine_pids(server)["1"]
     embedder = engine_pids(server)["0"]
     ranking: dict[str, object] = {"query": QUERY, "documents": DOCUMENTS, "model": "rerank"}

@@ -294,7 +294,6 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "score_format": ("none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"),
         "accept_balance": ("connections", "requests", "both", "none"),
         "long_input": ("refuse", "truncate", "chunk"),
-        "device": ("auto", "cpu", "cuda"),
         "dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "token_packing": ("auto", "on", "off"),
         "log_level": ("debug", "info", "warning", "error"),

@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import poolserve.config
 from poolserve.boot import ChildSpec, child_name
-from supervisor.children import engine_gpu, gpu_names
 from supervisor.cli import parse_config
 
 
@@ -36,27 +33,3 @@ def test_each_engine_has_its_own_endpoint_and_name() -> None:
         "ipc:///run/p/engine-2.sock",
     ]
     assert [child_name("engine", i, 3) for i in range(3)] == ["engine-0", "engine-1", "engine-2"]
-
-
-@pytest.mark.parametrize(
-    ("index", "visible", "gpu"),
-    [
-        (0, None, "0"),
-        (1, None, "1"),
-        (1, "2,5", "5"),
-        (2, "2,5", "2"),
-        (0, "GPU-abc, GPU-def", "GPU-abc"),
-        (1, "", "1"),
-    ],
-)
-def test_engine_i_gets_the_i_th_visible_gpu(index: int, visible: str | None, gpu: str, tmp_path: Path) -> None:
-    assert engine_gpu(index, visible, driver_dir=tmp_path / "no-driver") == gpu
-
-
-def test_without_cuda_visible_devices_engines_wrap_round_the_gpus_the_driver_lists(tmp_path: Path) -> None:
-    for bus in ("0000:18:00.0", "0000:2a:00.0"):  # /proc/driver/nvidia/gpus/ holds one folder per GPU
-        (tmp_path / bus).mkdir()
-    assert gpu_names(None, tmp_path) == ["0", "1"]
-    assert [engine_gpu(index, None, tmp_path) for index in range(3)] == ["0", "1", "0"]
-    assert [engine_gpu(index, "", tmp_path) for index in range(3)] == ["0", "1", "0"]
-    assert engine_gpu(2, "7", tmp_path) == "7"  # the variable, when set, is what counts

@@ -39,13 +39,14 @@ def test_a_config_file_gives_each_model_its_own_engine_options(tmp_path: Path) -
     file.write_text(
         '[[models]]\nserved_model_name = ["minilm", "default"]\ndtype = "float32"\n\n'
         '[[models]]\nmodel = "/m/ce"\nserved_model_name = ["rank"]\nengine_count = 2\nmax_batch_size = 64\n'
-        "max_batch_tokens = 4096\n"
+        'max_batch_tokens = 4096\ndevice = "cuda:1,2"\n'
     )
     minilm, rank = parse_configs(["--config", str(file), "--api-server-count", "3", "--max-batch-size", "16"])
     assert (minilm.is_bundled_model, minilm.model_names, minilm.dtype) == (True, ["minilm", "default"], "float32")
     assert (minilm.engine_count, minilm.max_batch_size) == (1, 16)  # the command line's, where the table is silent
     assert (rank.model, rank.engine_count, rank.max_batch_size, rank.max_batch_tokens) == ("/m/ce", 2, 64, 4096)
     assert rank.dtype == "auto" and {minilm.api_server_count, rank.api_server_count} == {3}
+    assert (minilm.device, rank.device_kind, rank.gpu_indexes) == ("auto", "cuda", [1, 2])
 
 
 def test_each_model_has_its_own_admission_limits_cache_and_priority_settings(tmp_path: Path) -> None:
@@ -74,6 +75,13 @@ def test_each_model_has_its_own_admission_limits_cache_and_priority_settings(tmp
         ([], "[[models]]\nmodel = '/y'\nport = 80\n", "'port' is not a per-model setting"),
         ([], "[[models]]\nengine_count = 'two'\n", "Expected `int`, got `str`"),
         ([], "[[models]]\nengine_count = 0\n", "--engine-count has value 0"),
+        (
+            ["--model", "a=/x", "--model", "b=/y", "--default-model", "c"],
+            None,
+            "--default-model has value 'c', which names no model served; the names are 'a', 'b'.",
+        ),
+        ([], "[[models]]\ndefault_model = 'a'\n", "'default_model' is not a per-model setting"),
+        ([], "[[models]]\ndevice = 'gpu1'\n", "--device has value 'gpu1'; give auto, cpu, cuda, or cuda:I[,J...]"),
         ([], "models = 3\n", "give at least one [[models]] table"),
         ([], "[server]\nport = 1\n", "unknown key 'server'"),
         ([], "[[models]\n", "not valid TOML"),
@@ -89,6 +97,23 @@ def test_a_bad_declaration_fails_with_one_sentence(
     with pytest.raises(SystemExit):
         parse_configs(argv)
     assert message in capsys.readouterr().err
+
+
+def test_default_model_picks_the_default_by_any_of_its_names_and_puts_it_first(tmp_path: Path) -> None:
+    """Every process takes the first model as the default (requests naming none, TEI's routes): --default-model
+    moves the one it names there, the others keep their order."""
+    embed, rank, clip = parse_configs(
+        ["--model", "embed=/m/bge", "--model", "rank=/m/ce", "--model", "clip=/m/clip", "--default-model", "rank"]
+    )
+    assert [config.model_names for config in (embed, rank, clip)] == [["rank"], ["embed"], ["clip"]]
+    file = tmp_path / "models.toml"
+    file.write_text('[[models]]\n\n[[models]]\nmodel = "/m/ce"\nserved_model_name = ["rank", "reranker"]\n')
+    first, second = parse_configs(["--config", str(file), "--default-model", "reranker"])
+    assert (first.model, second.is_bundled_model) == ("/m/ce", True)
+    assert parse_configs(["--config", str(file)])[0].is_bundled_model  # none named: the first table
+    assert parse_configs(["--model", "/m/bge", "--default-model", "/m/bge"]) == [
+        Config(model="/m/bge", default_model="/m/bge")
+    ]
 
 
 def test_engines_are_numbered_across_the_models_so_names_and_sockets_stay_apart() -> None:
