@@ -27,6 +27,14 @@ class LaunchedServer(PoolserveProcess):
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
         super().__init__(args, env=env, cwd=cwd or REPO)
+        self.first_health: httpx.Response | None = None  # /health asked the moment the ready line was out
+
+    def wait_ready_and_ask_health(self, timeout: float = 60.0) -> LaunchedServer:
+        """`wait_ready`, then /health at once: what a load balancer's first probe gets."""
+        self.wait_ready(timeout)
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            self.first_health = client.get("/health")
+        return self
 
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)  # type: ignore[arg-type]
