@@ -73,9 +73,9 @@ def test_32_keepalive_connections_opened_at_once_spread_evenly_in_every_run(
 
 
 @pytest.fixture(scope="module")
-def two_servers() -> Iterator[LaunchedServer]:
-    with launched("--api-server-count", "2", "--max-requests-per-connection", "3", "--max-connection-age", "2") as s:
-        yield s
+def two_servers(recycling_server: LaunchedServer) -> LaunchedServer:
+    """Connections recycled after 3 requests or 2 s (tests/e2e/conftest.py)."""
+    return recycling_server
 
 
 def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: LaunchedServer) -> None:
