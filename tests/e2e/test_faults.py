@@ -287,7 +287,6 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
     bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
     machine, where CI once saw 10.3 s in all."""
     with launched("--api-server-count", "2") as server:
-        assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
         children = server.children()
         assert len(children) == 3
         runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
@@ -313,6 +312,8 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
         assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
         assert not any(Path(d).exists() for d in runtime_dirs)
+    # Last, so that a slow start on a busy host leaves the stop tested.
+    assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
 
 
 class PacedConnection(threading.Thread):
