@@ -37,7 +37,7 @@ def server() -> Iterator[LaunchedServer]:
     test_embeddings' CUDA server, tests/engine_core/test_cpu_precision.py)."""
     launched = LaunchedServer("--api-server-count", "2", *FLOAT32_CPU)
     try:
-        yield launched.wait_ready()
+        yield launched.wait_ready_and_ask_health()
     finally:
         launched.stop()
 
@@ -111,20 +111,6 @@ def decoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return saved(LlamaModel(config).eval(), tmp_path_factory.mktemp("decoder"))
 
 
-def serve(*args: str) -> Iterator[LaunchedServer]:
-    """A session's server of one test model, in float32 on the CPU (FLOAT32_CPU)."""
-    launched = LaunchedServer(*args, *FLOAT32_CPU)
-    try:
-        yield launched.wait_ready()
-    finally:
-        launched.stop()
-
-
-@pytest.fixture(scope="session")
-def cross_encoder_server(cross_encoder_model: Path) -> Iterator[LaunchedServer]:
-    yield from serve("--model", str(cross_encoder_model), "--api-server-count", "1")
-
-
 CLIP_MAX_IMAGE_BYTES = 200_000
 
 
@@ -132,16 +118,6 @@ CLIP_MAX_IMAGE_BYTES = 200_000
 def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder the CLIP server may read images from (--allowed-local-media-path)."""
     return tmp_path_factory.mktemp("media")
-
-
-@pytest.fixture(scope="session")
-def clip_server(clip_model: Path, media_dir: Path) -> Iterator[LaunchedServer]:
-    yield from serve(
-        "--model", str(clip_model), "--api-server-count", "1", "--allowed-local-media-path", str(media_dir),
-        "--max-image-bytes", str(CLIP_MAX_IMAGE_BYTES), "--image-fetch-timeout", "1",
-        # Its tests fetch images from a loopback HTTP server.
-        "--allow-private-media-urls",
-    )  # fmt: skip
 
 
 # A server behind an API key (from the environment, as operators are told to pass it), with CORS for one

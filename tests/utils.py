@@ -1,5 +1,15 @@
-"""What the end-to-end tests add to the bench's harness (bench/server_process.py, bench/steady_load.py):
-a launcher with the tests' environment, and /proc readers."""
+r"""What the end-to-end tests add to the bench's harness (bench/server_process.py, bench/steady_load.py):
+a launcher with the tests' environment, and /proc readers.
+
+Each `launch` is 10-20 s of the suite on a 2-core host (torch imported by its engine): a test that only sends
+requests uses a server already started (tests/conftest.py's session `server` and `guarded_server`,
+tests/e2e/conftest.py's `recycling_server`, a module's shared one) or tests/in_process/stack_server.py, and a new
+place that starts one is for what needs processes of its own (signals, crashes, start-up and stop, flags no shared
+server can have). The places, counted (issue 29; a helper's own body counts beside its callers):
+
+    grep -rnE 'LaunchedServer\(|"-m", "supervisor"|launched(_faulty)?\(|run_batch(_argv)?\(|yield from serve\(' \
+        tests/*.py tests/e2e tests/fidelity | grep -vE ':\s*(def|class) |core\.run_batch|grep ' | wc -l
+"""
 
 from __future__ import annotations
 
@@ -27,6 +37,14 @@ class LaunchedServer(PoolserveProcess):
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
         super().__init__(args, env=env, cwd=cwd or REPO)
+        self.first_health: httpx.Response | None = None  # /health asked the moment the ready line was out
+
+    def wait_ready_and_ask_health(self, timeout: float = 60.0) -> LaunchedServer:
+        """`wait_ready`, then /health at once: what a load balancer's first probe gets."""
+        self.wait_ready(timeout)
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            self.first_health = client.get("/health")
+        return self
 
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)  # type: ignore[arg-type]

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.models import build_faulty
+from tests.utils import LaunchedServer
 
 HERE = Path(__file__).parent
 
@@ -26,3 +28,18 @@ def faulty_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("faulty-bert")
     build_faulty(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def recycling_server() -> Iterator[LaunchedServer]:
+    """The bundled model behind 2 API servers whose keep-alive connections are recycled after 3 requests or 2 s, with
+    the access log on: tests/e2e/test_connection_spread.py's recycling tests and tests/e2e/test_metrics.py's (its
+    dashboard's 'Connections recycled' panel needs connections recycled under any host's speed), one launch for both.
+    Its counters are the whole session's: tests read what they add."""
+    launched = LaunchedServer(
+        "--api-server-count", "2", "--max-requests-per-connection", "3", "--max-connection-age", "2", "--access-log"
+    )
+    try:
+        yield launched.wait_ready(timeout=120)
+    finally:
+        launched.stop()

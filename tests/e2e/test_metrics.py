@@ -26,17 +26,12 @@ EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "st
 
 
 @pytest.fixture(scope="module")
-def metered() -> Iterator[LaunchedServer]:
-    """A server of its own, so that counts start at zero. Its keep-alive connections close after 50 requests, so the
-    dashboard test's load recycles some whatever the host's speed (at the default 1000 it did only on a fast run,
-    and the 'Connections recycled' panel then had no series)."""
-    server = LaunchedServer(
-        "--api-server-count", "2", "--access-log", "--max-requests-per-connection", "50"
-    ).wait_ready()
-    try:
-        yield server
-    finally:
-        server.stop()
+def metered(recycling_server: LaunchedServer) -> LaunchedServer:
+    """2 API servers with the access log on, whose keep-alive connections close after 3 requests or 2 s, so that the
+    dashboard test's load recycles some whatever the host's speed (at the default 1000 it did only on a fast run, and
+    the 'Connections recycled' panel then had no series): tests/e2e/conftest.py's, shared with
+    test_connection_spread.py. The tests here read what they add to its counts."""
+    return recycling_server
 
 
 def tool(name: str) -> str:

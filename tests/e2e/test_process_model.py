@@ -1,4 +1,6 @@
-"""The process model itself: torch only in the engine, a clean stop, clear start-up failures, no hangs.
+"""The process model itself: torch only in the engine, a clean stop, clear start-up failures, no hangs. (A fresh
+server ready within 20 s, and SIGTERM leaving nothing behind: tests/e2e/test_faults.py's SIGTERM test, on its own
+launch.)
 
 The supervisor's decisions on their own (a port in use, a crash loop that makes it give up, boot failures,
 restarts, scaling) are tested on stub children in tests/supervisor/test_arbiter.py."""
@@ -51,28 +53,6 @@ def test_no_api_server_or_supervisor_module_imports_torch_or_transformers() -> N
     packages = json.loads(done.stdout)
     assert "apiserver" in packages and "tokenizers" in packages
     assert [name for name in HEAVY_MODULES if name in packages] == []
-
-
-def test_ready_within_20_seconds_and_sigterm_leaves_nothing_behind() -> None:
-    """A bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
-    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
-    machine, where CI once saw 10.3 s in all."""
-    launched = LaunchedServer("--api-server-count", "2")
-    try:
-        launched.wait_ready()
-        assert launched.ready_after < 20, f"ready after {launched.ready_after:.1f}s"
-        children = launched.children()
-        assert len(children) == 3
-        runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
-        assert len(runtime_dirs) == 1
-        with launched.client() as client:
-            assert client.post("/v1/embeddings", json={"input": "bye"}).status_code == 200
-        launched.proc.send_signal(signal.SIGTERM)
-        assert launched.wait_exit(30) == 0, launched.log()
-        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
-        assert not any(Path(d).exists() for d in runtime_dirs)
-    finally:
-        launched.stop()
 
 
 def test_a_model_that_cannot_load_fails_start_up_with_one_clear_line(tmp_path: Path) -> None:

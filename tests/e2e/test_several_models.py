@@ -2,9 +2,13 @@
 engine, declared in a --config file that gives each its own queue limit, cache and priority setting; each request
 routed by its `model` field; the answers are the one-model servers' own, each model's figures are apart on /metrics,
 and one model's engine crash, or a poison pill to a fourth model (the fault tests' faulty BERT), costs the others
-nothing. A model whose only engine crash-loops, taken out of service while the others serve, is the supervisor's
-decision: tests/supervisor/test_arbiter.py, on stub children; which GPU each model's engines get,
-tests/supervisor/test_gpu_placement.py."""
+nothing; CLIP's thin and wide images cost the API server no memory (its own VmRSS and VmHWM, which the test's process,
+holding every model of the suite, cannot show). The one-model servers the answers are held to: the session's `launch`
+of MiniLM, and the cross-encoder and CLIP served in this process (tests/in_process/stack_server.py: the same engine
+and API server code, without a `launch` each). A model whose only engine crash-loops, taken out of service while the
+others serve, is the supervisor's decision: tests/supervisor/test_arbiter.py, on stub children; which GPU each
+model's engines get, tests/supervisor/test_gpu_placement.py. Everything else of the CLIP model:
+tests/in_process/test_clip.py."""
 
 from __future__ import annotations
 
@@ -17,8 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from bench.models import remote_code_env
 from bench.poison_isolation import finished_during, send_pill
@@ -26,9 +32,11 @@ from bench.scrape import scrape, value
 from bench.server_process import wait_until
 from bench.stats import percentile
 from bench.steady_load import SteadyLoad
+from tests.fidelity.image_text_layouts import ClipReference
 from tests.images import data_url, encode, make_image
+from tests.in_process.stack_server import InProcessServer, served_folder
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, LaunchedServer, api_server_pids, engine_pids, ready_line_time
 
 QUERY = "what is the capital of france?"
 MODELS = ("minilm", "rerank", "clip")
@@ -87,7 +95,21 @@ def several_models(
         server.stop()
 
 
-def post(server: LaunchedServer, path: str, body: dict[str, Any]) -> Any:
+@pytest.fixture(scope="module")
+def rerank_alone(cross_encoder_model: Path) -> Iterator[InProcessServer]:
+    """The cross-encoder served alone, in this process."""
+    with served_folder(cross_encoder_model) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def clip_alone(clip_model: Path) -> Iterator[InProcessServer]:
+    """The CLIP model served alone, in this process."""
+    with served_folder(clip_model) as started:
+        yield started
+
+
+def post(server: LaunchedServer | InProcessServer, path: str, body: dict[str, Any]) -> Any:
     with server.client() as client:
         response = client.post(path, json=body)
     assert response.status_code == 200, response.text
@@ -103,7 +125,7 @@ def scores(answer: Any) -> list[tuple[int, float]]:
 
 
 def test_each_model_answers_as_its_own_one_model_server(
-    several_models: LaunchedServer, server: LaunchedServer, cross_encoder_server: LaunchedServer
+    several_models: LaunchedServer, server: LaunchedServer, rerank_alone: InProcessServer
 ) -> None:
     texts = SENTENCES[:8]
     alone = vectors(post(server, "/v1/embeddings", {"input": texts}))
@@ -119,7 +141,7 @@ def test_each_model_answers_as_its_own_one_model_server(
     )
     ranking = {"query": QUERY, "documents": DOCUMENTS}
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        want = scores(post(cross_encoder_server, path, ranking))
+        want = scores(post(rerank_alone, path, ranking))
         got = post(several_models, path, {**ranking, "model": "rerank"})
         assert got["model"] == "rerank"
         assert [index for index, _ in scores(got)] == [index for index, _ in want]
@@ -160,24 +182,24 @@ def test_models_info_and_health_list_every_model(several_models: LaunchedServer,
         assert health.status_code == 200 and set(health.json()["models"]) == {*MODELS, "faulty"}, health.text
 
 
-def test_three_models_answer_as_their_own_one_model_servers(
+def test_several_models_answer_as_their_own_one_model_servers(
     several_models: LaunchedServer,
     server: LaunchedServer,
-    cross_encoder_server: LaunchedServer,
-    clip_server: LaunchedServer,
+    rerank_alone: InProcessServer,
+    clip_alone: InProcessServer,
 ) -> None:
     texts = SENTENCES[:4]
     images = [{"image": data_url(encode(make_image(40, 30, seed)))} for seed in (1, 2)]
     for alone, name, body in (
         (server, "minilm", {"input": texts}),
-        (clip_server, "clip", {"input": texts}),
-        (clip_server, "clip", {"input": [texts[0], *images]}),  # text and images in one request
+        (clip_alone, "clip", {"input": texts}),
+        (clip_alone, "clip", {"input": [texts[0], *images]}),  # text and images in one request
     ):
         got = post(several_models, "/v1/embeddings", {**body, "model": name})
         assert got["model"] == name
         np.testing.assert_allclose(vectors(got), vectors(post(alone, "/v1/embeddings", body)), atol=1e-6, rtol=0)
     ranking = {"query": QUERY, "documents": DOCUMENTS}
-    want = scores(post(cross_encoder_server, "/v1/rerank", ranking))
+    want = scores(post(rerank_alone, "/v1/rerank", ranking))
     got = scores(post(several_models, "/v1/rerank", {**ranking, "model": "rerank"}))
     assert [index for index, _ in got] == [index for index, _ in want]
     np.testing.assert_allclose([s for _, s in got], [s for _, s in want], atol=1e-6, rtol=0)
@@ -186,6 +208,61 @@ def test_three_models_answer_as_their_own_one_model_servers(
         assert unknown.status_code == 404 and "'minilm', 'rerank', 'clip'" in unknown.json()["error"]["message"]
         listed = client.get("/v1/models").json()["data"]
         assert [entry["id"] for entry in listed] == [*MODELS, "faulty"]
+
+
+@pytest.fixture(scope="module")
+def thin_pngs() -> dict[tuple[int, int], bytes]:
+    """Real PNGs of one value each, made once: a few hundred bytes to a few kB, whatever their size.
+
+    40,000,000x1 is within the default --max-image-pixels; mode "1" keeps it at 5 MB while it is made.
+    """
+    sizes = [(1, 5000), (1, 100_000), (100_000, 1)]
+    pngs = {size: encode(Image.new("L", size, 200)) for size in sizes}
+    pngs[(40_000_000, 1)] = encode(Image.new("1", (40_000_000, 1), 1))
+    return pngs
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (resident now) and VmHWM (the peak resident so far) of a process, in KiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: int(fields[name].split()[0]) for name in ("VmRSS", "VmHWM")}
+
+
+def embed_image(client: httpx.Client, image: Image.Image) -> np.ndarray:
+    response = client.post("/v1/embeddings", json={"input": [{"image": data_url(encode(image))}], "model": "clip"})
+    assert response.status_code == 200, response.text
+    return vectors(response.json())
+
+
+def test_thin_and_wide_images_are_refused_before_any_pixel_is_allocated(
+    several_models: LaunchedServer, clip_model: Path, thin_pngs: dict[tuple[int, int], bytes]
+) -> None:
+    # Resized to a shortest edge, a 1x5000 image grew a CLIP server by 1 GB, 1x100000 raised MemoryError and
+    # 40,000,000x1 an OverflowError, both as plain-text 500s.
+    direct = ClipReference(clip_model)
+    (pid,) = api_server_pids(several_models).values()
+    with several_models.client() as clip:
+        assert embed_image(clip, make_image(64, 48, 1)).shape == (1, 16)
+        before = memory_kib(pid)
+        for (width, height), png in thin_pngs.items():
+            assert len(png) < 10_000
+            response = clip.post("/v1/embeddings", json={"input": [{"image": data_url(png)}], "model": "clip"})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == "input[0].image"
+            ratio = max(width, height) // min(width, height)
+            assert error["message"] == (
+                f"input[0].image is {width}x{height}, an aspect ratio of {ratio}:1; this server takes images up to "
+                "200:1."
+            )
+        after = memory_kib(pid)
+        assert after["VmRSS"] - before["VmRSS"] < 100 * 1024, (before, after)
+        assert after["VmHWM"] - before["VmHWM"] < 100 * 1024, (before, after)
+        # The same server still embeds a normal image, and one at the bound, exactly.
+        normal = make_image(30, 90, 2)
+        np.testing.assert_allclose(embed_image(clip, normal), direct.images([normal]), atol=1e-5)
+        at_bound = make_image(2, 400, 5)
+        np.testing.assert_allclose(embed_image(clip, at_bound), direct.images([at_bound]), atol=1e-5)
 
 
 def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(several_models: LaunchedServer) -> None:

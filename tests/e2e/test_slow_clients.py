@@ -1,4 +1,5 @@
-"""Slow and surplus connections on real processes: header and body timeouts, and the per-server connection limit."""
+"""Slow and surplus connections on real processes: header and body timeouts, and the per-server connection limit
+(each client address's share of a server's connections: tests/in_process/test_connections.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import http.client
 import re
 import socket
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -190,47 +190,3 @@ def test_past_the_limit_on_every_server_new_connections_get_503_and_are_counted(
     finally:
         for connection in held:
             connection.close()
-
-
-def scraped_unless_refused(server: LaunchedServer) -> dict[str, float]:
-    try:
-        return metric_values(server, "poolserve_connections_refused_total")
-    except urllib.error.HTTPError as exc:
-        if exc.code != 503:
-            raise
-        return {}
-
-
-def test_one_client_address_holds_at_most_its_share_and_newcomers_still_get_in() -> None:
-    """64 idle connections from one address used to shut every newcomer out; with --max-connections-per-client 2 (and
-    loopback not trusted as a proxy), that address's third connection gets 503 while another address is served."""
-    launched = LaunchedServer(
-        "--api-server-count", "1", "--max-connections-per-client", "2", env={"FORWARDED_ALLOW_IPS": "192.0.2.1"}
-    )
-    try:
-        server = launched.wait_ready(timeout=120)
-        held = []
-        for _ in range(2):
-            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-            sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
-            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-            held.append(sock)
-        with raw_connection(server) as extra:
-            extra.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
-            answer, _ = read_until_closed(extra)
-        assert answer.startswith(b"HTTP/1.1 503") and error_code(answer) == "too_many_connections", answer
-        other = socket.create_connection(("127.0.0.1", server.port), timeout=10, source_address=("127.0.0.2", 0))
-        other.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        answer, _ = read_until_closed(other)
-        other.close()
-        assert answer.startswith(b"HTTP/1.1 200"), answer
-        for sock in held:
-            sock.close()
-        # The scrape comes from the same address: it gets in once the server has seen those closes.
-        refused: dict[str, float] = {}
-        assert wait_until(lambda: refused.update(scraped_unless_refused(server)) or bool(refused), 5)
-        # The extra connection, and any scrape that came before the closes were seen.
-        assert sum(count for labels, count in refused.items() if 'reason="client_share"' in labels) >= 1, refused
-        assert "their client holds its --max-connections-per-client share of 2" in server.stderr()
-    finally:
-        launched.stop()

@@ -1,6 +1,7 @@
-"""The servers of tests/conftest.py, under the same names, started in this process (stack_server.py): the tests
-here send the same requests and hold the answers to the same references as against `launch`, in a model load each
-instead of a `launch` (one API server: what needs several, or the processes themselves, is in tests/e2e)."""
+"""tests/conftest.py's `server` and `guarded_server` under the same names, and one server per tiny test model, started
+in this process (stack_server.py): the tests here send the same requests and hold the answers to the same references
+as against `launch`, in a model load each instead of a `launch` (one API server: what needs several, or the processes
+themselves, is in tests/e2e)."""
 
 from __future__ import annotations
 

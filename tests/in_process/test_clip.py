@@ -1,5 +1,6 @@
 """A CLIP-style model served for real (the API server and engine of `launch`: stack_server.py): texts and images embed
-into one space, equal to transformers' own. The API server's memory with thin images: tests/e2e/test_clip.py."""
+into one space, equal to transformers' own. The API server's memory with thin images:
+tests/e2e/test_several_models.py."""
 
 from __future__ import annotations
 
