@@ -32,7 +32,7 @@ from apiserver.schemas.tei import (
     SimilarityResponse,
 )
 from apiserver.schemas.tokenize import DecodeResponse, DetokenizeResponse, TeiTokenizeResponse, TokenizeResponse
-from poolserve.protocol import CLASSIFIER, SPARSE, TASK_SCORE, ModelCard
+from poolserve.model_card import CLASSIFIER, SPARSE, TASK_SCORE, ModelCard
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from PIL import Image, ImageOps
 
 from apiserver.errors import ApiError
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 # What a client may send. A whitelist, not "whatever pillow opens": pillow also parses EPS (through
 # Ghostscript), FLI, PCX, SGI and dozens more formats nobody sends to an embedding server, and every

@@ -22,7 +22,7 @@ from apiserver.limits import TokenBudget
 from apiserver.operation import Rows
 from apiserver.prompts import Role, role_prompt
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import LateInteraction, ModelCard
+from poolserve.model_card import LateInteraction, ModelCard
 
 
 def spec_of(card: ModelCard) -> LateInteraction:

@@ -15,7 +15,7 @@ from apiserver.errors import ApiError
 
 if TYPE_CHECKING:
     from poolserve.config import Config
-    from poolserve.protocol import ModelCard
+    from poolserve.model_card import ModelCard
 
 
 def over_limit(

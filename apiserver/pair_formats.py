@@ -22,7 +22,7 @@ from apiserver.errors import bad_request
 from apiserver.inputs.text import CHUNK_INPUTS, Truncation
 from apiserver.limits import TokenBudget
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 MXBAI = "mxbai-rerank-v2"
 GEMMA = "bge-reranker-v2-gemma"

@@ -27,7 +27,7 @@ from apiserver.errors import bad_request
 from apiserver.inputs.text import CHUNK_INPUTS, Truncation, check_room, too_long
 from apiserver.limits import TokenBudget
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 # The contents sentence-transformers renders to find a template's tail: they tokenize differently at the end.
 SUFFIX_FILLERS = ("0", "1 2 3 4")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from apiserver.errors import bad_request
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 # A text's role, in sentence-transformers' words; Voyage's `input_type` names the same two.
 Role = Literal["query", "document"]

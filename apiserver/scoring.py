@@ -22,17 +22,8 @@ from apiserver.pair_template import check_instruction, tokenize_rendered_pairs
 from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, role_prompt, takes_query_route
 from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import (
-    CLASSIFIER,
-    OUTPUT_MULTI_VECTOR,
-    OUTPUT_SPARSE,
-    SPARSE,
-    ModelCard,
-    Output,
-    PoolingParams,
-    Similarity,
-    SparseRows,
-)
+from poolserve.model_card import CLASSIFIER, OUTPUT_MULTI_VECTOR, OUTPUT_SPARSE, SPARSE, ModelCard, Output, Similarity
+from poolserve.protocol import PoolingParams, SparseRows
 
 
 @dataclass(slots=True)

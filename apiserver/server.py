@@ -43,7 +43,7 @@ from poolserve.boot import (
 )
 from poolserve.load_board import LoadBoard
 from poolserve.logs import configure_logging
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 if TYPE_CHECKING:
     from apiserver.request_tracer import RequestTracer

@@ -9,7 +9,8 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import bad_request
-from poolserve.protocol import ModelCard, SparseRows
+from poolserve.model_card import ModelCard
+from poolserve.protocol import SparseRows
 
 I32 = npt.NDArray[np.int32]
 F32 = npt.NDArray[np.float32]

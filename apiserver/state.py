@@ -12,7 +12,7 @@ from apiserver.preprocess import Preprocessor
 from apiserver.tokenizer import TextTokenizer
 from engine_client import PoolingEngine
 from poolserve.config import Config
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 if TYPE_CHECKING:
     from apiserver.request_tracer import RequestTracer

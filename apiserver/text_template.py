@@ -29,7 +29,7 @@ from apiserver.pair_template import (
     encode_rendered,
 )
 from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import ModelCard, TextTemplate
+from poolserve.model_card import ModelCard, TextTemplate
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 
 from apiserver.errors import ApiError, bad_request, from_validation_error
-from poolserve.protocol import ModelCard, Task
+from poolserve.model_card import ModelCard, Task
 
 T = TypeVar("T")
 

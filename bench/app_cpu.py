@@ -62,7 +62,7 @@ def build() -> Any:
     from apiserver.tokenizer import TextTokenizer
     from poolserve.config import Config
     from poolserve.load_board import LoadBoard
-    from poolserve.protocol import ModelCard
+    from poolserve.model_card import ModelCard
 
     folder = bundled_model_folder()
     card = ModelCard(

@@ -17,7 +17,7 @@ from engine_core.pylate_folder import is_pylate_folder, read_pylate_folder
 from engine_core.st_folder import read_st_folder
 from engine_core.st_modules import CROSS_ENCODER, MetadataError, StFolder
 from poolserve.config import Config
-from poolserve.protocol import (
+from poolserve.model_card import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,

@@ -88,7 +88,7 @@ from engine_core.st_heads import build_heads
 from engine_core.st_modules import MetadataError, StFolder
 from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
 from poolserve.config import Config, TokenPacking
-from poolserve.protocol import (
+from poolserve.model_card import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,

@@ -22,7 +22,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from engine_core.folder_choices import LoadError, first_line, is_causal_lm
 from engine_core.st_modules import CROSS_ENCODER, StFolder
 from poolserve.config import Config
-from poolserve.protocol import Activation
+from poolserve.model_card import Activation
 
 # Stand-ins for a pair's two texts when a template is tried at start: each must come out of the render.
 PROBE_QUERY, PROBE_DOCUMENT = "poolserve probe query", "poolserve probe document"

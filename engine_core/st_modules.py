@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poolserve.protocol import Similarity
+from poolserve.model_card import Similarity
 
 ST_PACKAGE = "sentence_transformers."
 # The model types poolserve serves: an embedder, a cross-encoder (a sequence classifier), a sparse encoder, and a

@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from poolserve.protocol import PRIORITY_MIN, LongInput
+from poolserve.model_card import LongInput
+from poolserve.protocol import PRIORITY_MIN
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from bench.server_process import REPO, PoolserveProcess, wait_until
-from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
+from poolserve.model_card import CLASSIFIER, TASK_SCORE, ModelCard
 
 # For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at
 # cosine 0.9999 or 1e-5: `--dtype auto` serves bfloat16 on a CPU with native bf16 (engine_core/cpu_precision.py),

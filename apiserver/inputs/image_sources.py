@@ -9,7 +9,7 @@ from apiserver.images import load_image_pixels
 from apiserver.inputs.items import ImageSource
 from apiserver.inputs.job import Pixels
 from apiserver.media import MediaFetcher
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 
 class ImageLoader:

@@ -26,7 +26,8 @@ from apiserver.limits import TokenBudget
 from apiserver.prompts import Role, adds_special_tokens, left_out_tokens, takes_query_route
 from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import Direction, TextTokenizer
-from poolserve.protocol import EngineRequest, ModelCard, PoolingParams
+from poolserve.model_card import ModelCard
+from poolserve.protocol import EngineRequest, PoolingParams
 
 Pixels = npt.NDArray[np.uint8]
 

@@ -7,7 +7,7 @@ from apiserver.errors import ApiError
 from apiserver.inputs.job import EngineJob
 from apiserver.limits import MAX_TOKEN_STATE_VALUES, check_image_count, over_limit, token_budget
 from poolserve.config import Config
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 
 def check_job(job: EngineJob, config: Config, card: ModelCard) -> None:

@@ -23,7 +23,7 @@ from apiserver.prompts import Role
 from apiserver.schemas.common import ItemsRequest
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, check_model, require_task
-from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard, Task
+from poolserve.model_card import CLASSIFIER, SPARSE, ModelCard, Task
 
 I = TypeVar("I", bound=ItemsRequest)  # noqa: E741
 

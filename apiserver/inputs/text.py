@@ -10,7 +10,7 @@ from tokenizers import Encoding
 from apiserver.errors import ApiError, bad_request
 from apiserver.limits import TokenBudget
 from apiserver.tokenizer import Content, Direction, TextTokenizer, longest_first, window_width
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from apiserver.inputs.text import CHUNK_INPUTS
 from apiserver.limits import TokenBudget
 from apiserver.tokenizer import TextTokenizer
 from poolserve.config import Config
-from poolserve.protocol import EMBEDDING, LongInput, ModelCard
+from poolserve.model_card import EMBEDDING, LongInput, ModelCard
 
 F32 = npt.NDArray[np.float32]
 

@@ -13,7 +13,7 @@ from apiserver.schemas.classify import ClassifyData, ClassifyRequest, ClassifyRe
 from apiserver.schemas.common import Usage
 from apiserver.state import AppState
 from apiserver.validation import check_model, require_task
-from poolserve.protocol import TASK_CLASSIFY
+from poolserve.model_card import TASK_CLASSIFY
 
 
 def parse(request: ClassifyRequest, state: AppState) -> Plan[None]:

@@ -17,7 +17,7 @@ from apiserver.schemas.common import Usage
 from apiserver.schemas.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse
 from apiserver.state import AppState
 from apiserver.vector_bytes import packed_bits
-from poolserve.protocol import TASK_EMBED
+from poolserve.model_card import TASK_EMBED
 
 BINARY_TYPES = ("binary", "ubinary")
 

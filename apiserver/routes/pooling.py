@@ -16,7 +16,7 @@ from apiserver.schemas.pooling import PoolingData, PoolingRequest, PoolingRespon
 from apiserver.schemas.tei import SparseValue
 from apiserver.sparse import pruned, refuse_pruning_of_dense
 from apiserver.state import AppState
-from poolserve.protocol import SPARSE, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_POOL, TASK_TOKEN_EMBED, Task
+from poolserve.model_card import SPARSE, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_POOL, TASK_TOKEN_EMBED, Task
 
 # vLLM's tasks poolserve runs, and the card task each needs.
 TASKS: Final[dict[PoolingTask, Task]] = {

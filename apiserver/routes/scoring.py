@@ -27,7 +27,7 @@ from apiserver.schemas.scoring import (
 from apiserver.scoring import ScorePlan, plan_scores
 from apiserver.state import AppState
 from apiserver.validation import check_model, require_task
-from poolserve.protocol import TASK_SCORE
+from poolserve.model_card import TASK_SCORE
 
 
 def as_texts(value: str | Sequence[str], param: str) -> list[str]:

@@ -16,7 +16,7 @@ from apiserver.schemas.tei import SimilarityParameters, SimilarityRequest
 from apiserver.scoring import SIMILARITIES, normalize_for
 from apiserver.state import AppState
 from apiserver.validation import require_task
-from poolserve.protocol import TASK_EMBED
+from poolserve.model_card import TASK_EMBED
 
 
 def parse(request: SimilarityRequest, state: AppState) -> Plan[None]:

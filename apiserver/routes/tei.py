@@ -35,15 +35,8 @@ from apiserver.served_models import ServedModels
 from apiserver.sparse import pruned
 from apiserver.state import AppState
 from apiserver.validation import check_dimensions, require_task
-from poolserve.protocol import (
-    CLASSIFIER,
-    TASK_CLASSIFY,
-    TASK_EMBED,
-    TASK_EMBED_SPARSE,
-    TASK_SCORE,
-    TASK_TOKEN_EMBED,
-    PoolingParams,
-)
+from poolserve.model_card import CLASSIFIER, TASK_CLASSIFY, TASK_EMBED, TASK_EMBED_SPARSE, TASK_SCORE, TASK_TOKEN_EMBED
+from poolserve.protocol import PoolingParams
 
 
 def tei_job(request: EmbedRequest | EmbedAllRequest | EmbedSparseRequest, state: AppState) -> EngineJob:

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from poolserve.protocol import PRIORITY_MAX, PRIORITY_MIN, LongInput
+from poolserve.model_card import LongInput
+from poolserve.protocol import PRIORITY_MAX, PRIORITY_MIN
 
 
 class ImageInput(msgspec.Struct, forbid_unknown_fields=True):

@@ -16,7 +16,7 @@ from apiserver.schemas.common import (
     TruncationSide,
     Usage,
 )
-from poolserve.protocol import LongInput
+from poolserve.model_card import LongInput
 
 ScoreTexts = str | list[str]
 

@@ -14,7 +14,8 @@ from starlette.testclient import TestClient
 
 from apiserver.state import AppState
 from engine_client import InProcessEngine, PooledResult
-from poolserve.protocol import CLASSIFIER, EngineRequest, ImageProcessing, ModelCard
+from poolserve.model_card import CLASSIFIER, ImageProcessing, ModelCard
+from poolserve.protocol import EngineRequest
 
 DIM = 8
 PIXEL_PNG = (

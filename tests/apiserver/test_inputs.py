@@ -15,7 +15,8 @@ from apiserver.schemas.common import ChatMessage, InputItem
 from apiserver.schemas.embeddings import EmbeddingRequest
 from apiserver.tokenizer import TextTokenizer
 from apiserver.validation import check_dimensions, check_model, decode_body, require_task
-from poolserve.protocol import TOKEN_DTYPE, ClientWire, ImageProcessing, PoolingParams
+from poolserve.model_card import ImageProcessing
+from poolserve.protocol import TOKEN_DTYPE, ClientWire, PoolingParams
 from tests.cards import CARD
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)

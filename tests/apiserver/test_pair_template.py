@@ -14,7 +14,7 @@ from apiserver.pair_template import template_of, template_tail, tokenize_rendere
 from apiserver.scoring import plan_scores
 from apiserver.tokenizer import TextTokenizer
 from bench.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 from tests.utils import reranker_card
 
 # Jinja the way chat templates use it: a loop, a namespace, tojson, raise_exception, a special token variable.

@@ -21,7 +21,7 @@ from apiserver.schemas.embeddings import EmbeddingRequest
 from apiserver.schemas.pooling import PoolingRequest
 from apiserver.schemas.scoring import RerankRequest, ScoreRequest
 from apiserver.schemas.tokenize import DetokenizeRequest, TokenizeRequest
-from poolserve.protocol import CLASSIFIER
+from poolserve.model_card import CLASSIFIER
 from tests.apiserver.served_app import CLASSIFIER_CHANGES, DIM, text_row
 
 CROSS_ENCODER: dict[str, Any] = {

@@ -31,7 +31,8 @@ from engine_core.loader import LoadedModel
 from engine_core.request_state import check_request
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard
-from poolserve.protocol import EngineRequest, ModelCard
+from poolserve.model_card import ModelCard
+from poolserve.protocol import EngineRequest
 
 SERVER = b"api-0"
 
