@@ -19,11 +19,10 @@ from apiserver.auth import ApiKey, open_paths
 from apiserver.body_limit import BodyBudget, BodyLimit
 from apiserver.endpoints import ENDPOINTS, Endpoint, model_endpoints
 from apiserver.errors import EXCEPTION_HANDLERS
-from apiserver.gate import Gate, Wrapper
+from apiserver.gate import Gate, Handler, Wrapper
 from apiserver.limits import body_bytes_in_flight_limit, request_body_limit
 from apiserver.metrics import get_metrics
 from apiserver.openapi import encode_openapi
-from apiserver.request_cycle import Handler
 from apiserver.served_models import ServedModels
 from apiserver.state import AppState
 from apiserver.telemetry import Telemetry

@@ -9,12 +9,21 @@ from starlette.responses import Response
 from starlette.types import Message, Receive
 
 from apiserver.errors import ApiError, ErrorStyle, error_response
-from apiserver.limits import body_too_large
 from apiserver.metrics import BODIES_REFUSED, BODY_BYTES_IN_FLIGHT
 
 # The gauge of bytes held is written this long after a change, not at each: two metric-file writes a request
 # otherwise, for a figure a scrape reads every few seconds.
 GAUGE_DELAY_S = 0.1
+
+
+def body_too_large(limit: int, size: int | None = None) -> ApiError:
+    """--max-request-bytes, said in bytes of body rather than per request."""
+    said = f" ({size} bytes)" if size is not None else ""
+    return ApiError(
+        413,
+        f"The request body is larger{said} than this server's limit of {limit} bytes (--max-request-bytes).",
+        code="request_too_large",
+    )
 
 
 class BodyBudget:

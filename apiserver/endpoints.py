@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from apiserver.errors import OPENAI, TEI, ErrorStyle
+from apiserver.gate import Handler
 from apiserver.operation import AnyOperation
-from apiserver.request_cycle import Handler, handler_of
+from apiserver.request_cycle import handler_of
 from apiserver.routes.classify import CLASSIFY
 from apiserver.routes.embeddings import EMBEDDINGS
 from apiserver.routes.meta import get_version, list_models, live, ready

@@ -27,8 +27,10 @@ from apiserver.auth import ApiKey
 from apiserver.body_limit import BodyLimit, CountedBody
 from apiserver.errors import ERROR_STYLE, OPENAI, ErrorStyle
 from apiserver.fair_accept import ServerLoad
-from apiserver.request_cycle import Handler
 from apiserver.telemetry import Telemetry, is_sane_request_id, unprintable_path_refusal
+
+# What the gate calls for a request it lets through: the endpoint's handler (apiserver/request_cycle.py builds it).
+Handler = Callable[[Request], Awaitable[Response]]
 
 ExceptionHandler = Callable[[Request, Exception], Awaitable[Response]]
 # Wraps the gate's own checks and dispatch in another ASGI layer (CORS: it answers browsers' preflights, which

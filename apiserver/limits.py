@@ -1,8 +1,8 @@
 """Every per-request limit the API server enforces, in one message style: what the request holds,
 the limit, and the flag that sets it ("... more than this server's limit of N per request (--flag).").
 
-The body-size limit is checked before a byte is read (body_limit.py); the count of inputs before
-any is tokenized (by each endpoint's parse, which knows the field that holds them); images before
+The body-size limit is checked (and its refusal worded) before a byte is read, by body_limit.py; the count of
+inputs before any is tokenized (by each endpoint's parse, which knows the field that holds them); images before
 any is fetched; tokens and the queue once the job is built, before it goes to the engine (inputs/job_limits.py).
 """
 
@@ -108,13 +108,3 @@ def body_bytes_in_flight_limit(config: Config, body_limit: int) -> int:
     the limit is let in when nothing else is held (with --max-request-bytes 0 the body limit is known
     only once the model is: config.py checks the flag against its smallest value)."""
     return max(config.max_body_bytes_in_flight or 4 * body_limit, body_limit)
-
-
-def body_too_large(limit: int, size: int | None = None) -> ApiError:
-    """--max-request-bytes, said in bytes of body rather than per request."""
-    said = f" ({size} bytes)" if size is not None else ""
-    return ApiError(
-        413,
-        f"The request body is larger{said} than this server's limit of {limit} bytes (--max-request-bytes).",
-        code="request_too_large",
-    )

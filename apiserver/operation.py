@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import ErrorStyle
-from apiserver.inputs.items import ImageSource
-from apiserver.inputs.job import EngineJob, Pixels
+from apiserver.inputs.image_sources import ImageSource, Pixels
+from apiserver.inputs.job import EngineJob
 from apiserver.state import AppState
 from poolserve.protocol import SparseRows
 

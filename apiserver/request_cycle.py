@@ -23,6 +23,7 @@ from starlette.responses import Response
 
 from apiserver import client_gone
 from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorStyle
+from apiserver.gate import Handler
 from apiserver.inputs.job import EngineJob
 from apiserver.inputs.job_limits import check_job
 from apiserver.limits import check_image_count, check_priority
@@ -36,7 +37,6 @@ from poolserve.protocol import SparseRows
 
 P = ParamSpec("P")
 T = TypeVar("T")
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(frozen=True, slots=True)

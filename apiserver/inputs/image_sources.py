@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from apiserver.images import load_image_pixels
-from apiserver.inputs.items import ImageSource
-from apiserver.inputs.job import Pixels
 from apiserver.media import MediaFetcher
 from poolserve.model_card import ImageProcessing
+
+# An image as the engine takes it: height x width x 3, uint8.
+Pixels = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSource:
+    """Where an image comes from (a data: URL, an http(s) URL, a local file) and the field that named it."""
+
+    source: str
+    param: str
 
 
 class ImageLoader:

@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from apiserver.errors import bad_request
+from apiserver.inputs.image_sources import ImageSource
 from apiserver.limits import check_input_count
 from apiserver.schemas.common import ChatMessage, ImageInput, ImageUrlPart, Input, InputItem, TextPart
-
-
-@dataclass(frozen=True, slots=True)
-class ImageSource:
-    """Where an image comes from (a data: URL, an http(s) URL, a local file) and the field that named it."""
-
-    source: str
-    param: str
-
 
 Item = str | list[int] | ImageSource
 

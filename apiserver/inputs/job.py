@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from apiserver.errors import ApiError, bad_request
-from apiserver.inputs.items import ImageSource, Item
+from apiserver.inputs.image_sources import ImageSource, Pixels
+from apiserver.inputs.items import Item
 from apiserver.inputs.text import Truncation, check_token_rows, tokenize_texts
 from apiserver.inputs.windows import (
     Chunking,
@@ -28,8 +29,6 @@ from apiserver.text_template import tokenize_rendered_texts
 from apiserver.tokenizer import Direction, TextTokenizer
 from poolserve.model_card import ModelCard
 from poolserve.protocol import EngineRequest, PoolingParams
-
-Pixels = npt.NDArray[np.uint8]
 
 
 @dataclass(slots=True)

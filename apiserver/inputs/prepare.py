@@ -12,8 +12,9 @@ from typing import TypeVar
 
 from apiserver.aliases import value_of
 from apiserver.errors import bad_request
-from apiserver.inputs.items import ImageSource, Item, request_items
-from apiserver.inputs.job import EngineJob, Pixels, build_job, images_not_taken
+from apiserver.inputs.image_sources import ImageSource, Pixels
+from apiserver.inputs.items import Item, request_items
+from apiserver.inputs.job import EngineJob, build_job, images_not_taken
 from apiserver.inputs.text import vllm_truncation
 from apiserver.inputs.windows import long_input_mode
 from apiserver.late_interaction import token_vectors_job

@@ -18,9 +18,8 @@ from apiserver.auth import OPEN_PATHS, ApiKey, bearer_token, open_paths
 from apiserver.body_limit import BodyBudget, BodyLimit
 from apiserver.errors import EXCEPTION_HANDLERS, ApiError
 from apiserver.fair_accept import ServerLoad
-from apiserver.gate import Gate
+from apiserver.gate import Gate, Handler
 from apiserver.limits import body_bytes_in_flight_limit
-from apiserver.request_cycle import Handler
 from apiserver.telemetry import Telemetry
 from poolserve.config import MIB, Config, ConfigError
 from poolserve.load_board import LoadBoard

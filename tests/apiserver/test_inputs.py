@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from apiserver.errors import ApiError
-from apiserver.inputs.items import ImageSource, item_from_messages, items_from_input, request_items
+from apiserver.inputs.image_sources import ImageSource
+from apiserver.inputs.items import item_from_messages, items_from_input, request_items
 from apiserver.inputs.job import EngineJob, build_job
 from apiserver.inputs.text import resolve_token_limit
 from apiserver.schemas.common import ChatMessage, InputItem
