@@ -107,7 +107,7 @@ def measure(
     run: Callable[[Sequence[Any]], object]
     frontend: Callable[[Any], object]
     if workload.name == "image":
-        from apiserver.images import load_image_pixels
+        from apiserver.images.decode import load_image_pixels
 
         assert card.image is not None
         image = card.image

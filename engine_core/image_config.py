@@ -8,7 +8,7 @@ from typing import Any
 
 from poolserve.model_card import ImageProcessing
 
-# The steps of transformers' PilBackend that apiserver/images.py and engine_core/pixels.py reproduce. A
+# The steps of transformers' PilBackend that apiserver/images/decode.py and engine_core/pixels.py reproduce. A
 # processor class that overrides any of them does something else (ConvNeXt's crop_pct resize, SigLIP 2's
 # patches, EfficientNet's offset rescale), and serving it with our steps would quietly give other inputs.
 PIPELINE_METHODS = (

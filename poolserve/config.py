@@ -43,7 +43,7 @@ MIB = 1024 * 1024
 
 # File descriptors an API server keeps for itself beyond its connections: about 35 at rest (engine
 # and supervisor sockets, metric files, the listening socket), plus image fetches in flight and
-# refused connections lingering (apiserver/refusal.py).
+# refused connections lingering (apiserver/connection/refusal.py).
 FDS_RESERVED_PER_SERVER = 128
 
 # The entry-point group under which installed packages offer endpoints (apiserver/plugins.py).
@@ -279,7 +279,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "requests).",
         ),
     ] = 75.0
-    # Slow clients (docs/security.md, "Slow and surplus connections"); the clock is apiserver/read_timeouts.py.
+    # Slow clients (docs/security.md, "Slow and surplus connections"); the clock is
+    # apiserver/connection/read_timeouts.py.
     header_timeout: Annotated[
         float,
         Flag(

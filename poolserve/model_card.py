@@ -173,7 +173,7 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # How /score, /rerank and /similarity compare two embeddings (the folder's similarity_fn_name).
     similarity: Similarity = "cosine"
     # A reranker whose pairs are rendered by a Jinja chat template (LLM rerankers and their sequence-classification
-    # conversions; apiserver/pair_template.py): the template, and the special tokens it may name (transformers'
+    # conversions; apiserver/requests/pair_template.py): the template, and the special tokens it may name (transformers'
     # special_tokens_map). "": pairs are tokenized as a pair, as BERT-style cross-encoders read them.
     pair_template: str = ""
     template_tokens: dict[str, str] = msgspec.field(default_factory=dict)
@@ -181,8 +181,9 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     max_active_dims: int = 0
     # A late-interaction model's query and document treatment; None for a model with one vector per input.
     late_interaction: LateInteraction | None = None
-    # An LLM reranker whose pairs are read as its own package reads them (--score-format; apiserver/pair_formats.py):
-    # "mxbai-rerank-v2" or "bge-reranker-v2-gemma"; "": by pair_template, or as a pair.
+    # An LLM reranker whose pairs are read as its own package reads them (--score-format;
+    # apiserver/requests/pair_formats.py): "mxbai-rerank-v2" or "bge-reranker-v2-gemma"; "": by pair_template, or as a
+    # pair.
     pair_format: str = ""
     # Outputs a request may ask for instead of the model's own (`Output`): bge-m3's "sparse" lexical weights
     # (PoolingParams.sparse) and "multi_vector" ColBERT vectors (PoolingParams.per_token, cut as `late_interaction`
@@ -199,8 +200,8 @@ class ModelCard(msgspec.Struct, kw_only=True, frozen=True):
     # SPLADE's SparseStaticEmbedding tokenizes queries without them).
     query_special_tokens: bool = True
     # An embedder whose texts are rendered by a chat template first (a folder without Sentence-Transformers files
-    # whose tokenizer has one; apiserver/text_template.py), its special tokens in `template_tokens`. None: texts are
-    # tokenized as they come.
+    # whose tokenizer has one; apiserver/requests/text_template.py), its special tokens in `template_tokens`. None:
+    # texts are tokenized as they come.
     text_template: TextTemplate | None = None
 
     def supports(self, task: Task) -> bool:

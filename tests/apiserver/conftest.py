@@ -13,14 +13,14 @@ import pytest
 from starlette.testclient import TestClient
 
 from apiserver.app import build_app
-from apiserver.endpoints import Endpoint
-from apiserver.fair_accept import ServerLoad
-from apiserver.inputs.image_sources import ImageLoader
-from apiserver.media import MediaFetcher
-from apiserver.preprocess import Preprocessor
-from apiserver.served_models import ServedModels
-from apiserver.state import AppState
-from apiserver.tokenizer import TextTokenizer
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.images.media import MediaFetcher
+from apiserver.images.sources import ImageLoader
+from apiserver.requests.endpoints import Endpoint
+from apiserver.requests.preprocess import Preprocessor
+from apiserver.requests.served_models import ServedModels
+from apiserver.requests.state import AppState
+from apiserver.requests.tokenizer import TextTokenizer
 from bench.llm_reranker import bpe_tokenizer
 from engine_client import InProcessEngine
 from poolserve.config import Config

@@ -15,7 +15,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
 
 from apiserver.errors import ApiError
-from apiserver.images import (
+from apiserver.images.decode import (
     MAX_ASPECT_RATIO,
     MAX_RESIZED_PIXELS,
     decode_image,

@@ -17,12 +17,12 @@ import httpx
 from starlette.testclient import TestClient
 
 from apiserver.app import build_app
-from apiserver.fair_accept import ServerLoad
-from apiserver.inputs.image_sources import ImageLoader
-from apiserver.media import MediaFetcher
-from apiserver.preprocess import Preprocessor
-from apiserver.state import AppState
-from apiserver.tokenizer import TextTokenizer
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.images.media import MediaFetcher
+from apiserver.images.sources import ImageLoader
+from apiserver.requests.preprocess import Preprocessor
+from apiserver.requests.state import AppState
+from apiserver.requests.tokenizer import TextTokenizer
 from engine_client import EngineError, InProcessEngine, PooledResult
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore
