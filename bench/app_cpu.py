@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import uvloop
 
-from bench.models import bundled_model_folder
+from bench.harness.models import bundled_model_folder
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
 DIM = 384

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.server_process import PoolserveProcess, cmdline, process_tree, role_of
+from bench.harness.server_process import PoolserveProcess, cmdline, process_tree, role_of
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

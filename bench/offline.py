@@ -26,9 +26,9 @@ from typing import Any, get_args
 import numpy as np
 import numpy.typing as npt
 
-from bench.models import model_folder
-from bench.stats import summarize_latencies
-from bench.workloads import build_workload, corpus_jpegs, corpus_long_texts, corpus_sentences, resolve_name
+from bench.harness.models import model_folder
+from bench.harness.stats import summarize_latencies
+from bench.harness.workloads import build_workload, corpus_jpegs, corpus_long_texts, corpus_sentences, resolve_name
 from poolserve.config import Device, DType
 
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.server_process import REPO, PoolserveProcess
+from bench.harness.server_process import REPO, PoolserveProcess
 
 BODY = json.dumps({"input": "a sentence to embed while the server stops"}).encode()
 

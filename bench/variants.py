@@ -25,8 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.scrape import scrape, total
-from bench.server_process import REPO, PoolserveProcess
+from bench.harness.scrape import scrape, total
+from bench.harness.server_process import REPO, PoolserveProcess
 
 
 def cpu_ticks() -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.models import TINY, build_clip, build_splade, save_with_tokenizer
+from bench.harness.models import TINY, build_clip, build_splade, save_with_tokenizer
 from poolserve.config import API_KEY_ENV
 from tests.utils import FLOAT32_CPU, LaunchedServer
 
@@ -44,7 +44,7 @@ def server() -> Iterator[LaunchedServer]:
 
 # Tiny randomly initialised models, built from configs and saved like any Hugging Face folder, so
 # the engine loads them through its real path. They borrow the bundled model's BERT tokenizer;
-# bench/models.py builds its own (bigger) ones the same way.
+# bench/harness/models.py builds its own (bigger) ones the same way.
 
 
 def saved(model: Any, folder: Path) -> Path:
@@ -94,7 +94,7 @@ def clip_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def splade_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SPLADE SparseEncoder: a BERT masked LM, SpladePooling max (bench.models' splade)."""
+    """A SPLADE SparseEncoder: a BERT masked LM, SpladePooling max (bench.harness.models' splade)."""
     folder = tmp_path_factory.mktemp("splade")
     build_splade(folder)
     return folder

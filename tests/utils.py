@@ -1,4 +1,4 @@
-"""What the end-to-end tests add to the bench's harness (bench/server_process.py, bench/steady_load.py):
+"""What the end-to-end tests add to the bench's harness (bench/harness/server_process.py, bench/harness/steady_load.py):
 a launcher with the tests' environment, and /proc readers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from bench.server_process import REPO, PoolserveProcess, wait_until
+from bench.harness.server_process import REPO, PoolserveProcess, wait_until
 from poolserve.model_card import CLASSIFIER, TASK_SCORE, ModelCard
 
 # For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at

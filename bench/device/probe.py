@@ -13,7 +13,7 @@ import sys
 
 import httpx
 
-from bench.server_process import PoolserveProcess
+from bench.harness.server_process import PoolserveProcess
 
 servers, clients, workload = sys.argv[1], sys.argv[2], sys.argv[3]
 launched = PoolserveProcess(["--device", "cuda", "--api-server-count", servers])

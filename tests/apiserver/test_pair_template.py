@@ -13,7 +13,7 @@ from apiserver.requests.inputs.text import Truncation
 from apiserver.requests.pair_scores import plan_scores
 from apiserver.requests.pair_template import template_of, template_tail, tokenize_rendered_pairs
 from apiserver.requests.tokenizer import TextTokenizer
-from bench.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE
+from bench.harness.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE
 from poolserve.model_card import ModelCard
 from tests.utils import reranker_card
 

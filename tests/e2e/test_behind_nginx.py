@@ -11,10 +11,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.clients import RawClient, prepare_request
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.clients import RawClient, prepare_request
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.e2e.nginx import nginx_in_front, nginx_or_skip
 from tests.utils import LaunchedServer
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from bench.clients import RawClient, RawConnection, prepare_request
-from bench.server_process import wait_until
+from bench.harness.clients import RawClient, RawConnection, prepare_request
+from bench.harness.server_process import wait_until
 from bench.spread import describe, measure_spread, open_connections_reported
 from tests.utils import LaunchedServer, api_server_pids, ready_line_time
 

@@ -18,9 +18,9 @@ import numpy.typing as npt
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
 from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
 

@@ -23,10 +23,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bench.models import TINY, save_with_tokenizer
-from bench.prober import Prober
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.models import TINY, save_with_tokenizer
+from bench.harness.prober import Prober
+from bench.harness.server_process import wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.utils import LaunchedServer, api_server_pids, is_alive, ready_line_time
 
 # Token ids in the bundled BERT vocabulary on which the faulty model's forward pass crashes or hangs.

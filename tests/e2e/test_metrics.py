@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import wait_until
+from bench.harness.steady_load import SteadyLoad
 from poolserve.config import BUNDLED_MODEL_NAME
 from tests.utils import LaunchedServer
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.server_process import child_pids, wait_until
+from bench.harness.server_process import child_pids, wait_until
 from tests.utils import LaunchedServer, is_alive, mapped_libraries, runtime_dirs_of
 
 HEAVY_MODULES = ("torch", "transformers")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.server_process import REPO
+from bench.harness.server_process import REPO
 from tests.sentences import SENTENCES
 from tests.utils import FLOAT32_CPU, LaunchedServer, is_alive
 

@@ -26,7 +26,7 @@ import pytest
 import zmq
 
 from apiserver.connection.auth import OPEN_PATHS
-from bench.server_process import cmdline, memory_mb, wait_until
+from bench.harness.server_process import cmdline, memory_mb, wait_until
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams
 from tests.conftest import (

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.images import data_url, encode, make_image
 from tests.sentences import SENTENCES
 from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from bench.server_process import wait_until
+from bench.harness.server_process import wait_until
 from tests.utils import LaunchedServer
 
 TIMEOUT_S = 1.5

@@ -38,7 +38,7 @@ from apiserver.plugins import load_plugins
 from apiserver.requests.preprocess import Preprocessor
 from apiserver.requests.state import AppState
 from apiserver.requests.tokenizer import TextTokenizer
-from bench.server_process import wait_until
+from bench.harness.server_process import wait_until
 from engine_client import EngineClient
 from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache

@@ -25,7 +25,7 @@ PACKAGES = (
     "aiohttp",
     "httpx",
 )
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cpu_model() -> str:

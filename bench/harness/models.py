@@ -23,7 +23,7 @@ PACKED_KINDS = ("bert384", "xlmr384", "mpnet384", "modernbert384", "modernbert76
 MODEL_KINDS = ("bundled", "clip", "tiny512", "static256", "llm_reranker", "splade", "simgpu", *PACKED_KINDS)
 # Bumped when a builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "2"
-DEFAULT_CACHE = Path(__file__).resolve().parent / ".models"
+DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".models"
 TINY: dict[str, Any] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 
@@ -41,7 +41,7 @@ def model_folder(kind: str, cache: Path = DEFAULT_CACHE) -> Path:
     if not (folder / ".complete").is_file():
         folder.mkdir(parents=True, exist_ok=True)
         BUILDERS[kind](folder)
-        (folder / ".complete").write_text("built by bench/models.py\n")
+        (folder / ".complete").write_text("built by bench/harness/models.py\n")
     # A sentence-transformers folder that names another (its base model's) is served from its own.
     return folder / "model" if (folder / "model").is_dir() else folder
 
@@ -114,7 +114,7 @@ def build_llm_reranker(folder: Path) -> None:
     from sentence_transformers.cross_encoder.modules import LogitScore
     from transformers import Qwen3ForCausalLM
 
-    from bench.llm_reranker import QWEN3_TEMPLATE, bpe_tokenizer, qwen3_config
+    from bench.harness.llm_reranker import QWEN3_TEMPLATE, bpe_tokenizer, qwen3_config
 
     base = folder / "base"
     tokenizer = bpe_tokenizer(base)
@@ -130,7 +130,7 @@ def build_llm_reranker(folder: Path) -> None:
     CrossEncoder(modules=modules, device="cpu").save(str(folder / "model"))
 
 
-# A simulated GPU's pass (bench/simulated_gpu.py): what the H100 run measured for MiniLM, about 4 ms a pass plus
+# A simulated GPU's pass (bench/harness/simulated_gpu.py): what the H100 run measured for MiniLM, about 4 ms a pass plus
 # 2 ms for the 10,000 tokens of 512 sentences.
 SIMULATED_PASS_S = 0.004
 SIMULATED_TOKEN_S = 2e-7
@@ -138,7 +138,7 @@ SIMULATED_TOKEN_S = 2e-7
 
 def build_simgpu(folder: Path) -> None:
     """MiniLM's shape (384 wide, the bundled tokenizer, 512 positions) whose forward pass sleeps what a GPU's
-    takes and computes only the embedding layer: served with --trust-remote-code, it runs bench/simulated_gpu.py
+    takes and computes only the embedding layer: served with --trust-remote-code, it runs bench/harness/simulated_gpu.py
     as its own code."""
     import torch
     from transformers import BertConfig, BertModel

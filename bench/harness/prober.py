@@ -13,7 +13,7 @@ import multiprocessing.connection
 import time
 from urllib.parse import urlsplit
 
-from bench.stats import count_by, summarize_latencies
+from bench.harness.stats import count_by, summarize_latencies
 
 
 def probe_loop(url: str, path: str, interval: float, stop: multiprocessing.connection.Connection) -> None:

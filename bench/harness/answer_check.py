@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from bench.corpus import make_sentences
+from bench.harness.corpus import make_sentences
 
 # Fields that differ from one answer to the next by design.
 VOLATILE = frozenset({"id", "created"})

@@ -24,7 +24,7 @@ from typing import Self
 
 POOLSERVE_READY = re.compile(r"poolserve ready in (?P<reported>[\d.]+)s on http://(?P<host>[^:]+):(?P<port>\d+)")
 TRIVIAL_READY = re.compile(r"trivial server listening on http://(?P<host>[^:]+):(?P<port>\d+)")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class StartError(RuntimeError):

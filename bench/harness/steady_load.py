@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import httpx
 
-from bench.server_process import wait_until
+from bench.harness.server_process import wait_until
 
 Body = dict[str, object]
 

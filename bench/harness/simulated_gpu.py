@@ -1,6 +1,6 @@
 """A BERT whose forward pass takes what a GPU's would and computes next to nothing: the engine's own cost, measured.
 
-Not imported by the bench: bench/models.py copies this file into the `simgpu` model folder, whose config.json
+Not imported by the bench: bench/harness/models.py copies this file into the `simgpu` model folder, whose config.json
 points at it (`auto_map`), and the engine's real loader runs it as the model's own code (--trust-remote-code),
 as the fault tests' model is run. Its pass sleeps `pass_seconds` plus `token_seconds` per token of the padded
 batch (what the H100 run measured for MiniLM: about 4 ms a pass, 6.1 ms for 512 sentences; docs/benchmarks.md,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from bench.corpus import make_long_text, make_sentences
+from bench.harness.corpus import make_long_text, make_sentences
 
 CORPUS_SIZE = 2048
 IMAGE_COUNT = 16
@@ -31,7 +31,7 @@ LONG_TEXT_TOKENS = 512
 class Workload:
     name: str
     letter: str
-    model: str  # a bench.models kind
+    model: str  # a bench.harness.models kind
     method: str
     path: str
     bodies: list[bytes]
@@ -111,7 +111,7 @@ BUILDERS: dict[str, Callable[[int, str, str], Workload]] = {
     "version": build_version,
     "trivial": build_trivial,
 }
-# Which bench.models kind each workload runs on, known without building its bodies.
+# Which bench.harness.models kind each workload runs on, known without building its bodies.
 MODELS = {
     "short": "bundled", "batch16": "bundled", "image": "clip", "long": "tiny512", "rerank8": "bundled",
     "version": "bundled",
@@ -166,7 +166,7 @@ def make_long_texts(count: int, seed: int, tokens: int = LONG_TEXT_TOKENS) -> li
     included), so every request is near the model's full length and none needs truncation."""
     from tokenizers import Tokenizer
 
-    from bench.models import bundled_model_folder
+    from bench.harness.models import bundled_model_folder
 
     tokenizer = Tokenizer.from_file(str(bundled_model_folder() / "tokenizer.json"))
     tokenizer.no_truncation()

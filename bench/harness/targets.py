@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.tables import Results, fmt, runs_of
+from bench.harness.tables import Results, fmt, runs_of
 
 
 def is_reliable(run: dict[str, Any]) -> bool:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import make_sentences
-from bench.models import TINY
+from bench.harness.corpus import make_sentences
+from bench.harness.models import TINY
 
 # Qwen3-Reranker's prompt, as its model card's code builds it.
 QWEN3_PREFIX = (
