@@ -1,6 +1,6 @@
 """The house's walls, read from the sources: no import circle among the product's modules, the API server's wings
-keep to their layers, bench never imports tests, and no test module is imported as a library (what several test
-modules share lives in a module of its own or a conftest)."""
+keep to their layers, bench's harness imports none of its scripts, bench never imports tests, and no test module is
+imported as a library (what several test modules share lives in a module of its own or a conftest)."""
 
 from __future__ import annotations
 
@@ -116,6 +116,20 @@ def test_the_wall_check_sees_a_breach() -> None:
         "apiserver.connection.gate imports apiserver.requests.request_cycle",
         "apiserver.images.sources imports apiserver.process",
     ]
+
+
+def test_the_bench_harness_imports_none_of_the_bench_scripts() -> None:
+    """bench/harness is what the scripts and the tests share; a script is run, never a library of the harness."""
+    found = modules("bench")
+    offending = [
+        f"{name} imports {other}"
+        for name, path in found.items()
+        if is_within(name, "bench.harness")
+        for other in imported(name, path)
+        if other in found and other != "bench" and not is_within(other, "bench.harness")
+    ]
+    assert any(is_within(name, "bench.harness") for name in found)
+    assert offending == []
 
 
 def test_bench_never_imports_tests() -> None:
