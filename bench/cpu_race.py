@@ -43,7 +43,7 @@ class Target:
 
 def poolserve(*flags: str, extra: tuple[str, ...] = ()) -> Callable[[], ServerProcess]:
     def start() -> ServerProcess:
-        return PoolserveProcess(["--api-server-count", "2", *flags, *extra]).wait_ready(300)
+        return PoolserveProcess("--api-server-count", "2", *flags, *extra).wait_ready(300)
 
     return start
 

@@ -157,7 +157,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
 
-    server = PoolserveProcess(flags, cwd=args.cwd)
+    server = PoolserveProcess(*flags, cwd=args.cwd)
     try:
         server.wait_ready(300)
         measure_all(server.url, server.pid, f"poolserve {args.model}")

@@ -71,7 +71,7 @@ def is_alive(pid: int) -> bool:
 
 
 def one_stop(keep_alive: int, reconnecting: int, load_seconds: float, checkout: Path) -> dict[str, object]:
-    server = PoolserveProcess(["--api-server-count", "2", "--dtype", "float32"], cwd=checkout)
+    server = PoolserveProcess("--api-server-count", "2", "--dtype", "float32", cwd=checkout)
     try:
         server.wait_ready(300)
     except BaseException:

@@ -37,7 +37,7 @@ def cpu_ticks() -> list[int]:
 def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, object]:
     flags = shlex.split(variant)
     cwd = Path(flags.pop(0).removeprefix("cwd=")) if flags and flags[0].startswith("cwd=") else None
-    server = PoolserveProcess(["--api-server-count", "2", "--preprocess-workers", "1", *flags], cwd=cwd or REPO)
+    server = PoolserveProcess("--api-server-count", "2", "--preprocess-workers", "1", *flags, cwd=cwd or REPO)
     try:
         server.wait_ready(120)
         before = cpu_ticks()

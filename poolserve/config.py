@@ -80,7 +80,7 @@ class Flag:
     metavar: str | None = None
     # An environment variable that gives the default when the flag is absent, read by the CLI only.
     env: str | None = None
-    # A secret (the API key): one set but empty is refused rather than read as unset (config_flags.value_of).
+    # A secret (the API key): one set but empty is refused rather than read as unset (config_flags.flag_value).
     is_secret: bool = False
     # A list given one value per flag (`--plugin a --plugin b`), under this singular name instead of
     # the field's.

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from bench.harness.models import TINY, build_clip, build_splade, save_with_tokenizer
+from bench.harness.server_process import PoolserveProcess
 from poolserve.config import API_KEY_ENV
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.utils import FLOAT32_CPU
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,14 +29,14 @@ def bundled_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[LaunchedServer]:
+def server() -> Iterator[PoolserveProcess]:
     """The bundled model behind 2 API servers, shared by the end-to-end tests that only send requests.
 
     On the CPU in float32 wherever the suite runs: its answers are held to Sentence-Transformers'
     at cosine >= 0.9999 and 1e-5, which float16 on a GPU (`--device auto` there) and bfloat16 on a CPU
     that has it (`--dtype auto`) do not promise; those have their own tests (tests/engine_core/test_cuda.py,
     test_embeddings' CUDA server, tests/engine_core/test_cpu_precision.py)."""
-    launched = LaunchedServer("--api-server-count", "2", *FLOAT32_CPU)
+    launched = PoolserveProcess("--api-server-count", "2", *FLOAT32_CPU)
     try:
         yield launched.wait_ready()
     finally:
@@ -111,9 +112,9 @@ def decoder_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return saved(LlamaModel(config).eval(), tmp_path_factory.mktemp("decoder"))
 
 
-def serve(*args: str) -> Iterator[LaunchedServer]:
+def serve(*args: str) -> Iterator[PoolserveProcess]:
     """A session's server of one test model, in float32 on the CPU (FLOAT32_CPU)."""
-    launched = LaunchedServer(*args, *FLOAT32_CPU)
+    launched = PoolserveProcess(*args, *FLOAT32_CPU)
     try:
         yield launched.wait_ready()
     finally:
@@ -121,7 +122,7 @@ def serve(*args: str) -> Iterator[LaunchedServer]:
 
 
 @pytest.fixture(scope="session")
-def cross_encoder_server(cross_encoder_model: Path) -> Iterator[LaunchedServer]:
+def cross_encoder_server(cross_encoder_model: Path) -> Iterator[PoolserveProcess]:
     yield from serve("--model", str(cross_encoder_model), "--api-server-count", "1")
 
 
@@ -135,7 +136,7 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def clip_server(clip_model: Path, media_dir: Path) -> Iterator[LaunchedServer]:
+def clip_server(clip_model: Path, media_dir: Path) -> Iterator[PoolserveProcess]:
     yield from serve(
         "--model", str(clip_model), "--api-server-count", "1", "--allowed-local-media-path", str(media_dir),
         "--max-image-bytes", str(CLIP_MAX_IMAGE_BYTES), "--image-fetch-timeout", "1",
@@ -156,8 +157,8 @@ GUARDED_CACHE_BYTES = 20 * (384 * 4 + 200)
 
 
 @pytest.fixture(scope="session")
-def guarded_server() -> Iterator[LaunchedServer]:
-    launched = LaunchedServer(
+def guarded_server() -> Iterator[PoolserveProcess]:
+    launched = PoolserveProcess(
         "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
         "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
         "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT), "--cache-bytes", str(GUARDED_CACHE_BYTES),

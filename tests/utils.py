@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.harness.server_process import REPO, PoolserveProcess, wait_until
+from bench.harness.server_process import PoolserveProcess, wait_until
 from poolserve.model_card import CLASSIFIER, TASK_SCORE, ModelCard
 
 # For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at
@@ -19,17 +17,6 @@ from poolserve.model_card import CLASSIFIER, TASK_SCORE, ModelCard
 # so on such a host the suite would test a different precision than on one without. The auto choice has its
 # own tests (tests/engine_core/test_cpu_precision.py).
 FLOAT32_CPU = ("--device", "cpu", "--dtype", "float32")
-
-
-class LaunchedServer(PoolserveProcess):
-    """The bench's `launch` process (its own session, a free port, its output kept for failure
-    messages), given its flags as arguments, with an HTTP client."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
-        super().__init__(args, env=env, cwd=cwd or REPO)
-
-    def client(self, **kwargs: object) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60, **kwargs)  # type: ignore[arg-type]
 
 
 def is_alive(pid: int) -> bool:
@@ -41,13 +28,13 @@ def is_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def api_server_pids(server: LaunchedServer) -> dict[str, int]:
+def api_server_pids(server: PoolserveProcess) -> dict[str, int]:
     """Index -> pid of the live API servers, from the `[api-N pid]` prefix of their log lines."""
     live = set(server.child_pid("apiserver"))
     return {index: int(pid) for index, pid in re.findall(r"\[api-(\d+) (\d+)\]", server.stderr()) if int(pid) in live}
 
 
-def engine_pids(server: LaunchedServer) -> dict[str, int]:
+def engine_pids(server: PoolserveProcess) -> dict[str, int]:
     """Index -> pid of the live engines of a server with --engine-count > 1, from their `[engine-N pid]` log prefix."""
     live = set(server.child_pid("engine_core"))
     return {
@@ -55,7 +42,7 @@ def engine_pids(server: LaunchedServer) -> dict[str, int]:
     }
 
 
-def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float, since: int = 0) -> float:
+def ready_line_time(server: PoolserveProcess, name: str, pid_not: int, timeout: float, since: int = 0) -> float:
     """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`, in its log from
     character `since` on (a server shared by several tests has ready lines of earlier restarts)."""
     pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")

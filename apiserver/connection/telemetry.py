@@ -18,7 +18,7 @@ MAX_REQUEST_ID_LENGTH = 128
 MAX_USER_CHARS = 256
 # Per-request timings that routes leave in the request state, sent back as TEI's headers (ms).
 TIMING_HEADERS = (
-    ("preprocess_s", b"x-tokenization-time"),
+    ("parse_s", b"x-tokenization-time"),
     ("encode_s", b"x-encoding-time"),
     ("queue_s", b"x-queue-time"),
     ("inference_s", b"x-inference-time"),

@@ -4,7 +4,10 @@ Parse and render are synchronous and run on the preprocessing pool (inline when 
 event loop stays free for /health and for other connections; only waiting runs on the loop:
 remote image fetches, an async parse's own I/O, and the engine. Parsing (decoding, tokenizing,
 decoding images) and rendering (encoding the answer) are timed apart: `x-tokenization-time` and
-`x-encoding-time`, and two histograms (docs/metrics.md).
+`x-encoding-time`, and two histograms (docs/metrics.md). Parsing goes by one name here (PARSING, its state field
+`parse_s`, its span `parse`, its histogram PARSE_SECONDS); what clients and scrapes read keeps its published name
+(TEI's `x-tokenization-time`, `poolserve_preprocess_duration_seconds`). Both run on the preprocessing pool
+(preprocess.py's Preprocessor, --preprocess-workers), which is where, not what.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from apiserver.connection import client_gone
 from apiserver.connection.gate import Handler
 from apiserver.connection.tracing import TRACE_SPAN
 from apiserver.errors import ERROR_STYLE, ApiError, ClientDisconnected, ErrorStyle
-from apiserver.metrics import ENCODE_SECONDS, IMAGES, MODEL, PREPROCESS_SECONDS, PROMPT_TOKENS, series
+from apiserver.metrics import ENCODE_SECONDS, IMAGES, MODEL, PARSE_SECONDS, PROMPT_TOKENS, series
 from apiserver.requests.inputs.job import EngineJob
 from apiserver.requests.inputs.job_limits import check_job
 from apiserver.requests.limits import check_image_count, check_priority
@@ -41,7 +44,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Timer:
-    """Where time off the loop is added up: a field of the request's state (read by the middleware's
+    """Where time off the loop is added up: a field of the request's state (read by the gate's
     timing headers), a histogram by endpoint, and a traced request's child span of this name."""
 
     field: str
@@ -49,7 +52,7 @@ class Timer:
     span: str
 
 
-PARSING = Timer("preprocess_s", PREPROCESS_SECONDS, "parse")  # x-tokenization-time
+PARSING = Timer("parse_s", PARSE_SECONDS, "parse")  # x-tokenization-time
 ENCODING = Timer("encode_s", ENCODE_SECONDS, "render")  # x-encoding-time
 
 

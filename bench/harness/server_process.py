@@ -20,7 +20,10 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    import httpx
 
 POOLSERVE_READY = re.compile(r"poolserve ready in (?P<reported>[\d.]+)s on http://(?P<host>[^:]+):(?P<port>\d+)")
 TRIVIAL_READY = re.compile(r"trivial server listening on http://(?P<host>[^:]+):(?P<port>\d+)")
@@ -139,10 +142,10 @@ class ServerProcess:
 
 
 class PoolserveProcess(ServerProcess):
-    """`launch --host 127.0.0.1 --port 0 ARGS`, offline, started at once; `wait_ready()` reads the
-    port from its ready line."""
+    """`launch --host 127.0.0.1 --port 0 ARGS`, offline, started at once (its own session, a free port, its output
+    kept for failure messages); `wait_ready()` reads the port from its ready line, `client()` talks to it."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None, cwd: Path = REPO):
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path = REPO):
         """`cwd`: the checkout whose code runs (`python -m` puts it first on the path): another one, a
         worktree of an earlier commit, runs that commit's server."""
         argv = [sys.executable, "-m", "supervisor", "--host", "127.0.0.1", "--port", "0", *args]
@@ -154,10 +157,15 @@ class PoolserveProcess(ServerProcess):
         self.ready_reported = float(match["reported"])
         return self
 
+    def client(self, **kwargs: Any) -> httpx.Client:
+        import httpx
+
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
 
 def start_poolserve(args: Sequence[str], timeout: float = 300.0) -> PoolserveProcess:
     """A PoolserveProcess, returned once its ready line is out (stopped if it never is)."""
-    server = PoolserveProcess(args)
+    server = PoolserveProcess(*args)
     try:
         return server.wait_ready(timeout)
     except BaseException:

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bench.harness.server_process import PoolserveProcess
 from tests.fidelity.image_text_layouts import ClipReference
 from tests.images import data_url, encode, make_image
-from tests.utils import LaunchedServer, api_server_pids
+from tests.utils import api_server_pids
 
 IMAGES = [make_image(64, 48, 1), make_image(30, 90, 2)]
 
 
 @pytest.fixture
-def clip(clip_server: LaunchedServer) -> Iterator[httpx.Client]:
+def clip(clip_server: PoolserveProcess) -> Iterator[httpx.Client]:
     with clip_server.client() as client:
         yield client
 
@@ -56,7 +57,7 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def test_thin_and_wide_images_are_refused_before_any_pixel_is_allocated(
-    clip_server: LaunchedServer, clip: httpx.Client, direct: ClipReference, thin_pngs: dict[tuple[int, int], bytes]
+    clip_server: PoolserveProcess, clip: httpx.Client, direct: ClipReference, thin_pngs: dict[tuple[int, int], bytes]
 ) -> None:
     # Resized to a shortest edge, a 1x5000 image grew a CLIP server by 1 GB, 1x100000 raised MemoryError and
     # 40,000,000x1 an OverflowError, both as plain-text 500s.

@@ -17,16 +17,16 @@ import msgspec
 import pytest
 
 from bench.harness.clients import RawClient, RawConnection, prepare_request
-from bench.harness.server_process import wait_until
+from bench.harness.server_process import PoolserveProcess, wait_until
 from bench.spread import describe, measure_spread, open_connections_reported
-from tests.utils import LaunchedServer, api_server_pids, ready_line_time
+from tests.utils import api_server_pids, ready_line_time
 
 BODY = msgspec.json.encode({"input": "a short query about keep-alive connections"})
 
 
 @contextlib.contextmanager
-def launched(*args: str) -> Iterator[LaunchedServer]:
-    server = LaunchedServer(*args)
+def launched(*args: str) -> Iterator[PoolserveProcess]:
+    server = PoolserveProcess(*args)
     try:
         yield server.wait_ready(timeout=120)
     finally:
@@ -60,12 +60,12 @@ def test_32_keepalive_connections_opened_at_once_spread_evenly_in_every_run(api_
 
 
 @pytest.fixture(scope="module")
-def two_servers() -> Iterator[LaunchedServer]:
+def two_servers() -> Iterator[PoolserveProcess]:
     with launched("--api-server-count", "2", "--max-requests-per-connection", "3", "--max-connection-age", "2") as s:
         yield s
 
 
-def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: LaunchedServer) -> None:
+def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: PoolserveProcess) -> None:
     from openai import AsyncOpenAI
 
     async def calls() -> Counter[str]:
@@ -89,7 +89,7 @@ def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: Lau
         assert 24 <= served[index] <= 40, served
 
 
-def test_a_connection_closes_after_its_request_limit_and_no_request_is_cut(two_servers: LaunchedServer) -> None:
+def test_a_connection_closes_after_its_request_limit_and_no_request_is_cut(two_servers: PoolserveProcess) -> None:
     before = metric_values(two_servers.url, "poolserve_connections_recycled_total")
     connection = http.client.HTTPConnection(two_servers.url.split("://")[1], timeout=30)
     try:
@@ -112,7 +112,7 @@ def test_a_connection_closes_after_its_request_limit_and_no_request_is_cut(two_s
     assert recycled >= 1
 
 
-def test_a_connection_older_than_the_age_limit_closes_after_its_next_response(two_servers: LaunchedServer) -> None:
+def test_a_connection_older_than_the_age_limit_closes_after_its_next_response(two_servers: PoolserveProcess) -> None:
     connection = http.client.HTTPConnection(two_servers.url.split("://")[1], timeout=30)
     try:
         connection.request("GET", "/health/live")
@@ -130,7 +130,7 @@ def test_a_connection_older_than_the_age_limit_closes_after_its_next_response(tw
     assert any('reason="age"' in labels and value >= 1 for labels, value in recycled.items()), recycled
 
 
-def test_a_burst_of_2000_new_connections_while_servers_gate_is_answered_in_full(two_servers: LaunchedServer) -> None:
+def test_a_burst_of_2000_new_connections_while_servers_gate_is_answered_in_full(two_servers: PoolserveProcess) -> None:
     """Keep-alive connections held unevenly keep the gate busy while 2,000 one-request connections
     arrive, 200 at a time: none is lost in the listen queue, none refused."""
     host = two_servers.url.split("://")[1]

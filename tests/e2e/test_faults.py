@@ -25,9 +25,9 @@ import pytest
 
 from bench.harness.models import TINY, save_with_tokenizer
 from bench.harness.prober import Prober
-from bench.harness.server_process import wait_until
+from bench.harness.server_process import PoolserveProcess, wait_until
 from bench.harness.steady_load import SteadyLoad
-from tests.utils import LaunchedServer, api_server_pids, is_alive, ready_line_time
+from tests.utils import api_server_pids, is_alive, ready_line_time
 
 # Token ids in the bundled BERT vocabulary on which the faulty model's forward pass crashes or hangs.
 CRASH_TOKEN = 29_999
@@ -36,8 +36,8 @@ FAULTY_MODELING = Path(__file__).with_name("faulty_bert.py")
 
 
 @contextlib.contextmanager
-def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[LaunchedServer]:
-    server = LaunchedServer(*args, env=env)
+def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[PoolserveProcess]:
+    server = PoolserveProcess(*args, env=env)
     try:
         yield server.wait_ready()
     finally:
@@ -67,14 +67,14 @@ def faulty_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.contextmanager
-def launched_faulty(folder: Path, *args: str) -> Iterator[LaunchedServer]:
+def launched_faulty(folder: Path, *args: str) -> Iterator[PoolserveProcess]:
     # transformers copies remote code into HF_MODULES_CACHE: a folder of this model's own, not ~/.cache.
     env = {"HF_MODULES_CACHE": str(folder.parent / f"{folder.name}-modules")}
     with launched("--model", str(folder), "--trust-remote-code", *args, env=env) as server:
         yield server
 
 
-def is_settled(server: LaunchedServer, api_servers: int) -> bool:
+def is_settled(server: PoolserveProcess, api_servers: int) -> bool:
     """As a fresh server is: `api_servers` API servers and one engine, nothing draining, /health 200."""
     if len(server.child_pid("apiserver")) != api_servers or len(server.child_pid("engine_core")) != 1:
         return False
@@ -86,7 +86,7 @@ def is_settled(server: LaunchedServer, api_servers: int) -> bool:
 
 
 @contextlib.contextmanager
-def settled(server: LaunchedServer, api_servers: int) -> Iterator[LaunchedServer]:
+def settled(server: PoolserveProcess, api_servers: int) -> Iterator[PoolserveProcess]:
     """A server shared by the tests of this module (a launch is ~10 s of the suite), handed to a test once it is
     as a fresh one would be, and checked to be so again after: each test that kills, restarts or rescales its
     processes waits for them to be back, or fails here rather than in whichever test uses it next."""
@@ -95,7 +95,7 @@ def settled(server: LaunchedServer, api_servers: int) -> Iterator[LaunchedServer
     assert wait_until(lambda: is_settled(server, api_servers), 60), f"not settled after the test\n{server.log()}"
 
 
-class SharedServer(LaunchedServer):
+class SharedServer(PoolserveProcess):
     first_health: httpx.Response  # /health asked the moment its ready line was out
 
 
@@ -112,13 +112,13 @@ def shared_two_api_servers() -> Iterator[SharedServer]:
 
 
 @pytest.fixture
-def two_api_servers(shared_two_api_servers: SharedServer) -> Iterator[LaunchedServer]:
+def two_api_servers(shared_two_api_servers: SharedServer) -> Iterator[PoolserveProcess]:
     with settled(shared_two_api_servers, api_servers=2) as server:
         yield server
 
 
 def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
-    two_api_servers: LaunchedServer,
+    two_api_servers: PoolserveProcess,
 ) -> None:
     server = two_api_servers
     victim_index = "0"
@@ -138,7 +138,7 @@ def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
     assert len(server.child_pid("apiserver")) == 2
 
 
-def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: LaunchedServer) -> None:
+def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     (engine,) = server.child_pid("engine_core")
     body = {"input": [f"sentence number {i} about search and retrieval" for i in range(16)]}
@@ -155,13 +155,13 @@ def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: Laun
 
 
 @pytest.fixture(scope="module")
-def shared_faulty_server(faulty_model: Path) -> Iterator[LaunchedServer]:
+def shared_faulty_server(faulty_model: Path) -> Iterator[PoolserveProcess]:
     with launched_faulty(faulty_model, "--api-server-count", "2", "--worker-timeout", "3") as server:
         yield server
 
 
 @pytest.fixture
-def faulty_server(shared_faulty_server: LaunchedServer) -> Iterator[LaunchedServer]:
+def faulty_server(shared_faulty_server: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """The faulty model behind 2 API servers, whose processes are killed and replaced after 3 s without a
     heartbeat. Its tests crash or hang the engine twice each: 4 crashes within a minute, under the
     supervisor's limit of 5 (supervisor/restart_policy.py); the later restarts wait 1 and 2 s."""
@@ -169,7 +169,7 @@ def faulty_server(shared_faulty_server: LaunchedServer) -> Iterator[LaunchedServ
         yield server
 
 
-def pill_is_failed_and_its_neighbours_served(server: LaunchedServer) -> None:
+def pill_is_failed_and_its_neighbours_served(server: PoolserveProcess) -> None:
     """The crashing input sent beside 4 innocent requests: it gets 500 poison_pill, they get 200, and the
     server serves the next request."""
     with server.client() as client:
@@ -192,7 +192,7 @@ def pill_is_failed_and_its_neighbours_served(server: LaunchedServer) -> None:
         assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
 
 
-def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: LaunchedServer) -> None:
+def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: PoolserveProcess) -> None:
     server = faulty_server
     mark = len(server.stderr())
     pill_is_failed_and_its_neighbours_served(server)
@@ -222,7 +222,7 @@ def test_with_two_engines_a_poison_pill_kills_only_its_own_engine_and_the_other_
         print(f"steady load: {sum(load.statuses.values())} answered, slowest {max(load.latencies):.2f}s")
 
 
-def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: LaunchedServer) -> None:
+def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: PoolserveProcess) -> None:
     server = faulty_server
     mark = len(server.stderr())
     (engine,) = server.child_pid("engine_core")
@@ -251,19 +251,19 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: LaunchedS
 
 
 @pytest.fixture(scope="module")
-def shared_short_timeouts() -> Iterator[LaunchedServer]:
+def shared_short_timeouts() -> Iterator[PoolserveProcess]:
     with launched("--api-server-count", "1", "--engine-wait-timeout", "0.5", "--request-timeout", "1") as server:
         yield server
 
 
 @pytest.fixture
-def short_timeouts(shared_short_timeouts: LaunchedServer) -> Iterator[LaunchedServer]:
+def short_timeouts(shared_short_timeouts: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """One API server with --engine-wait-timeout 0.5 and --request-timeout 1 (each test is about one of them)."""
     with settled(shared_short_timeouts, api_servers=1) as server:
         yield server
 
 
-def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(short_timeouts: LaunchedServer) -> None:
+def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(short_timeouts: PoolserveProcess) -> None:
     server = short_timeouts
     (engine,) = server.child_pid("engine_core")
     mark = len(server.stderr())
@@ -355,7 +355,7 @@ class PacedConnection(threading.Thread):
             self.connection.close()
 
 
-def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_servers: LaunchedServer) -> None:
+def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     old = set(server.child_pid("apiserver"))
     paced = [PacedConnection(server.url) for _ in range(4)]
@@ -431,7 +431,7 @@ def test_429s_come_back_at_once_with_retry_after() -> None:
         assert [a.status_code for a in answers] == [200]
 
 
-def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: LaunchedServer) -> None:
+def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
     with httpx.Client(base_url=server.url, timeout=1.0) as client, pytest.raises(httpx.ReadTimeout):
@@ -445,7 +445,7 @@ def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers:
         assert time.monotonic() - started < 2
 
 
-def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped(short_timeouts: LaunchedServer) -> None:
+def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped(short_timeouts: PoolserveProcess) -> None:
     server = short_timeouts
     big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
     with server.client() as client:

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from bench.harness.scrape import scrape, value
-from bench.harness.server_process import wait_until
+from bench.harness.server_process import PoolserveProcess, wait_until
 from bench.harness.steady_load import SteadyLoad
 from tests.images import data_url, encode, make_image
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, engine_pids, ready_line_time
 
 QUERY = "what is the capital of france?"
 MODELS = ("minilm", "rerank", "clip")
@@ -56,11 +56,11 @@ min_priority = 0
 @pytest.fixture(scope="module")
 def three_models(
     bundled_model: Path, cross_encoder_model: Path, clip_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LaunchedServer]:
+) -> Iterator[PoolserveProcess]:
     """minilm (the default: engine-0), rerank (engine-1) and clip (engine-2), one API server, from a --config file."""
     file = tmp_path_factory.mktemp("models") / "models.toml"
     file.write_text(MODELS_TOML.format(cross_encoder=cross_encoder_model, clip=clip_model))
-    server = LaunchedServer(
+    server = PoolserveProcess(
         "--config", str(file), "--api-server-count", "1", "--cache-hits-header", *FLOAT32_CPU
     ).wait_ready(180)
     try:
@@ -69,7 +69,7 @@ def three_models(
         server.stop()
 
 
-def post(server: LaunchedServer, path: str, body: dict[str, Any]) -> Any:
+def post(server: PoolserveProcess, path: str, body: dict[str, Any]) -> Any:
     with server.client() as client:
         response = client.post(path, json=body)
     assert response.status_code == 200, response.text
@@ -85,7 +85,7 @@ def scores(answer: Any) -> list[tuple[int, float]]:
 
 
 def test_each_model_answers_as_its_own_one_model_server(
-    three_models: LaunchedServer, server: LaunchedServer, cross_encoder_server: LaunchedServer
+    three_models: PoolserveProcess, server: PoolserveProcess, cross_encoder_server: PoolserveProcess
 ) -> None:
     texts = SENTENCES[:8]
     alone = vectors(post(server, "/v1/embeddings", {"input": texts}))
@@ -108,7 +108,9 @@ def test_each_model_answers_as_its_own_one_model_server(
         np.testing.assert_allclose([s for _, s in scores(got)], [s for _, s in want], atol=1e-6, rtol=0)
 
 
-def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(three_models: LaunchedServer) -> None:
+def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(
+    three_models: PoolserveProcess,
+) -> None:
     with three_models.client() as client:
         for path, body in (
             ("/v1/embeddings", {"input": "hello", "model": "nope"}),  # OpenAI's
@@ -125,7 +127,7 @@ def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "task_not_supported", refused.text
 
 
-def test_models_info_and_health_list_every_model(three_models: LaunchedServer, cross_encoder_model: Path) -> None:
+def test_models_info_and_health_list_every_model(three_models: PoolserveProcess, cross_encoder_model: Path) -> None:
     with three_models.client() as client:
         listed = client.get("/v1/models").json()["data"]
         assert [(entry["id"], entry["kind"]) for entry in listed] == [
@@ -141,10 +143,10 @@ def test_models_info_and_health_list_every_model(three_models: LaunchedServer, c
 
 
 def test_three_models_answer_as_their_own_one_model_servers(
-    three_models: LaunchedServer,
-    server: LaunchedServer,
-    cross_encoder_server: LaunchedServer,
-    clip_server: LaunchedServer,
+    three_models: PoolserveProcess,
+    server: PoolserveProcess,
+    cross_encoder_server: PoolserveProcess,
+    clip_server: PoolserveProcess,
 ) -> None:
     texts = SENTENCES[:4]
     images = [{"image": data_url(encode(make_image(40, 30, seed)))} for seed in (1, 2)]
@@ -170,7 +172,7 @@ def test_three_models_answer_as_their_own_one_model_servers(
         ]  # fmt: skip
 
 
-def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(three_models: LaunchedServer) -> None:
+def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(three_models: PoolserveProcess) -> None:
     """A flood of new documents on rerank (its queue of 6 inputs, its cache of ~8 rows) fails no request of the
     other models and evicts nothing of minilm's cache; each model's table setting holds for it alone; and /metrics
     shows each model's requests, tokens, passes and cache apart, summing to the server's totals."""
@@ -242,7 +244,7 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(t
     assert moved("poolserve_forward_duration_seconds_count", model="clip", modality="image") > 0
 
 
-def test_a_killed_engine_of_one_model_leaves_the_others_answering(three_models: LaunchedServer) -> None:
+def test_a_killed_engine_of_one_model_leaves_the_others_answering(three_models: PoolserveProcess) -> None:
     """engine-1 (rerank) killed under load on all three models: the embedder's and CLIP's requests all succeed, the
     reranker's are resubmitted to its restarted engine, and /health/ready names the model that is down meanwhile.
     Last in this module: the other tests read the models' caches and metrics as they were."""

@@ -72,7 +72,7 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 
 class InProcessServer:
     """`launch` with these flags (one model, one API server, one engine), started in this process; `url`, `port`
-    and `client()` as tests/utils.py's LaunchedServer has them."""
+    and `client()` as tests/utils.py's PoolserveProcess has them."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None):
         self._env = env or {}
