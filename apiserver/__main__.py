@@ -13,7 +13,7 @@ def main() -> int:
     exit_with_parent(spec)
     reserve_metric_files()
     # Imported after: importing the server makes its metrics, which open their files.
-    from apiserver.server import run
+    from apiserver.process import run
 
     return run(spec)
 

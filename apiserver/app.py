@@ -15,29 +15,28 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from apiserver.auth import ApiKey, open_paths
-from apiserver.body_limit import BodyBudget, BodyLimit
-from apiserver.endpoints import ENDPOINTS, Endpoint, model_endpoints
+from apiserver.connection.auth import ApiKey, open_paths
+from apiserver.connection.body_limit import BodyBudget, BodyLimit
+from apiserver.connection.gate import Gate, Handler, Wrapper
+from apiserver.connection.telemetry import Telemetry
+from apiserver.connection.tracing import TraceRequests
 from apiserver.errors import EXCEPTION_HANDLERS
-from apiserver.gate import Gate, Wrapper
-from apiserver.limits import body_bytes_in_flight_limit, request_body_limit
 from apiserver.metrics import get_metrics
-from apiserver.openapi import encode_openapi
-from apiserver.request_cycle import Handler
-from apiserver.served_models import ServedModels
-from apiserver.state import AppState
-from apiserver.telemetry import Telemetry
-from apiserver.tracing import TraceRequests
+from apiserver.requests.endpoints import ENDPOINTS, Endpoint, model_endpoints
+from apiserver.requests.limits import body_bytes_in_flight_limit, request_body_limit
+from apiserver.requests.openapi import encode_openapi
+from apiserver.requests.served_models import ServedModels
+from apiserver.requests.state import AppState
 from poolserve.config import Config
 
 if TYPE_CHECKING:
-    from apiserver.request_tracer import RequestTracer
+    from apiserver.connection.request_tracer import RequestTracer
 
 
 def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = (), models: ServedModels | None = None) -> Gate:
     """The app serving the built-in endpoints and `extra_endpoints` (plugins'), all in /openapi.json: the gate
-    (apiserver/gate.py) in front of a Starlette app that answers what has no exact route. `state`: the default
-    model's; `models`: every model served, when several (apiserver/served_models.py)."""
+    (apiserver/connection/gate.py) in front of a Starlette app that answers what has no exact route. `state`: the
+    default model's; `models`: every model served, when several (apiserver/requests/served_models.py)."""
     models = models or ServedModels([state])
     endpoints = [*ENDPOINTS, *model_endpoints(state.card), *extra_endpoints]
     config = state.config
@@ -71,7 +70,7 @@ def build_app(state: AppState, extra_endpoints: Sequence[Endpoint] = (), models:
         error_styles={e.path: e.error_style for e in endpoints},
         exception_handlers=EXCEPTION_HANDLERS,
         # uvicorn's own rewrite of the client's address and scheme from a trusted proxy's X-Forwarded-* headers, its
-        # variable and default (apiserver/server.py turns uvicorn's off: only Starlette's redirects read them).
+        # variable and default (apiserver/process.py turns uvicorn's off: only Starlette's redirects read them).
         fallback=cast(
             ASGIApp,
             ProxyHeadersMiddleware(app, trusted_hosts=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")),  # type: ignore[arg-type]

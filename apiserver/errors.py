@@ -1,7 +1,7 @@
 """Errors as HTTP: typed exceptions, their bodies in the route family's style (OpenAI's or TEI's), and the
 Starlette handlers that map them.
 
-Each endpoint names its error style in the endpoint table (apiserver/endpoints.py); the outermost
+Each endpoint names its error style in the endpoint table (apiserver/requests/endpoints.py); the outermost
 middleware records it in the request's scope before anything can fail, and every answer below reads
 it from there, so the routes and middleware never look at paths to choose a shape."""
 

@@ -46,7 +46,8 @@ REQUEST_SECONDS = Histogram(
     ["endpoint", "model"],
     buckets=TIME_BUCKETS,
 )
-PREPROCESS_SECONDS = Histogram(
+# Parsing a request (request_cycle.py's PARSING), under the metric's published name.
+PARSE_SECONDS = Histogram(
     "poolserve_preprocess_duration_seconds",
     "Time spent decoding the request, tokenizing and decoding images, by endpoint and model.",
     ["endpoint", "model"],

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from apiserver.endpoints import ENDPOINTS, OTHER_PATHS, Endpoint
 from apiserver.errors import ApiError, bad_request
-from apiserver.inputs.job import EngineJob
-from apiserver.inputs.text import tokenize_texts
-from apiserver.limits import check_input_count
-from apiserver.operation import AnyOperation, Operation, Plan, Rows
-from apiserver.responses import encode_json
-from apiserver.state import AppState
+from apiserver.requests.endpoints import ENDPOINTS, OTHER_PATHS, Endpoint
+from apiserver.requests.inputs.job import EngineJob
+from apiserver.requests.inputs.text import tokenize_texts
+from apiserver.requests.limits import check_input_count
+from apiserver.requests.operation import AnyOperation, Operation, Plan, Rows
+from apiserver.requests.responses import encode_json
+from apiserver.requests.state import AppState
 from poolserve.config import PLUGIN_GROUP
 from poolserve.protocol import PoolingParams
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import uvloop
 
-from bench.models import bundled_model_folder
+from bench.harness.models import bundled_model_folder
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank."
 DIM = 384
@@ -54,15 +54,15 @@ def build() -> Any:
 
     reserve_metric_files()  # as apiserver/__main__.py does, before the app's metrics are made
     from apiserver.app import build_app
-    from apiserver.fair_accept import ServerLoad
-    from apiserver.inputs.image_sources import ImageLoader
-    from apiserver.media import MediaFetcher
-    from apiserver.preprocess import Preprocessor
-    from apiserver.state import AppState
-    from apiserver.tokenizer import TextTokenizer
+    from apiserver.connection.fair_accept import ServerLoad
+    from apiserver.images.media import MediaFetcher
+    from apiserver.images.sources import ImageLoader
+    from apiserver.requests.preprocess import Preprocessor
+    from apiserver.requests.state import AppState
+    from apiserver.requests.tokenizer import TextTokenizer
     from poolserve.config import Config
     from poolserve.load_board import LoadBoard
-    from poolserve.protocol import ModelCard
+    from poolserve.model_card import ModelCard
 
     folder = bundled_model_folder()
     card = ModelCard(

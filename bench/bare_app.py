@@ -22,7 +22,7 @@ import uvicorn
 from tokenizers import Tokenizer
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from bench.models import bundled_model_folder
+from bench.harness.models import bundled_model_folder
 
 DIM = 384
 

@@ -20,8 +20,8 @@ import time
 
 import httpx
 
-from bench.corpus import make_sentence
-from bench.server_process import start_poolserve
+from bench.harness.corpus import make_sentence
+from bench.harness.server_process import start_poolserve
 
 
 def run(url: str, requests: list[list[str]], clients: int) -> float:

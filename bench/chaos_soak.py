@@ -3,7 +3,7 @@ while a driver signals the server's processes at random; memory and open descrip
 
     nice -n 10 python -m bench.chaos_soak --minutes 10 --clients 16 --model tiny512
 
-The requests (bench/answer_check.py): /v1/embeddings of 1 and of 16 texts, /rerank of 8 documents, TEI's
+The requests (bench/harness/answer_check.py): /v1/embeddings of 1 and of 16 texts, /rerank of 8 documents, TEI's
 /embed, /tokenize in two shapes, each with a reference answer from one unfaulted pass at the start. The
 faults, one at a time at random intervals, each kind once a round in a random order: kill -9 of a random
 API server or of the engine, SIGHUP (rolling restart), SIGTTIN (and SIGTTOU the next round), SIGSTOP then
@@ -31,10 +31,10 @@ from typing import Any
 
 import httpx
 
-from bench.answer_check import Entry, build_catalogue, differences
 from bench.fault_soak import inject, write_results
-from bench.models import MODEL_KINDS, model_folder
-from bench.server_process import (
+from bench.harness.answer_check import Entry, build_catalogue, differences
+from bench.harness.models import MODEL_KINDS, model_folder
+from bench.harness.server_process import (
     PoolserveProcess,
     cmdline,
     memory_mb,
@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--api-servers", type=int, default=2)
-    parser.add_argument("--model", default="bundled", choices=MODEL_KINDS, help="bench/models.py's kind")
+    parser.add_argument("--model", default="bundled", choices=MODEL_KINDS, help="bench/harness/models.py's kind")
     parser.add_argument("--min-interval", type=float, default=4.0, help="fewest seconds between faults")
     parser.add_argument("--max-interval", type=float, default=12.0, help="most seconds between faults")
     parser.add_argument("--seed", type=int, default=0)

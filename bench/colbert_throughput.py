@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 
-from bench.models import DEFAULT_CACHE, bundled_model_folder
-from bench.server_process import start_poolserve
-from bench.workloads import corpus_sentences
+from bench.harness.models import DEFAULT_CACHE, bundled_model_folder
+from bench.harness.server_process import start_poolserve
+from bench.harness.workloads import corpus_sentences
 
 # Bumped when the builder changes, so a stale cached folder is rebuilt rather than reused.
 BUILD_VERSION = "1"

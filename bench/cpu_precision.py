@@ -21,8 +21,8 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from bench.corpus import make_sentence
-from bench.machine import cpu_model
+from bench.harness.corpus import make_sentence
+from bench.harness.machine import cpu_model
 
 
 def top_k(queries: npt.NDArray[np.float64], documents: npt.NDArray[np.float64], k: int) -> list[set[int]]:

@@ -5,7 +5,7 @@ Infinity's ONNX Runtime engine in fp32 and int8, every target under the same clo
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
         [--poolserve-flags "--torch-threads 1"] [--out FILE]
 
-A point is `clients:workload` (bench/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
+A point is `clients:workload` (bench/harness/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
 target once and runs every point on it; the second pass runs the targets in the opposite order, so neither side
 always goes first on this shared host. Per run: requests/s, p50 and p99, and the cores the target's whole process
 tree used over the measured window (CPU seconds from /proc over wall seconds). Each target's vectors are checked
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import onnx_peer
-from bench.corpus import make_sentences
 from bench.cpu_use import cpu_seconds
-from bench.models import bundled_model_folder
-from bench.server_process import PoolserveProcess, ServerProcess, process_tree
+from bench.harness.corpus import make_sentences
+from bench.harness.models import bundled_model_folder
+from bench.harness.server_process import PoolserveProcess, ServerProcess, process_tree
 
 SERVED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -43,7 +43,7 @@ class Target:
 
 def poolserve(*flags: str, extra: tuple[str, ...] = ()) -> Callable[[], ServerProcess]:
     def start() -> ServerProcess:
-        return PoolserveProcess(["--api-server-count", "2", *flags, *extra]).wait_ready(300)
+        return PoolserveProcess("--api-server-count", "2", *flags, *extra).wait_ready(300)
 
     return start
 

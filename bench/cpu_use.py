@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.server_process import PoolserveProcess, cmdline, process_tree, role_of
+from bench.harness.server_process import PoolserveProcess, cmdline, process_tree, role_of
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -91,7 +91,7 @@ def run_variant(variant: str, args: argparse.Namespace, counts: list[int]) -> No
     words = shlex.split(variant)
     env = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
     flags = [word for word in words if not ("=" in word and not word.startswith("-"))]
-    server = PoolserveProcess(["--api-server-count", str(args.api_servers), *flags], env=env)
+    server = PoolserveProcess("--api-server-count", str(args.api_servers), *flags, env=env)
     try:
         server.wait_ready(300)
         for clients in counts:

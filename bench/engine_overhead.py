@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from bench.corpus import make_sentence
+from bench.harness.corpus import make_sentence
 
 
 def main() -> None:

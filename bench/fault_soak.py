@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.server_process import PoolserveProcess, start_poolserve, wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.server_process import PoolserveProcess, start_poolserve, wait_until
+from bench.harness.steady_load import SteadyLoad
 
 FAULTS = ("kill-api-server", "kill-engine", "sighup", "scale-up-down")
 

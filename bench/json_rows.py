@@ -1,4 +1,5 @@
-"""CPU and bytes of writing float32 vectors as JSON: `tolist()` + msgspec against apiserver.responses.float_rows.
+"""CPU and bytes of writing float32 vectors as JSON: `tolist()` + msgspec against
+apiserver.requests.responses.float_rows.
 
     python -m bench.json_rows --repeat 7
 
@@ -18,7 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from apiserver.responses import float_rows
+from apiserver.requests.responses import float_rows
 
 DIM = 384
 

@@ -29,11 +29,11 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from bench.clients import CLIENT_KINDS, Client, Reply, Request, make_client, prepare_request
-from bench.prober import Prober
-from bench.schedule import poisson_arrivals
-from bench.stats import count_by, rate, shares, summarize_latencies
-from bench.workloads import Workload, build_workload
+from bench.harness.clients import CLIENT_KINDS, Client, Reply, Request, make_client, prepare_request
+from bench.harness.prober import Prober
+from bench.harness.schedule import poisson_arrivals
+from bench.harness.stats import count_by, rate, shares, summarize_latencies
+from bench.harness.workloads import Workload, build_workload
 
 DRAIN_TIMEOUT_S = 30.0
 # Below this many replies in the window, percentiles and rates say little: the run was too short
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
                               encoding_format=args.encoding_format)  # fmt: skip
     trivial = None
     if args.target == "trivial":
-        from bench.server_process import start_trivial_server
+        from bench.harness.server_process import start_trivial_server
 
         # Replies as large as the real server's: reading them is part of the generator's cost.
         trivial = start_trivial_server(reply_items=workload.items_per_request, reply_dim=args.reply_dim)

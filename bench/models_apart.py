@@ -3,7 +3,8 @@
     python -m bench.models_apart --rounds 2 --seconds 20
 
 "together": one `launch` serving the bundled MiniLM (`minilm`) and a MiniLM-sized XLM-R reranker (`rerank`,
-bench/models.py's xlmr384_reranker), 2 API servers; "apart": two `launch`es, one model and 1 API server each. Both
+bench/harness/models.py's xlmr384_reranker), 2 API servers; "apart": two `launch`es, one model and 1 API server
+each. Both
 shapes have the same processes: 2 API servers, one engine per model with --torch-threads each. Closed-loop clients
 embed 4 sentences on minilm and rerank 8 documents on rerank at once, for `--seconds`; each model's throughput and
 latency are measured in the same run, the two shapes alternating so that a change of the host's load falls on both.
@@ -18,10 +19,10 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from bench.models import model_folder
-from bench.server_process import PoolserveProcess, start_poolserve
-from bench.stats import summarize_latencies
-from bench.steady_load import SteadyLoad
+from bench.harness.models import model_folder
+from bench.harness.server_process import PoolserveProcess, start_poolserve
+from bench.harness.stats import summarize_latencies
+from bench.harness.steady_load import SteadyLoad
 
 EMBED: dict[str, object] = {
     "input": [

@@ -26,9 +26,9 @@ from typing import Any, get_args
 import numpy as np
 import numpy.typing as npt
 
-from bench.models import model_folder
-from bench.stats import summarize_latencies
-from bench.workloads import build_workload, corpus_jpegs, corpus_long_texts, corpus_sentences, resolve_name
+from bench.harness.models import model_folder
+from bench.harness.stats import summarize_latencies
+from bench.harness.workloads import build_workload, corpus_jpegs, corpus_long_texts, corpus_sentences, resolve_name
 from poolserve.config import DeviceKind, DType
 
 
@@ -107,7 +107,7 @@ def measure(
     run: Callable[[Sequence[Any]], object]
     frontend: Callable[[Any], object]
     if workload.name == "image":
-        from apiserver.images import load_image_pixels
+        from apiserver.images.decode import load_image_pixels
 
         assert card.image is not None
         image = card.image

@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.corpus import make_sentences
-from bench.models import bundled_model_folder
-from bench.server_process import REPO, ServerProcess, start_infinity
+from bench.harness.corpus import make_sentences
+from bench.harness.models import bundled_model_folder
+from bench.harness.server_process import REPO, ServerProcess, start_infinity
 
 EXPORT_VENV = REPO / "bench" / ".onnx-export-venv"
 PEER_VENV = REPO / "bench" / ".onnx-peer-venv"

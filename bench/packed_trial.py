@@ -3,7 +3,7 @@
     python -m bench.packed_trial [--model bundled] [--sentences 512] [--batches 1,8,16,32] [--rounds 3]
         [--dtype float32] [--threads N] [--out FILE]
 
-Loads `--model` (the bundled model, or one of bench/models.py's `PACKED_KINDS`: random encoders of MiniLM's size
+Loads `--model` (the bundled model, or one of bench/harness/models.py's `PACKED_KINDS`: random encoders of MiniLM's size
 in each architecture packing runs, and an XLM-RoBERTa cross-encoder) with the engine's own loader and runs the
 same batches of bench corpus sentences (for a cross-encoder, pairs of consecutive sentences) through its runner
 padded (`--token-packing off`) and packed (engine_core/packed_encoder.py), the two alternated batch by batch for
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from bench.machine import git_facts, machine_facts
-from bench.models import model_folder
-from bench.workloads import corpus_sentences
+from bench.harness.machine import git_facts, machine_facts
+from bench.harness.models import model_folder
+from bench.harness.workloads import corpus_sentences
 
 # Wall-clock time, and the CPU time of this process (all its threads): what a pass took, and what it cost.
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -40,7 +40,9 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="bundled", help="a bench.models kind: bundled or one of PACKED_KINDS")
+    parser.add_argument(
+        "--model", default="bundled", help="a bench.harness.models kind: bundled or one of PACKED_KINDS"
+    )
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--batches", default="1,8,16,32", help="Batch sizes, comma-separated.")
     parser.add_argument("--rounds", type=int, default=3)

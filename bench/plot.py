@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.harness.tables import runs_of
 from bench.report import TITLES
-from bench.tables import runs_of
 
 
 def plot_results(results: dict[str, Any], path: Path) -> None:

@@ -3,7 +3,7 @@
     python -m bench.poison_isolation --rounds 3 --clients 2
 
 One `launch` serves the bundled MiniLM (`minilm`) and the fault tests' tiny BERT whose own code crashes its engine
-on a marker token (`faulty`, bench/models.py). Closed-loop clients embed 4 sentences on minilm throughout, while
+on a marker token (`faulty`, bench/harness/models.py). Closed-loop clients embed 4 sentences on minilm throughout, while
 these phases follow each other, each round in turn:
 
 - quiet: QUIET_S seconds, nothing else;
@@ -33,10 +33,10 @@ from typing import Any
 
 import httpx
 
-from bench.models import CRASH_TOKEN, model_folder, remote_code_env
-from bench.server_process import PoolserveProcess, wait_until
-from bench.stats import summarize_latencies
-from bench.steady_load import SteadyLoad
+from bench.harness.models import CRASH_TOKEN, model_folder, remote_code_env
+from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.stats import summarize_latencies
+from bench.harness.steady_load import SteadyLoad
 
 QUIET_S = 25.0
 # Sent to the healthy model throughout; a poison pill: the crash token between [CLS] and [SEP].
@@ -112,7 +112,7 @@ def start_server(api_servers: int, torch_threads: int) -> PoolserveProcess:
         "--api-server-count", str(api_servers), "--torch-threads", str(torch_threads),
         "--device", "cpu", "--dtype", "float32",
     ]  # fmt: skip
-    server = PoolserveProcess(args, env=remote_code_env(faulty))
+    server = PoolserveProcess(*args, env=remote_code_env(faulty))
     try:
         return server.wait_ready(300)
     except BaseException:

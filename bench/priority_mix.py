@@ -2,7 +2,7 @@
 
     python -m bench.priority_mix [--bulk-clients 4] [--bulk-inputs 64] [--queries 60] [--api-servers 2]
 
-The bulk clients (bench/steady_load.py, one keep-alive connection each) send `--bulk-inputs`
+The bulk clients (bench/harness/steady_load.py, one keep-alive connection each) send `--bulk-inputs`
 sentences per request back to back, which keeps the engine saturated. A query client sends one
 sentence every `--gap` seconds, alternating priority 0 and -1, so both see the same load. Printed:
 query p50/p99 unloaded, under load at each priority, and the bulk throughput with every bulk
@@ -19,10 +19,10 @@ import time
 
 import httpx
 
-from bench.corpus import make_sentence
-from bench.server_process import start_poolserve
-from bench.stats import summarize_latencies
-from bench.steady_load import SteadyLoad
+from bench.harness.corpus import make_sentence
+from bench.harness.server_process import start_poolserve
+from bench.harness.stats import summarize_latencies
+from bench.harness.steady_load import SteadyLoad
 
 QUERY = "how do I reset my password"
 

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.tables import Results, fmt, runs_of, table
-from bench.targets import ratio, targets
+from bench.harness.tables import Results, fmt, runs_of, table
+from bench.harness.targets import ratio, targets
 
 DOCS_START = "<!-- bench:results:start -->"
 DOCS_END = "<!-- bench:results:end -->"

@@ -12,8 +12,8 @@ is its own overhead. Also printed: the engine's mean batch (inputs a forward pas
 `--generator wrk_load` drives the load from Debian's `wrk` (bench/wrk_load.py) instead of bench.loadgen, whose
 own ~150 µs a request competes with the servers on a 2-core host.
 
-`--model simgpu` (bench/models.py, bench/simulated_gpu.py) runs the real engine over a model whose pass sleeps
-what the H100 run measured and computes next to nothing, with GPU batch caps: the engine's own CPU at a fast
+`--model simgpu` (bench/harness/models.py, bench/harness/simulated_gpu.py) runs the real engine over a model whose pass
+sleeps what the H100 run measured and computes next to nothing, with GPU batch caps: the engine's own CPU at a fast
 accelerator's pace. docs/benchmarks.md, "CPU per request", holds the figures.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_use import cpu_seconds
-from bench.models import model_folder
-from bench.server_process import REPO, PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
+from bench.harness.models import model_folder
+from bench.harness.server_process import REPO, PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
 
 BARE_READY = re.compile(r"bare app listening on http://(?P<host>[^:]+):(?P<port>\d+)")
 WORKLOADS = ("short", "batch16", "rerank8")
@@ -113,7 +113,7 @@ def start_bare() -> tuple[ServerProcess, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="simgpu", help="a bench.models kind (simgpu, bundled, ...)")
+    parser.add_argument("--model", default="simgpu", help="a bench.harness.models kind (simgpu, bundled, ...)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -157,7 +157,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
 
-    server = PoolserveProcess(flags, cwd=args.cwd)
+    server = PoolserveProcess(*flags, cwd=args.cwd)
     try:
         server.wait_ready(300)
         measure_all(server.url, server.pid, f"poolserve {args.model}")

@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 
-from bench.corpus import make_sentences
-from bench.models import model_folder
-from bench.server_process import start_poolserve
+from bench.harness.corpus import make_sentences
+from bench.harness.models import model_folder
+from bench.harness.server_process import start_poolserve
 
 
 def pairs_per_second(run: Callable[[], int], min_seconds: float) -> float:
@@ -77,7 +77,7 @@ def served(url: str, queries: list[str], documents: list[str], *, docs: int, cli
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llm_reranker", help="a bench.models kind or a folder")
+    parser.add_argument("--model", default="llm_reranker", help="a bench.harness.models kind or a folder")
     parser.add_argument("--docs", type=int, default=16, help="documents per rerank request")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=15.0, help="per measurement")

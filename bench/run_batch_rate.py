@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import make_sentences
-from bench.models import bundled_model_folder
+from bench.harness.corpus import make_sentences
+from bench.harness.models import bundled_model_folder
 
 SUMMARY = re.compile(r"run-batch: (\d+) items written to .* in ([\d.]+)s \(([\d.]+) items/s\)")
 

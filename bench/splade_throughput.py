@@ -3,7 +3,7 @@ requests, and of `SparseEncoder.encode` called one sentence at a time, on the sa
 
     python -m bench.splade_throughput --clients 16 --seconds 10 --rounds 2 --torch-threads 1
 
-The model is bench/models.py's `splade` (a 2-layer BERT masked LM over the 30522-entry BERT vocabulary,
+The model is bench/harness/models.py's `splade` (a 2-layer BERT masked LM over the 30522-entry BERT vocabulary,
 SpladePooling max; random weights, so about 80% of a vector's entries are non-zero where a trained SPLADE
 keeps a few hundred: the answer here is far larger than a real model's). The baseline is what a user who
 skips serving gets per request: the library's tokenizer, forward pass, pooling and sparse tensor for one
@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from bench.models import model_folder
-from bench.server_process import start_poolserve
-from bench.workloads import corpus_sentences
+from bench.harness.models import model_folder
+from bench.harness.server_process import start_poolserve
+from bench.harness.workloads import corpus_sentences
 
 
 def baseline(model: Any, sentences: list[str], seconds: float) -> float:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.stop()
     result = {
-        "model": "bench.models splade",
+        "model": "bench.harness.models splade",
         "device": args.device,
         "dtype": args.dtype,
         "clients": args.clients,

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import msgspec
 
-from bench.clients import RawClient, RawConnection, prepare_request
-from bench.server_process import start_poolserve
+from bench.harness.clients import RawClient, RawConnection, prepare_request
+from bench.harness.server_process import start_poolserve
 
 OPEN_CONNECTIONS = re.compile(r"^poolserve_open_connections\{[^}]*\} (\S+)$", re.MULTILINE)
 DEFAULT_BODY = {"input": "a short query about keep-alive connections"}

@@ -16,7 +16,7 @@ import importlib.resources
 import json
 import time
 
-from bench.workloads import corpus_sentences
+from bench.harness.workloads import corpus_sentences
 
 
 def main(argv: list[str] | None = None) -> None:

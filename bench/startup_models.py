@@ -4,8 +4,8 @@ line, and each API server's memory once ready (tokenizers are per model; torch s
     python -m bench.startup_models --runs 3
 
 The one-model server serves the bundled MiniLM; the three-model one adds a MiniLM-sized XLM-R reranker and a tiny
-CLIP (bench/models.py, built once into bench/.models), each model with its own engine. The two alternate, so that a
-load change on a shared machine falls on both; every run starts cold processes (the page cache is warm after the
+CLIP (bench/harness/models.py, built once into bench/.models), each model with its own engine. The two alternate, so
+that a load change on a shared machine falls on both; every run starts cold processes (the page cache is warm after the
 first). Both run with --dtype float32 (no bf16 probe) and the same --api-server-count.
 """
 
@@ -17,8 +17,8 @@ import os
 import statistics
 from typing import Any, cast
 
-from bench.models import model_folder
-from bench.server_process import poolserve_memory, start_poolserve
+from bench.harness.models import model_folder
+from bench.harness.server_process import poolserve_memory, start_poolserve
 
 THREE_MODELS = (("minilm", "bundled"), ("rerank", "xlmr384_reranker"), ("clip", "clip"))
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.server_process import REPO, PoolserveProcess
+from bench.harness.server_process import REPO, PoolserveProcess
 
 BODY = json.dumps({"input": "a sentence to embed while the server stops"}).encode()
 
@@ -71,7 +71,7 @@ def is_alive(pid: int) -> bool:
 
 
 def one_stop(keep_alive: int, reconnecting: int, load_seconds: float, checkout: Path) -> dict[str, object]:
-    server = PoolserveProcess(["--api-server-count", "2", "--dtype", "float32"], cwd=checkout)
+    server = PoolserveProcess("--api-server-count", "2", "--dtype", "float32", cwd=checkout)
     try:
         server.wait_ready(300)
     except BaseException:

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.cache_repeat import measure_cache
-from bench.machine import REPO, command_line, git_facts, load_average, machine_facts, versions
-from bench.models import bundled_model_folder, model_folder
-from bench.priority_mix import measure_priority_mix
-from bench.server_process import (
+from bench.harness.machine import REPO, command_line, git_facts, load_average, machine_facts, versions
+from bench.harness.models import bundled_model_folder, model_folder
+from bench.harness.server_process import (
     ServerProcess,
     StartError,
     memory_mb,
@@ -38,7 +37,8 @@ from bench.server_process import (
     start_infinity,
     start_poolserve,
 )
-from bench.workloads import MODELS, resolve_name
+from bench.harness.workloads import MODELS, resolve_name
+from bench.priority_mix import measure_priority_mix
 
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "benchmarks.md"

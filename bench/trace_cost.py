@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
-from apiserver.request_tracer import RequestTracer
+from apiserver.connection.request_tracer import RequestTracer
 from bench.otlp_sink import OtlpReceiver
 from poolserve.config import Config
 from poolserve.protocol import ForwardPass

@@ -25,8 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.scrape import scrape, total
-from bench.server_process import REPO, PoolserveProcess
+from bench.harness.scrape import scrape, total
+from bench.harness.server_process import REPO, PoolserveProcess
 
 
 def cpu_ticks() -> list[int]:
@@ -37,7 +37,7 @@ def cpu_ticks() -> list[int]:
 def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, object]:
     flags = shlex.split(variant)
     cwd = Path(flags.pop(0).removeprefix("cwd=")) if flags and flags[0].startswith("cwd=") else None
-    server = PoolserveProcess(["--api-server-count", "2", "--preprocess-workers", "1", *flags], cwd=cwd or REPO)
+    server = PoolserveProcess("--api-server-count", "2", "--preprocess-workers", "1", *flags, cwd=cwd or REPO)
     try:
         server.wait_ready(120)
         before = cpu_ticks()

@@ -1,7 +1,7 @@
 """A closed-loop load of one bench workload driven by Debian's `wrk`, a native generator.
 
 bench.loadgen costs ~150 µs of Python per request itself; on a 2-core host that competes with the server it
-measures. `wrk` sends the same bodies (bench.workloads, cycled in order) from C at a few µs a request. It
+measures. `wrk` sends the same bodies (bench.harness.workloads, cycled in order) from C at a few µs a request. It
 prints one JSON line, the fields bench.request_cpu reads from bench.loadgen:
 
     python -m bench.wrk_load --url http://127.0.0.1:8000 --workload short --concurrency 64 --duration 10
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.workloads import Workload, build_workload
+from bench.harness.workloads import Workload, build_workload
 
 # wrk's Lua: cycle through the bodies (one request each), count non-2xx answers, print a JSON summary.
 SCRIPT = """

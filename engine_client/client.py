@@ -35,13 +35,13 @@ from engine_client.errors import EngineError, EngineOverloaded, EngineUnavailabl
 from engine_client.link import EngineLink
 from engine_client.routing import EngineChooser
 from poolserve.flight_record import read_record
+from poolserve.model_card import ModelCard
 from poolserve.protocol import (
     ERROR_OVERLOADED,
     Abort,
     ClientWire,
     EngineRequest,
     ForwardPass,
-    ModelCard,
     OutputRows,
     Outputs,
     Pong,

@@ -19,11 +19,11 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from engine_client.errors import EngineUnavailable
+from poolserve.model_card import ModelCard
 from poolserve.protocol import (
     ClientWire,
     Frame,
     Hello,
-    ModelCard,
     OutputRows,
     Outputs,
     Ping,

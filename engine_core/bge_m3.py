@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from engine_core.folder_choices import LoadError, first_line
 from engine_core.runner import F32, EmbeddingRunner, Rows, SparseRow, to_numpy
-from poolserve.protocol import OUTPUT_MULTI_VECTOR, OUTPUT_SPARSE, LateInteraction, Output
+from poolserve.model_card import OUTPUT_MULTI_VECTOR, OUTPUT_SPARSE, LateInteraction, Output
 
 SPARSE_HEAD = "sparse_linear.pt"
 COLBERT_HEAD = "colbert_linear.pt"

@@ -36,16 +36,8 @@ from engine_core.router import RouterRunner
 from engine_core.runner import SparseRow
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, Scheduler, WorkItem
 from engine_core.threads import ThreadPlan
-from poolserve.protocol import (
-    CLASSIFIER,
-    ERROR_MODEL,
-    SPARSE,
-    ForwardPass,
-    OutputRows,
-    PooledOutput,
-    RequestFailed,
-    SparseRows,
-)
+from poolserve.model_card import CLASSIFIER, SPARSE
+from poolserve.protocol import ERROR_MODEL, ForwardPass, OutputRows, PooledOutput, RequestFailed, SparseRows
 
 logger = logging.getLogger("poolserve.engine")
 

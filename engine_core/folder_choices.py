@@ -17,7 +17,7 @@ from engine_core.pylate_folder import is_pylate_folder, read_pylate_folder
 from engine_core.st_folder import read_st_folder
 from engine_core.st_modules import CROSS_ENCODER, MetadataError, StFolder
 from poolserve.config import Config
-from poolserve.protocol import (
+from poolserve.model_card import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,
@@ -249,7 +249,7 @@ def choose_max_model_len(requested: int, tokenizer_max: int, model_config: Pretr
 
 def check_long_input_overlap(config: Config, card: ModelCard) -> None:
     """--long-input-overlap must leave each window of a chunked input a token the one before did not hold
-    (apiserver/inputs/windows.py): said at start rather than to every client whose input is long."""
+    (apiserver/requests/inputs/windows.py): said at start rather than to every client whose input is long."""
     if not config.long_input_overlap:
         return
     room = card.max_model_len - Tokenizer.from_str(card.tokenizer_json).num_special_tokens_to_add(is_pair=False)

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
-# The steps of transformers' PilBackend that apiserver/images.py and engine_core/pixels.py reproduce. A
+# The steps of transformers' PilBackend that apiserver/images/decode.py and engine_core/pixels.py reproduce. A
 # processor class that overrides any of them does something else (ConvNeXt's crop_pct resize, SigLIP 2's
 # patches, EfficientNet's offset rescale), and serving it with our steps would quietly give other inputs.
 PIPELINE_METHODS = (

@@ -19,6 +19,7 @@ import zmq
 
 from engine_core.admission import AdmissionLimit
 from engine_core.request_state import InvalidRequest, PendingRequest, check_request
+from poolserve.model_card import ModelCard
 from poolserve.protocol import (
     ERROR_INVALID,
     ERROR_OVERLOADED,
@@ -28,7 +29,6 @@ from poolserve.protocol import (
     ErrorCode,
     Frame,
     Hello,
-    ModelCard,
     Ping,
     Pong,
     ProtocolError,

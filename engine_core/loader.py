@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.resources
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -20,12 +22,14 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
+    PreTrainedTokenizerBase,
 )
 
 from engine_core.bge_m3 import (
     COLBERT_HEAD,
     M3_OUTPUTS,
     SPARSE_HEAD,
+    M3Heads,
     M3Runner,
     has_m3_heads,
     m3_spec,
@@ -42,6 +46,7 @@ from engine_core.cpu_precision import (
 )
 from engine_core.folder_choices import (
     LoadError,
+    TextPadding,
     auto_class_name,
     check_siglip_tokenizer,
     choose_max_model_len,
@@ -89,7 +94,7 @@ from engine_core.st_heads import build_heads
 from engine_core.st_modules import MetadataError, StFolder
 from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
 from poolserve.config import Config, TokenPacking
-from poolserve.protocol import (
+from poolserve.model_card import (
     CLASSIFIER,
     CLIP,
     EMBEDDING,
@@ -100,7 +105,10 @@ from poolserve.protocol import (
     TASK_SCORE,
     TASK_TOKENIZE,
     ImageProcessing,
+    LateInteraction,
     ModelCard,
+    ModelKind,
+    TextTemplate,
 )
 
 logger = logging.getLogger("poolserve.engine")
@@ -201,8 +209,109 @@ def probe_rows(backend: Tokenizer, max_model_len: int) -> list[npt.NDArray[np.in
     return [np.asarray(backend.encode(text).ids[:max_model_len], dtype=np.int32) for text in PROBE_TEXTS]
 
 
+@dataclass(frozen=True, slots=True)
+class Transformer:
+    """A folder's transformer as read before any weight: where its files are, its config, its tokenizer, and its
+    Sentence-Transformers files (a Stanford ColBERT's read again as such)."""
+
+    folder: Path
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    st: StFolder
+    stanford: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KindChoice:
+    """What the flags and the transformer's files decide it serves as: its kind, the auto class that loads it, the
+    precision asked for, and how a classifier scores pairs."""
+
+    kind: ModelKind
+    auto: str
+    dtype: torch.dtype
+    llm_reranker: bool
+    scoring: PairScoring
+    m3: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ServedText:
+    """How the API servers tokenize: the tokenizer they are sent, its pad id, the embedder's chat template, the
+    special tokens a template may name, and the prompts' lengths the pooling leaves out."""
+
+    backend: Tokenizer
+    pad_token_id: int
+    text_template: TextTemplate | None
+    special_tokens: dict[str, str]
+    prompt_lengths: dict[str, int]
+
+
+RunnerBuilder = Callable[[torch.nn.Module, torch.dtype], ModelRunner]
+
+
 def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
-    """A model of one transformer, as its folder's files (`st`) and the flags say."""
+    """A model of one transformer, as its folder's files (`st`) and the flags say, in nine steps, each a function
+    below: read_transformer, choose_kind, choose_vector, choose_lengths, load_network, serve_text, runner_builder,
+    choose_precision, write_card."""
+    transformer = read_transformer(config, folder, st)
+    st, model_config = transformer.st, transformer.config
+    choice = choose_kind(config, folder, transformer, device)
+    kind, m3 = choice.kind, choice.m3
+    text_config = text_config_of(model_config)
+    modes, pooling, normalize = choose_vector(config, st, model_config, kind, m3)
+    prompts, default_prompt = choose_prompts(config, st, kind)
+    max_model_len, late = choose_lengths(config, transformer, text_config, m3)
+    image, image_tokens = load_image_processing(transformer.folder, model_config) if kind == CLIP else (None, 0)
+    padding = image_text_padding(model_config, transformer.tokenizer)
+    model, heads, m3_heads = load_network(config, folder, transformer, choice, text_config=text_config, device=device)
+    text = serve_text(transformer, choice, text_config, [*prompts.values(), default_prompt], max_model_len)
+
+    mlm_parts = split_mlm(model) if kind == SPARSE else None
+    # Packing computes real tokens only; an expanded query's added places are computed unattended.
+    packed = (late is None or m3) and uses_token_packing(
+        config.token_packing, device, model if mlm_parts is None else mlm_parts[0]
+    )
+    build_runner = runner_builder(
+        choice, transformer, text_config=text_config, device=device, pad_token_id=text.pad_token_id, packed=packed,
+        image=image, padding=padding, modes=modes, heads=heads, m3_heads=m3_heads, late=late,
+    )  # fmt: skip
+    runner = build_runner(model, choice.dtype)
+    first = np.asarray(text.backend.encode("first pass").ids, dtype=np.int32)
+    check_first_pass(model_config, choice.auto, lambda: runner.run_texts([first], None))
+    model, dtype, runner = choose_precision(
+        config, device, transformer, choice, backend=text.backend, max_model_len=max_model_len, late=late,
+        model=model, runner=runner, build_runner=build_runner,
+    )  # fmt: skip
+    warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
+    output_size = int(runner.run_texts([warm_up], None).shape[1])
+    if image is not None:
+        runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
+
+    max_batch_tokens, max_batch_size = batch_caps(config, device, max(max_model_len, image_tokens))
+    card = write_card(
+        config, folder, transformer, choice, text, text_config=text_config, device=device, dtype=dtype,
+        pooling=pooling, normalize=normalize, max_model_len=max_model_len, output_size=output_size, image=image,
+        image_tokens=image_tokens, max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size,
+        prompts=prompts, default_prompt=default_prompt, late=late,
+    )  # fmt: skip
+    # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
+    # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).
+    overhead = 0.0
+    if not packed:
+        overhead = measure_batch_overhead(
+            runner,
+            warm_up,
+            max_model_len,
+            # on the CPU 16 rows are plenty and cheap at start-up; on a GPU the largest batch the caps allow
+            large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
+            cap=max_batch_tokens,
+        )
+    return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
+
+
+def read_transformer(config: Config, folder: Path, st: StFolder) -> Transformer:
+    """Step 1: the transformer's config and fast tokenizer (a load that fails refused in one sentence), and a
+    Stanford ColBERT's or a legacy ColBERT's markers."""
     trust = config.trust_remote_code
     model_folder = st.transformer_folder or folder
     try:
@@ -222,18 +331,33 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         st = read_stanford_colbert(folder)
     if st.legacy_prefixes:
         register_prefix_tokens(tokenizer, st.legacy_prefixes)
+    return Transformer(model_folder, model_config, tokenizer, st, stanford)
+
+
+def choose_kind(config: Config, folder: Path, transformer: Transformer, device: torch.device) -> KindChoice:
+    """Step 2: the kind it serves as and the auto class that loads it (its own code only where trusted), the
+    precision asked for, and a reranker's pair scoring (the scoring flags refused on any other kind)."""
+    st, model_config = transformer.st, transformer.config
     dtype = select_dtype(config.dtype, device, model_config)
     llm_reranker = is_llm_reranker(config, st, model_config)
     kind = model_kind(model_config, st, llm_reranker)
     auto = auto_class_name(kind, llm_reranker)
-    check_own_code(model_config, auto, trust)
+    check_own_code(model_config, auto, config.trust_remote_code)
     if kind != CLASSIFIER and (config.score_template or config.score_tokens or config.score_format != "none"):
         raise LoadError(f"--score-template, --score-tokens and --score-format apply to rerankers; this is a {kind} "
                         "model.")  # fmt: skip
-    scoring = choose_pair_scoring(config, st, model_config, tokenizer) if kind == CLASSIFIER else PairScoring()
-    text_config = text_config_of(model_config)
-    m3 = is_bge_m3(folder, kind, st) and not stanford
-    # A classifier's head and CLIP's projection make the vector; the rest pool token states.
+    scoring = (
+        choose_pair_scoring(config, st, model_config, transformer.tokenizer) if kind == CLASSIFIER else PairScoring()
+    )
+    m3 = is_bge_m3(folder, kind, st) and not transformer.stanford
+    return KindChoice(kind, auto, dtype, llm_reranker, scoring, m3)
+
+
+def choose_vector(
+    config: Config, st: StFolder, model_config: PretrainedConfig, kind: ModelKind, m3: bool
+) -> tuple[tuple[str, ...], str, bool]:
+    """Step 3: how token states become the vector (pooling modes, the card's name for them) and whether it is
+    normalized. A classifier's head and CLIP's projection make the vector; the rest pool token states."""
     modes: tuple[str, ...] = ()
     pooling = "none"
     normalize = False
@@ -254,9 +378,16 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         # Without Sentence-Transformers files, embeddings are normalized, as OpenAI's are.
         normalize = True if st.normalize is None else st.normalize
         pooling = "projection" if kind == CLIP else "+".join(modes)
-    prompts, default_prompt = choose_prompts(config, st, kind)
+    return modes, pooling, normalize
+
+
+def choose_lengths(
+    config: Config, transformer: Transformer, text_config: PretrainedConfig, m3: bool
+) -> tuple[int, LateInteraction | None]:
+    """Step 4: the longest input served, and a late-interaction model's query and document treatment."""
+    st, tokenizer = transformer.st, transformer.tokenizer
     max_model_len = choose_max_model_len(
-        config.max_model_len, tokenizer.model_max_length, model_config, st.max_seq_length
+        config.max_model_len, tokenizer.model_max_length, transformer.config, st.max_seq_length
     )
     late = None
     if st.late_interaction is not None:
@@ -266,38 +397,74 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         max_model_len = max(max_model_len, late.query_length, late.document_length)
     elif m3:
         late = m3_spec(max_model_len)
-    image, image_tokens = load_image_processing(model_folder, model_config) if kind == CLIP else (None, 0)
-    padding = image_text_padding(model_config, tokenizer)
-    model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
+    return max_model_len, late
+
+
+def load_network(
+    config: Config,
+    folder: Path,
+    transformer: Transformer,
+    choice: KindChoice,
+    *,
+    text_config: PretrainedConfig,
+    device: torch.device,
+) -> tuple[torch.nn.Module, torch.nn.Module | None, M3Heads | None]:
+    """Step 5: the weights on the device, and the heads after the pooling (a Stanford ColBERT's projection,
+    bge-m3's sparse and ColBERT heads)."""
+    model = load_weights(choice.auto, transformer.folder, choice.dtype, config.trust_remote_code).to(device).eval()
     try:
-        heads = build_heads(st.heads, device)
-        if stanford:
-            heads = stanford_projection(model_folder, int(text_config.hidden_size), device)
+        heads = build_heads(transformer.st.heads, device)
+        if transformer.stanford:
+            heads = stanford_projection(transformer.folder, int(text_config.hidden_size), device)
     except MetadataError as exc:
         raise not_exact(folder, exc) from exc
-    m3_heads = read_m3_heads(folder, int(text_config.hidden_size), device) if m3 else None
+    m3_heads = read_m3_heads(folder, int(text_config.hidden_size), device) if choice.m3 else None
+    return model, heads, m3_heads
 
+
+def serve_text(
+    transformer: Transformer,
+    choice: KindChoice,
+    text_config: PretrainedConfig,
+    prompts: list[str],
+    max_model_len: int,
+) -> ServedText:
+    """Step 6: what the API servers tokenize with: the tokenizer as served, its pad id, an embedder's chat template
+    (a folder without Sentence-Transformers files whose tokenizer has one) and the prompts' token counts."""
+    st, tokenizer = transformer.st, transformer.tokenizer
     pad_token_id = pad_token_id_of(tokenizer, text_config)
     backend = served_tokenizer(tokenizer, st.do_lower_case)
-    # A folder without Sentence-Transformers files whose tokenizer has a chat template: texts rendered through it.
     text_template = None
-    if kind == EMBEDDING and not stanford and st.late_interaction is None:
-        text_template = read_text_template(tokenizer, model_config, st)
-    special_tokens = scoring.special_tokens
+    if choice.kind == EMBEDDING and not transformer.stanford and st.late_interaction is None:
+        text_template = read_text_template(tokenizer, transformer.config, st)
+    special_tokens = choice.scoring.special_tokens
     if text_template is not None:
         special_tokens = {str(k): str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
     prompt_lengths = {}
     # (a prompt rendered as a system message is not counted: sentence-transformers leaves it in the pooling)
     if not st.pooling_includes_prompt and text_template is None:
-        prompt_lengths = measure_prompt_lengths(
-            [*prompts.values(), default_prompt], backend, tokenizer.all_special_ids, max_model_len
-        )
+        prompt_lengths = measure_prompt_lengths(prompts, backend, tokenizer.all_special_ids, max_model_len)
+    return ServedText(backend, pad_token_id, text_template, special_tokens, prompt_lengths)
 
-    mlm_parts = split_mlm(model) if kind == SPARSE else None
-    # Packing computes real tokens only; an expanded query's added places are computed unattended.
-    packed = (late is None or m3) and uses_token_packing(
-        config.token_packing, device, model if mlm_parts is None else mlm_parts[0]
-    )
+
+def runner_builder(
+    choice: KindChoice,
+    transformer: Transformer,
+    *,
+    text_config: PretrainedConfig,
+    device: torch.device,
+    pad_token_id: int,
+    packed: bool,
+    image: ImageProcessing | None,
+    padding: TextPadding,
+    modes: tuple[str, ...],
+    heads: torch.nn.Module | None,
+    m3_heads: M3Heads | None,
+    late: LateInteraction | None,
+) -> RunnerBuilder:
+    """Step 7: how a runner of the model's kind is built over its weights in a precision (built again when step 8
+    changes the precision)."""
+    kind, scoring, st = choice.kind, choice.scoring, transformer.st
 
     def build_runner(model: torch.nn.Module, dtype: torch.dtype) -> ModelRunner:
         if scoring.logit_tokens is not None:
@@ -318,8 +485,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             )  # fmt: skip
         if m3_heads is not None:
             return M3Runner(
-                model, m3=m3_heads, unused_ids=unused_token_ids(tokenizer), pooling=modes, pad_token_id=pad_token_id,
-                device=device, packed=packed, heads=heads,
+                model, m3=m3_heads, unused_ids=unused_token_ids(transformer.tokenizer), pooling=modes,
+                pad_token_id=pad_token_id, device=device, packed=packed, heads=heads,
             )  # fmt: skip
         if late is not None:
             return MultiVectorRunner(model, spec=late, pad_token_id=pad_token_id, device=device, heads=heads)
@@ -327,9 +494,25 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             model, pooling=modes, pad_token_id=pad_token_id, device=device, packed=packed, heads=heads
         )
 
-    runner = build_runner(model, dtype)
-    first = np.asarray(backend.encode("first pass").ids, dtype=np.int32)
-    check_first_pass(model_config, auto, lambda: runner.run_texts([first], None))
+    return build_runner
+
+
+def choose_precision(
+    config: Config,
+    device: torch.device,
+    transformer: Transformer,
+    choice: KindChoice,
+    *,
+    backend: Tokenizer,
+    max_model_len: int,
+    late: LateInteraction | None,
+    model: torch.nn.Module,
+    runner: ModelRunner,
+    build_runner: RunnerBuilder,
+) -> tuple[torch.nn.Module, torch.dtype, ModelRunner]:
+    """Step 8: the precision served, the model and its runner in it: `--dtype int8`'s layers quantized and held to
+    float32 on the probe set; `--dtype auto` on a CPU bf16 where native and the model agrees."""
+    kind, m3, dtype = choice.kind, choice.m3, choice.dtype
     if config.dtype == "int8":
         if kind != EMBEDDING or late is not None or m3:
             what = "a multi-vector" if late is not None else "bge-m3's" if m3 else f"a {kind}"
@@ -363,18 +546,41 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             is_classifier=kind == CLASSIFIER, native_bf16=has_native_bf16(), agreement=bf16_agreement
         )
         if converted and dtype == torch.float32:
-            model = load_weights(auto, model_folder, dtype, trust).to(device).eval()
+            model = load_weights(choice.auto, transformer.folder, dtype, config.trust_remote_code).to(device).eval()
         runner = build_runner(model, dtype)
         logger.info("--dtype auto chose %s: %s", str(dtype).removeprefix("torch."), reason)
     elif dtype == torch.bfloat16 and device.type == "cpu" and not has_native_bf16():
         logger.warning("--dtype bfloat16 on a CPU without native bfloat16 (AVX512_BF16 or AMX): torch emulates it, "
                        "several times slower than float32")  # fmt: skip
-    warm_up = np.asarray(backend.encode("warm up").ids, dtype=np.int32)
-    output_size = int(runner.run_texts([warm_up], None).shape[1])
-    if image is not None:
-        runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
+    return model, dtype, runner
 
-    max_batch_tokens, max_batch_size = batch_caps(config, device, max(max_model_len, image_tokens))
+
+def write_card(
+    config: Config,
+    folder: Path,
+    transformer: Transformer,
+    choice: KindChoice,
+    text: ServedText,
+    *,
+    text_config: PretrainedConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    pooling: str,
+    normalize: bool,
+    max_model_len: int,
+    output_size: int,
+    image: ImageProcessing | None,
+    image_tokens: int,
+    max_batch_tokens: int,
+    max_batch_size: int,
+    prompts: dict[str, str],
+    default_prompt: str,
+    late: LateInteraction | None,
+) -> ModelCard:
+    """Step 9: the model card the API servers are told, from what the steps before decided and measured."""
+    kind, scoring, m3, st, llm_reranker = choice.kind, choice.scoring, choice.m3, transformer.st, choice.llm_reranker
+    # As AutoConfig gave it: a classifier's num_labels and id2label are set (PretrainedConfig types them loosely).
+    model_config: Any = transformer.config
     num_labels = 0 if kind != CLASSIFIER else 1 if llm_reranker else int(model_config.num_labels)
     tasks = (
         LATE_INTERACTION_TASKS if late is not None and not m3
@@ -383,7 +589,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     if m3:
         tasks = [*tasks, TASK_EMBED_SPARSE]
     labels = ["LABEL_0"] if llm_reranker else [str(model_config.id2label[i]) for i in range(num_labels)]
-    card = ModelCard(
+    return ModelCard(
         path=str(folder),
         architecture=(model_config.architectures or [model_config.model_type])[0],
         kind=kind,
@@ -393,8 +599,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         vocab_size=int(text_config.vocab_size),
         pooling=pooling,
         normalize=normalize,
-        pad_token_id=int(pad_token_id),
-        tokenizer_json=backend.to_str(),
+        pad_token_id=int(text.pad_token_id),
+        tokenizer_json=text.backend.to_str(),
         device=str(device),
         dtype="int8" if config.dtype == "int8" else str(dtype).removeprefix("torch."),
         labels=labels,
@@ -412,27 +618,14 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         default_prompt=default_prompt,
         similarity=st.similarity,
         pair_template=scoring.template,
-        template_tokens=special_tokens,
+        template_tokens=text.special_tokens,
         max_active_dims=st.max_active_dims or 0,
         late_interaction=late,
         pair_format=scoring.format,
         extra_outputs=M3_OUTPUTS if m3 else [],
-        prompt_lengths=prompt_lengths,
-        text_template=text_template,
+        prompt_lengths=text.prompt_lengths,
+        text_template=text.text_template,
     )
-    # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
-    # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).
-    overhead = 0.0
-    if not packed:
-        overhead = measure_batch_overhead(
-            runner,
-            warm_up,
-            max_model_len,
-            # on the CPU 16 rows are plenty and cheap at start-up; on a GPU the largest batch the caps allow
-            large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
-            cap=max_batch_tokens,
-        )
-    return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
 
 
 def is_bge_m3(folder: Path, kind: str, st: StFolder) -> bool:

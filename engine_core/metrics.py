@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from poolserve.protocol import ModelCard
+from poolserve.model_card import ModelCard
 
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -23,7 +23,7 @@ from engine_core.folder_choices import LoadError
 from engine_core.runner import F32, Rows, to_device, to_numpy
 from engine_core.st_heads import Dense, read_module_state
 from engine_core.st_modules import DenseHead, LateInteractionFolder, StFolder
-from poolserve.protocol import TASK_POOL, TASK_SCORE, TASK_TOKEN_EMBED, TASK_TOKENIZE, LateInteraction, Task
+from poolserve.model_card import TASK_POOL, TASK_SCORE, TASK_TOKEN_EMBED, TASK_TOKENIZE, LateInteraction, Task
 
 
 class MultiVectorRunner:

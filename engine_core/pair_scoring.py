@@ -8,7 +8,8 @@ sentence_bert_config.json says modality_config "message") renders each pair as t
 CrossEncoder over a `*ForCausalLM` model is followed by a LogitScore module naming the (true, false) tokens:
 its score is logit(true) - logit(false), or logit(true) alone. Folders without those files (Qwen3-Reranker's,
 bge-reranker-v2-gemma's) are told the same two things by --score-template and --score-tokens, or read as their
-own package reads them with --score-format (apiserver/pair_formats.py): its score tokens and activation are here.
+own package reads them with --score-format (apiserver/requests/pair_formats.py): its score tokens and activation are
+here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from engine_core.folder_choices import LoadError, first_line, is_causal_lm
 from engine_core.st_modules import CROSS_ENCODER, StFolder
 from poolserve.config import Config
-from poolserve.protocol import Activation
+from poolserve.model_card import Activation
 
 # Stand-ins for a pair's two texts when a template is tried at start: each must come out of the render.
 PROBE_QUERY, PROBE_DOCUMENT = "poolserve probe query", "poolserve probe document"

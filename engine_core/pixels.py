@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 
 def value_table(spec: ImageProcessing, device: torch.device) -> torch.Tensor:

@@ -7,7 +7,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine_core.runner import SparseRow
-from poolserve.protocol import CLASSIFIER, SPARSE, ModelCard, SparseRows
+from poolserve.model_card import CLASSIFIER, SPARSE, ModelCard
+from poolserve.protocol import SparseRows
 
 F32 = npt.NDArray[np.float32]
 

@@ -11,7 +11,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine_core.runner import SparseRow
-from poolserve.protocol import SPARSE, TASK_TOKEN_EMBED, EngineRequest, ForwardPass, ModelCard, PoolingParams
+from poolserve.model_card import SPARSE, TASK_TOKEN_EMBED, ModelCard
+from poolserve.protocol import EngineRequest, ForwardPass, PoolingParams
 
 
 @dataclass(eq=False, slots=True)

@@ -50,7 +50,7 @@ from engine_core.runner import EmbeddingRunner, ModelRunner, Rows, to_numpy
 from engine_core.st_heads import build_heads, read_module_state
 from engine_core.st_modules import MetadataError, StFolder
 from poolserve.config import Config
-from poolserve.protocol import EMBEDDING, ModelCard
+from poolserve.model_card import EMBEDDING, ModelCard
 
 logger = logging.getLogger("poolserve.engine")
 F32 = npt.NDArray[np.float32]

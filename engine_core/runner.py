@@ -17,7 +17,7 @@ import torch
 from engine_core.packed_encoder import packed_last_hidden_state, packed_logits
 from engine_core.pixels import normalize_pixels
 from engine_core.pooling import pooler_of, prompt_left_out
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 Rows = Sequence[npt.NDArray[np.int32]]
 F32 = npt.NDArray[np.float32]

@@ -26,7 +26,7 @@ from engine_core.st_modules import SpladeOptions
 F32 = npt.NDArray[np.float32]
 # Tokens whose logits are held at once (x vocabulary x 4 bytes: 16 MB on a CPU, 500 MB on a GPU for BERT). On a
 # CPU a chunk that stays in cache pays: 32 corpus sentences ran at 1026/s in chunks of 128 tokens against 420/s
-# in chunks of 512 and 317/s of 64 (bench.models' splade, one quiet run on the 2-core dev host). The GPU's is
+# in chunks of 512 and 317/s of 64 (bench.harness.models' splade, one quiet run on the 2-core dev host). The GPU's is
 # not measured.
 CHUNK_TOKENS = {"cpu": 128, "cuda": 4096}
 Head = Callable[[torch.Tensor], torch.Tensor]

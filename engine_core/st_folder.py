@@ -38,7 +38,7 @@ from engine_core.st_modules import (
 from engine_core.st_multi_vector import read_late_interaction, read_token_modules
 from engine_core.st_router import ROUTER_MODULES, read_router
 from engine_core.st_sparse import read_sparse_encoder
-from poolserve.protocol import Similarity
+from poolserve.model_card import Similarity
 
 # The model types whose first module may be a Router: its routes are SentenceTransformer chains (st_router.py), or
 # an inference-free SPLADE's (st_sparse.py).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poolserve.protocol import Similarity
+from poolserve.model_card import Similarity
 
 ST_PACKAGE = "sentence_transformers."
 # The model types poolserve serves: an embedder, a cross-encoder (a sequence classifier), a sparse encoder, and a
@@ -218,8 +218,9 @@ def read_transformer_config(folder: Path, model_type: str) -> dict[str, Any]:
         raise MetadataError(refusal)
     modalities = config.get("modality_config")
     message_format = (modalities or {}).get("message", {}).get("format")
-    # A CrossEncoder may render its pairs through the chat template as flat messages (apiserver/pair_template.py); a
-    # SentenceTransformer its texts, as flat or structured messages (apiserver/text_template.py).
+    # A CrossEncoder may render its pairs through the chat template as flat messages
+    # (apiserver/requests/pair_template.py); a SentenceTransformer its texts, as flat or structured messages
+    # (apiserver/requests/text_template.py).
     renders = (model_type == CROSS_ENCODER and message_format == "flat") or (
         model_type == SENTENCE_TRANSFORMER and message_format in MESSAGE_FORMATS
     )

@@ -19,7 +19,7 @@ from engine_core.st_modules import (
     read_transformer_config,
 )
 from engine_core.st_router import ROUTER_MODULES, read_routes
-from poolserve.protocol import Similarity
+from poolserve.model_card import Similarity
 
 # A SparseEncoder's Transformer: 6's Transformer with transformer_task "fill-mask", or 5's MLMTransformer.
 MLM_TRANSFORMERS = {"Transformer", "MLMTransformer"}

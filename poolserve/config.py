@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from poolserve.protocol import PRIORITY_MIN, LongInput
+from poolserve.model_card import LongInput
+from poolserve.protocol import PRIORITY_MIN
 
 BUNDLED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -44,7 +45,7 @@ MIB = 1024 * 1024
 
 # File descriptors an API server keeps for itself beyond its connections: about 35 at rest (engine
 # and supervisor sockets, metric files, the listening socket), plus image fetches in flight and
-# refused connections lingering (apiserver/refusal.py).
+# refused connections lingering (apiserver/connection/refusal.py).
 FDS_RESERVED_PER_SERVER = 128
 
 # The entry-point group under which installed packages offer endpoints (apiserver/plugins.py).
@@ -81,7 +82,7 @@ class Flag:
     metavar: str | None = None
     # An environment variable that gives the default when the flag is absent, read by the CLI only.
     env: str | None = None
-    # A secret (the API key): one set but empty is refused rather than read as unset (config_flags.value_of).
+    # A secret (the API key): one set but empty is refused rather than read as unset (config_flags.flag_value).
     is_secret: bool = False
     # A list given one value per flag (`--plugin a --plugin b`), under this singular name instead of
     # the field's.
@@ -290,7 +291,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "requests).",
         ),
     ] = 75.0
-    # Slow clients (docs/security.md, "Slow and surplus connections"); the clock is apiserver/read_timeouts.py.
+    # Slow clients (docs/security.md, "Slow and surplus connections"); the clock is
+    # apiserver/connection/read_timeouts.py.
     header_timeout: Annotated[
         float,
         Flag(

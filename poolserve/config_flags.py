@@ -71,7 +71,7 @@ def add_flag(group: argparse._ArgumentGroup, field: FlagField) -> None:
     group.add_argument(field.option, **options)
 
 
-def value_of(args: argparse.Namespace, field: FlagField) -> Any:
+def flag_value(args: argparse.Namespace, field: FlagField) -> Any:
     """The flag's value, else (for a flag with an environment variable) the variable's, else the
     default: the one place the environment is read for a setting."""
     if not field.flag.env:
@@ -109,4 +109,4 @@ def from_environment(field: FlagField, text: str) -> Any:
 
 def configs_of(args: argparse.Namespace, fields: list[FlagField]) -> list[Config]:
     """Each declared model's Config from the parsed flags, the default model first."""
-    return model_configs({field.name: value_of(args, field) for field in fields})
+    return model_configs({field.name: flag_value(args, field) for field in fields})

@@ -3,7 +3,7 @@ engines are out of service.
 
 The supervisor creates the board (an anonymous memfd: nothing on disk, gone with the last
 process that maps it) and hands each API-server process a slot of its own: the process writes
-only its slot and reads everyone's, so the fair-accept gate (apiserver/fair_accept.py) can see
+only its slot and reads everyone's, so the fair-accept gate (apiserver/connection/fair_accept.py) can see
 in a microsecond what its siblings hold. The supervisor claims a slot when it spawns a process
 and clears it when it reaps one, so a dead server's count never stays behind.
 

@@ -16,7 +16,7 @@ import httpx
 import msgspec
 
 from poolserve.config import Config, ConfigError
-from poolserve.config_flags import add_flag, flag_fields, value_of
+from poolserve.config_flags import add_flag, flag_fields, flag_value
 from poolserve.served_models import model_configs
 from run_batch.inputs import InputError, InputFormat, Item, Request, Text, count_items, detect_format, read_items
 from run_batch.job import BatchDriver, Counts, JobOptions
@@ -105,7 +105,7 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def check_launch_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
     try:
-        values = {f.name: value_of(args, f) for f in flag_fields() if f.name not in NOT_FORWARDED}
+        values = {f.name: flag_value(args, f) for f in flag_fields() if f.name not in NOT_FORWARDED}
         # The server serves every model declared; the job's own defaults follow the default (first) model.
         return model_configs(values)[0]
     except ConfigError as exc:

@@ -95,7 +95,7 @@ class Supervisor:
         # Each child's crash times (monotonic) that still count: the restart policy's input.
         self.crashes: dict[str, list[float]] = defaultdict(list)
         self.listener: socket.socket | None = None
-        # What each API server holds, read by its siblings' fair accept (apiserver/fair_accept.py).
+        # What each API server holds, read by its siblings' fair accept (apiserver/connection/fair_accept.py).
         self.board: LoadBoard | None = None
         self.runtime_dir = ""
         # Each engine's CUDA_VISIBLE_DEVICES (None: the supervisor's), decided at start (supervisor/gpu_placement.py).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from poolserve.protocol import ImageProcessing, ModelCard
+from poolserve.model_card import ImageProcessing, ModelCard
 
 CARD = ModelCard(
     path="/models/m",

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from bench.models import TINY, build_clip, build_splade, save_with_tokenizer
+from bench.harness.models import TINY, build_clip, build_splade, save_with_tokenizer
+from bench.harness.server_process import PoolserveProcess
 from poolserve.config import API_KEY_ENV
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.utils import FLOAT32_CPU
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,14 +29,14 @@ def bundled_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[LaunchedServer]:
+def server() -> Iterator[PoolserveProcess]:
     """The bundled model behind 2 API servers, shared by the end-to-end tests that only send requests.
 
     On the CPU in float32 wherever the suite runs: its answers are held to Sentence-Transformers'
     at cosine >= 0.9999 and 1e-5, which float16 on a GPU (`--device auto` there) and bfloat16 on a CPU
     that has it (`--dtype auto`) do not promise; those have their own tests (tests/engine_core/test_cuda.py,
     test_embeddings' CUDA server, tests/engine_core/test_cpu_precision.py)."""
-    launched = LaunchedServer("--api-server-count", "2", *FLOAT32_CPU)
+    launched = PoolserveProcess("--api-server-count", "2", *FLOAT32_CPU)
     try:
         yield launched.wait_ready_and_ask_health()
     finally:
@@ -44,7 +45,7 @@ def server() -> Iterator[LaunchedServer]:
 
 # Tiny randomly initialised models, built from configs and saved like any Hugging Face folder, so
 # the engine loads them through its real path. They borrow the bundled model's BERT tokenizer;
-# bench/models.py builds its own (bigger) ones the same way.
+# bench/harness/models.py builds its own (bigger) ones the same way.
 
 
 def saved(model: Any, folder: Path) -> Path:
@@ -94,7 +95,7 @@ def clip_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def splade_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SPLADE SparseEncoder: a BERT masked LM, SpladePooling max (bench.models' splade)."""
+    """A SPLADE SparseEncoder: a BERT masked LM, SpladePooling max (bench.harness.models' splade)."""
     folder = tmp_path_factory.mktemp("splade")
     build_splade(folder)
     return folder
@@ -132,8 +133,8 @@ GUARDED_CACHE_BYTES = 20 * (384 * 4 + 200)
 
 
 @pytest.fixture(scope="session")
-def guarded_server() -> Iterator[LaunchedServer]:
-    launched = LaunchedServer(
+def guarded_server() -> Iterator[PoolserveProcess]:
+    launched = PoolserveProcess(
         "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
         "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
         "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT), "--cache-bytes", str(GUARDED_CACHE_BYTES),

@@ -1,5 +1,5 @@
-r"""What the end-to-end tests add to the bench's harness (bench/server_process.py, bench/steady_load.py):
-a launcher with the tests' environment, and /proc readers.
+r"""What the end-to-end tests add to the bench's harness (bench/harness/server_process.py,
+bench/harness/steady_load.py): /proc readers and the tests' shared flags.
 
 Each `launch` is 10-20 s of the suite on a 2-core host (torch imported by its engine): a test that only sends
 requests uses a server already started (tests/conftest.py's session `server` and `guarded_server`,
@@ -7,8 +7,8 @@ tests/e2e/conftest.py's `recycling_server`, a module's shared one) or tests/in_p
 place that starts one is for what needs processes of its own (signals, crashes, start-up and stop, flags no shared
 server can have). The places, counted (issue 29; a helper's own body counts beside its callers):
 
-    grep -rnE 'LaunchedServer\(|"-m", "supervisor"|launched(_faulty)?\(|run_batch(_argv)?\(|yield from serve\(' \
-        tests/*.py tests/e2e tests/fidelity | grep -vE ':\s*(def|class) |core\.run_batch|grep ' | wc -l
+    grep -rnE 'PoolserveProcess\(|"-m", "supervisor"|launched(_faulty)?\(|run_batch(_argv)?\(|yield from serve\(' \
+        tests/*.py tests/e2e tests/fidelity | grep -vE ':\s*(def|class) |core\.run_batch|grep |import ' | wc -l
 """
 
 from __future__ import annotations
@@ -19,35 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.server_process import REPO, PoolserveProcess, wait_until
-from poolserve.protocol import CLASSIFIER, TASK_SCORE, ModelCard
+from bench.harness.server_process import PoolserveProcess, wait_until
+from poolserve.model_card import CLASSIFIER, TASK_SCORE, ModelCard
 
 # For servers whose tests hold answers to a float32 reference (Sentence-Transformers, transformers) at
 # cosine 0.9999 or 1e-5: `--dtype auto` serves bfloat16 on a CPU with native bf16 (engine_core/cpu_precision.py),
 # so on such a host the suite would test a different precision than on one without. The auto choice has its
 # own tests (tests/engine_core/test_cpu_precision.py).
 FLOAT32_CPU = ("--device", "cpu", "--dtype", "float32")
-
-
-class LaunchedServer(PoolserveProcess):
-    """The bench's `launch` process (its own session, a free port, its output kept for failure
-    messages), given its flags as arguments, with an HTTP client."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
-        super().__init__(args, env=env, cwd=cwd or REPO)
-        self.first_health: httpx.Response | None = None  # /health asked the moment the ready line was out
-
-    def wait_ready_and_ask_health(self, timeout: float = 60.0) -> LaunchedServer:
-        """`wait_ready`, then /health at once: what a load balancer's first probe gets."""
-        self.wait_ready(timeout)
-        with httpx.Client(base_url=self.url, timeout=10) as client:
-            self.first_health = client.get("/health")
-        return self
-
-    def client(self, **kwargs: object) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60, **kwargs)  # type: ignore[arg-type]
 
 
 def is_alive(pid: int) -> bool:
@@ -59,13 +38,13 @@ def is_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def api_server_pids(server: LaunchedServer) -> dict[str, int]:
+def api_server_pids(server: PoolserveProcess) -> dict[str, int]:
     """Index -> pid of the live API servers, from the `[api-N pid]` prefix of their log lines."""
     live = set(server.child_pid("apiserver"))
     return {index: int(pid) for index, pid in re.findall(r"\[api-(\d+) (\d+)\]", server.stderr()) if int(pid) in live}
 
 
-def engine_pids(server: LaunchedServer) -> dict[str, int]:
+def engine_pids(server: PoolserveProcess) -> dict[str, int]:
     """Index -> pid of the live engines of a server with --engine-count > 1, from their `[engine-N pid]` log prefix."""
     live = set(server.child_pid("engine_core"))
     return {
@@ -73,7 +52,7 @@ def engine_pids(server: LaunchedServer) -> dict[str, int]:
     }
 
 
-def ready_line_time(server: LaunchedServer, name: str, pid_not: int, timeout: float, since: int = 0) -> float:
+def ready_line_time(server: PoolserveProcess, name: str, pid_not: int, timeout: float, since: int = 0) -> float:
     """Seconds until the supervisor logs `name` ready with a pid other than `pid_not`, in its log from
     character `since` on (a server shared by several tests has ready lines of earlier restarts)."""
     pattern = re.compile(rf"{name} \(pid (\d+)\) is ready")

@@ -13,10 +13,10 @@ import sys
 
 import httpx
 
-from bench.server_process import PoolserveProcess
+from bench.harness.server_process import PoolserveProcess
 
 servers, clients, workload = sys.argv[1], sys.argv[2], sys.argv[3]
-launched = PoolserveProcess(["--device", "cuda", "--api-server-count", servers])
+launched = PoolserveProcess("--device", "cuda", "--api-server-count", servers)
 try:
     launched.wait_ready(120)
     done = subprocess.run(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from bench.corpus import make_sentence
+from bench.harness.corpus import make_sentence
 from engine_core.load_model import load_model
 from poolserve.config import Config
 

@@ -1,5 +1,5 @@
 """The API layer's fixtures: `serve` (the real app over an in-process engine, tests/apiserver/served_app.py)
-for every module of this folder; `hf_tokenizer`, a Qwen-style BPE tokenizer (bench/llm_reranker.py) for the LLM
+for every module of this folder; `hf_tokenizer`, a Qwen-style BPE tokenizer (bench/harness/llm_reranker.py) for the LLM
 rerankers' prompt readers (tests/utils.py's `reranker_card` makes a card over it)."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import pytest
 from starlette.testclient import TestClient
 
 from apiserver.app import build_app
-from apiserver.endpoints import Endpoint
-from apiserver.fair_accept import ServerLoad
-from apiserver.inputs.image_sources import ImageLoader
-from apiserver.media import MediaFetcher
-from apiserver.preprocess import Preprocessor
-from apiserver.served_models import ServedModels
-from apiserver.state import AppState
-from apiserver.tokenizer import TextTokenizer
-from bench.llm_reranker import bpe_tokenizer
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.images.media import MediaFetcher
+from apiserver.images.sources import ImageLoader
+from apiserver.requests.endpoints import Endpoint
+from apiserver.requests.preprocess import Preprocessor
+from apiserver.requests.served_models import ServedModels
+from apiserver.requests.state import AppState
+from apiserver.requests.tokenizer import TextTokenizer
+from bench.harness.llm_reranker import bpe_tokenizer
 from engine_client import InProcessEngine
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard

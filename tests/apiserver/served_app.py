@@ -12,9 +12,10 @@ import msgspec
 import numpy as np
 from starlette.testclient import TestClient
 
-from apiserver.state import AppState
+from apiserver.requests.state import AppState
 from engine_client import InProcessEngine, PooledResult
-from poolserve.protocol import CLASSIFIER, EngineRequest, ImageProcessing, ModelCard
+from poolserve.model_card import CLASSIFIER, ImageProcessing, ModelCard
+from poolserve.protocol import EngineRequest
 
 DIM = 8
 PIXEL_PNG = (

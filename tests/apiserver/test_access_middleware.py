@@ -1,5 +1,5 @@
-"""The gate's API-key and body checks (apiserver/gate.py) in front of a small Starlette app: what passes, what gets
-401, 413 and 503, and what a body holds of the server's budget while it is in flight."""
+"""The gate's API-key and body checks (apiserver/connection/gate.py) in front of a small Starlette app: what passes,
+what gets 401, 413 and 503, and what a body holds of the server's budget while it is in flight."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 from starlette.types import Message
 
-from apiserver.auth import OPEN_PATHS, ApiKey, bearer_token, open_paths
-from apiserver.body_limit import BodyBudget, BodyLimit
+from apiserver.connection.auth import OPEN_PATHS, ApiKey, bearer_token, open_paths
+from apiserver.connection.body_limit import BodyBudget, BodyLimit
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.connection.gate import Gate, Handler
+from apiserver.connection.telemetry import Telemetry
 from apiserver.errors import EXCEPTION_HANDLERS, ApiError
-from apiserver.fair_accept import ServerLoad
-from apiserver.gate import Gate
-from apiserver.limits import body_bytes_in_flight_limit
-from apiserver.request_cycle import Handler
-from apiserver.telemetry import Telemetry
+from apiserver.requests.limits import body_bytes_in_flight_limit
 from poolserve.config import MIB, Config, ConfigError
 from poolserve.load_board import LoadBoard
 

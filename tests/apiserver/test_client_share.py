@@ -14,9 +14,9 @@ import uvicorn
 from prometheus_client import REGISTRY
 from uvicorn.server import ServerState
 
-from apiserver.client_share import ClientShare
-from apiserver.fair_accept import FairAcceptor, ServerLoad
-from apiserver.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
+from apiserver.connection.client_share import ClientShare
+from apiserver.connection.fair_accept import FairAcceptor, ServerLoad
+from apiserver.connection.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
 from poolserve.load_board import LoadBoard
 
 # A second loopback address: a client of its own, as another host would be.

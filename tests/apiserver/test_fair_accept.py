@@ -15,9 +15,9 @@ import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
-from apiserver import fair_accept
-from apiserver.fair_accept import FairAcceptor, ServerLoad, is_over_share, share_load
-from apiserver.refusal import ThrottledCount
+from apiserver.connection import fair_accept
+from apiserver.connection.fair_accept import FairAcceptor, ServerLoad, is_over_share, share_load
+from apiserver.connection.refusal import ThrottledCount
 from poolserve.config import AcceptBalance
 from poolserve.load_board import LoadBoard, SlotState, Word
 

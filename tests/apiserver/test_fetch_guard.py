@@ -4,7 +4,7 @@ import ipaddress
 
 import pytest
 
-from apiserver.fetch_guard import BlockedDestination, FetchPolicy, is_public
+from apiserver.images.fetch_guard import BlockedDestination, FetchPolicy, is_public
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The gate (apiserver/gate.py): what has no exact route still gets Starlette's answers, with the gate's headers."""
+"""The gate (apiserver/connection/gate.py): what has no exact route still gets Starlette's answers, with the gate's
+headers."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_head_and_a_trailing_slash_are_answered_by_the_router_with_the_request_i
 
 
 def test_a_redirect_behind_a_trusted_proxy_keeps_the_scheme_it_was_asked_in(serve: Any) -> None:
-    """uvicorn's X-Forwarded-* rewrite is off in uvicorn (apiserver/server.py); the gate applies it where it is read."""
+    """uvicorn's X-Forwarded-* rewrite is off in uvicorn (apiserver/process.py); the gate applies it where it is
+    read."""
     gate = serve().client.app
     sent: list[Message] = []
 

@@ -15,9 +15,9 @@ import uvicorn
 from prometheus_client import REGISTRY
 from uvicorn.server import ServerState
 
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.connection.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
 from apiserver.errors import ERROR_STYLE, TEI
-from apiserver.fair_accept import ServerLoad
-from apiserver.http_protocol import BoundedHttpToolsProtocol, ConnectionPolicy
 from poolserve.load_board import LoadBoard
 
 TIMEOUT_S = 0.2

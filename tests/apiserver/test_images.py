@@ -15,7 +15,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
 
 from apiserver.errors import ApiError
-from apiserver.images import (
+from apiserver.images.decode import (
     MAX_ASPECT_RATIO,
     MAX_RESIZED_PIXELS,
     decode_image,
@@ -25,7 +25,7 @@ from apiserver.images import (
 )
 from engine_core.image_config import read_image_processing
 from engine_core.pixels import normalize_pixels
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 MAX_PIXELS = 1_000_000
 

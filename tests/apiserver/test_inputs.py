@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 from apiserver.errors import ApiError
-from apiserver.inputs.items import ImageSource, item_from_messages, items_from_input, request_items
-from apiserver.inputs.job import EngineJob, build_job
-from apiserver.inputs.text import resolve_token_limit
-from apiserver.schemas.common import ChatMessage, InputItem
-from apiserver.schemas.embeddings import EmbeddingRequest
-from apiserver.tokenizer import TextTokenizer
-from apiserver.validation import check_dimensions, check_model, decode_body, require_task
-from poolserve.protocol import TOKEN_DTYPE, ClientWire, ImageProcessing, PoolingParams
+from apiserver.images.sources import ImageSource
+from apiserver.requests.inputs.items import item_from_messages, items_from_input, request_items
+from apiserver.requests.inputs.job import EngineJob, build_job
+from apiserver.requests.inputs.text import resolve_token_limit
+from apiserver.requests.schemas.common import ChatMessage, InputItem
+from apiserver.requests.schemas.embeddings import EmbeddingRequest
+from apiserver.requests.tokenizer import TextTokenizer
+from apiserver.requests.validation import check_dimensions, check_model, decode_body, require_task
+from poolserve.model_card import ImageProcessing
+from poolserve.protocol import TOKEN_DTYPE, ClientWire, PoolingParams
 from tests.cards import CARD
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from apiserver.errors import ApiError
-from apiserver.fetch_guard import BlockedDestination, FetchPolicy, GuardedBackend, GuardedTransport, IpAddress
-from apiserver.media import MediaFetcher
+from apiserver.images.fetch_guard import BlockedDestination, FetchPolicy, GuardedBackend, GuardedTransport, IpAddress
+from apiserver.images.media import MediaFetcher
 
 MAX_BYTES = 4096
 TIMEOUT = 0.5

@@ -1,5 +1,5 @@
-"""Several models in one API server (apiserver/served_models.py): a request's `model` field picks the model and its
-engine, routes without one take the default, an unknown name is a 404 in the route's style naming every model."""
+"""Several models in one API server (apiserver/requests/served_models.py): a request's `model` field picks the model and
+its engine, routes without one take the default, an unknown name is a 404 in the route's style naming every model."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from apiserver.errors import ApiError
-from apiserver.inputs.text import Truncation
-from apiserver.pair_formats import GEMMA, MXBAI, Parts, join_parts, package_max_length, tokenize_format_pairs
-from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import ModelCard
+from apiserver.requests.inputs.text import Truncation
+from apiserver.requests.pair_formats import GEMMA, MXBAI, Parts, join_parts, package_max_length, tokenize_format_pairs
+from apiserver.requests.tokenizer import TextTokenizer
+from poolserve.model_card import ModelCard
 from tests.utils import reranker_card
 
 PARTS = Parts(head=(900, 901), sep=(10,), tail=(10, 950, 951, 952))

@@ -9,12 +9,12 @@ import jinja2
 import pytest
 
 from apiserver.errors import ApiError
-from apiserver.inputs.text import Truncation
-from apiserver.pair_template import template_of, template_tail, tokenize_rendered_pairs
-from apiserver.scoring import plan_scores
-from apiserver.tokenizer import TextTokenizer
-from bench.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE
-from poolserve.protocol import ModelCard
+from apiserver.requests.inputs.text import Truncation
+from apiserver.requests.pair_scores import plan_scores
+from apiserver.requests.pair_template import template_of, template_tail, tokenize_rendered_pairs
+from apiserver.requests.tokenizer import TextTokenizer
+from bench.harness.llm_reranker import QWEN3_SUFFIX, QWEN3_TEMPLATE
+from poolserve.model_card import ModelCard
 from tests.utils import reranker_card
 
 # Jinja the way chat templates use it: a loop, a namespace, tojson, raise_exception, a special token variable.

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from apiserver.schemas.classify import ClassifyRequest
-from apiserver.schemas.embeddings import EmbeddingRequest
-from apiserver.schemas.pooling import PoolingRequest
-from apiserver.schemas.scoring import RerankRequest, ScoreRequest
-from apiserver.schemas.tokenize import DetokenizeRequest, TokenizeRequest
-from poolserve.protocol import CLASSIFIER
+from apiserver.requests.schemas.classify import ClassifyRequest
+from apiserver.requests.schemas.embeddings import EmbeddingRequest
+from apiserver.requests.schemas.pooling import PoolingRequest
+from apiserver.requests.schemas.scoring import RerankRequest, ScoreRequest
+from apiserver.requests.schemas.tokenize import DetokenizeRequest, TokenizeRequest
+from poolserve.model_card import CLASSIFIER
 from tests.apiserver.served_app import CLASSIFIER_CHANGES, DIM, text_row
 
 CROSS_ENCODER: dict[str, Any] = {
@@ -342,7 +342,7 @@ def test_voyages_fields_map_onto_openais(serve: Any) -> None:
 
 
 def test_user_is_accepted_and_shown_in_the_access_log(serve: Any) -> None:
-    from apiserver.telemetry import user_field
+    from apiserver.connection.telemetry import user_field
 
     served = serve()
     for path, body in [("/v1/embeddings", {"input": "hi"}), ("/score", {"text_1": "a", "text_2": "b"})]:

@@ -10,9 +10,9 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from apiserver import plugins
-from apiserver.endpoints import ENDPOINTS, OTHER_PATHS
 from apiserver.plugins import Plugin, PluginError, load_plugins
-from apiserver.routes.tokenize import TOKENIZE
+from apiserver.requests.endpoints import ENDPOINTS, OTHER_PATHS
+from apiserver.requests.routes.tokenize import TOKENIZE
 
 PLUGINS = {path: Plugin(path, TOKENIZE, "claims a path") for path in ["/mine", *sorted(OTHER_PATHS), "/v1/embeddings"]}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from apiserver.preprocess import INLINE_MAX_BYTES, Preprocessor
+from apiserver.requests.preprocess import INLINE_MAX_BYTES, Preprocessor
 
 
 def test_small_work_runs_on_the_loop_and_big_work_on_the_pool() -> None:

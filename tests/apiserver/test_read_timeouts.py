@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apiserver.read_timeouts import ReadClock
+from apiserver.connection.read_timeouts import ReadClock
 
 
 def test_a_new_connection_owes_its_first_head_from_the_accept_and_its_first_byte_does_not_restart_it() -> None:

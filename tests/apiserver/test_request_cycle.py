@@ -15,12 +15,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from apiserver.endpoints import post
-from apiserver.inputs.job import EngineJob
-from apiserver.operation import Operation, Plan, Rows
-from apiserver.preprocess import INLINE_MAX_BYTES
-from apiserver.responses import encode_json
-from apiserver.state import AppState
+from apiserver.requests.endpoints import post
+from apiserver.requests.inputs.job import EngineJob
+from apiserver.requests.operation import Operation, Plan, Rows
+from apiserver.requests.preprocess import INLINE_MAX_BYTES
+from apiserver.requests.responses import encode_json
+from apiserver.requests.state import AppState
 from engine_client import EngineError, EngineOverloaded, EngineUnavailable, PooledResult
 from poolserve.protocol import EngineRequest
 from tests.apiserver.served_app import CLASSIFIER_CHANGES, CLIP_CHANGES, DIM, MESSAGE, PIXEL_PNG, text_row

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from apiserver.telemetry import printable
+from apiserver.connection.telemetry import printable
 from engine_client import PooledResult
 from poolserve.protocol import EngineRequest
 

@@ -1,10 +1,10 @@
-"""apiserver/sparse.py: a sparse model's vectors pruned as a request asks."""
+"""apiserver/requests/sparse.py: a sparse model's vectors pruned as a request asks."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from apiserver.sparse import pruned
+from apiserver.requests.sparse import pruned
 from poolserve.protocol import SparseRows
 
 ROWS = SparseRows.from_dense(np.asarray([[0, 0.5, 0.2, 0.9, 0.5, 0.1], [0, 0, 0, 0, 0, 0]], dtype=np.float32))

@@ -9,11 +9,11 @@ import msgspec
 import pytest
 
 from apiserver.errors import ApiError
-from apiserver.inputs.job import build_job
-from apiserver.inputs.text import Truncation
-from apiserver.text_template import chat_texts, text_tail, tokenize_rendered_texts
-from apiserver.tokenizer import TextTokenizer
-from poolserve.protocol import EMBEDDING, TASK_EMBED, TextTemplate
+from apiserver.requests.inputs.job import build_job
+from apiserver.requests.inputs.text import Truncation
+from apiserver.requests.text_template import chat_texts, text_tail, tokenize_rendered_texts
+from apiserver.requests.tokenizer import TextTokenizer
+from poolserve.model_card import EMBEDDING, TASK_EMBED, TextTemplate
 from tests.fidelity.layouts import CHAT_TEMPLATE
 from tests.utils import reranker_card
 

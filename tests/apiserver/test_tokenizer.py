@@ -12,9 +12,9 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, pr
 from transformers import AutoTokenizer
 
 from apiserver.errors import ApiError
-from apiserver.inputs.text import tokenize_pairs, tokenize_texts
-from apiserver.limits import TokenBudget
-from apiserver.tokenizer import Direction, TextTokenizer, longest_first
+from apiserver.requests.inputs.text import tokenize_pairs, tokenize_texts
+from apiserver.requests.limits import TokenBudget
+from apiserver.requests.tokenizer import Direction, TextTokenizer, longest_first
 from tests.cards import CARD
 from tests.sentences import SENTENCES
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from apiserver.tracing import start_tracing
+from apiserver.connection.tracing import start_tracing
 from bench.otlp_sink import OtlpReceiver
 from engine_client import PooledResult
 from poolserve.config import Config
@@ -21,8 +21,8 @@ TRACE = "0af7651916cd43dd8448eb211c80319c"
 # are loaded.
 NOTHING_LOADED = """
 import sys
-import apiserver.server, apiserver.app, apiserver.request_cycle
-from apiserver.tracing import start_tracing
+import apiserver.process, apiserver.app, apiserver.requests.request_cycle
+from apiserver.connection.tracing import start_tracing
 from poolserve.config import Config
 assert start_tracing(Config(), 0) is None
 print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))

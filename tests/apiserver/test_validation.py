@@ -4,8 +4,8 @@ import msgspec
 import pytest
 
 from apiserver.errors import ApiError
-from apiserver.schemas.embeddings import EmbeddingRequest
-from apiserver.validation import decode_body
+from apiserver.requests.schemas.embeddings import EmbeddingRequest
+from apiserver.requests.validation import decode_body
 
 DECODER = msgspec.json.Decoder(EmbeddingRequest)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from apiserver.vector_bytes import bfloat16_bits, packed_bits, row_bytes
+from apiserver.requests.vector_bytes import bfloat16_bits, packed_bits, row_bytes
 
 TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

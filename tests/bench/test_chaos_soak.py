@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.answer_check import build_catalogue, differences
 from bench.chaos_soak import run_soak
-from bench.models import build_tiny512
+from bench.harness.answer_check import build_catalogue, differences
+from bench.harness.models import build_tiny512
 from tests.utils import FLOAT32_CPU
 
 

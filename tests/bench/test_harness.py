@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from bench.server_process import POOLSERVE_READY, ServerProcess, StartError, start_trivial_server
-from bench.steady_load import SteadyLoad
+from bench.harness.server_process import POOLSERVE_READY, ServerProcess, StartError, start_trivial_server
+from bench.harness.steady_load import SteadyLoad
 
 
 def test_steady_load_counts_every_reply_and_each_client_makes_its_own_bodies() -> None:

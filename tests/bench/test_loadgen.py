@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.clients import RawClient, Reply, prepare_request
+from bench.harness.clients import RawClient, Reply, prepare_request
+from bench.harness.workloads import build_workload
 from bench.loadgen import Run, run_warnings
 from bench.trivial_server import OK_BODY, TrivialProtocol
-from bench.workloads import build_workload
 
 
 def test_raw_client_reads_status_body_and_server_header_over_one_keep_alive_connection() -> None:

@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
+from bench.harness.targets import targets
 from bench.loadgen import tokens_of
 from bench.report import DOCS_END, DOCS_START, render, replace_docs_block
-from bench.targets import targets
 
 
 def run(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.models import model_folder
+from bench.harness.models import model_folder
 
 
 def test_the_cpu_per_request_bench_runs_on_the_simulated_gpu(tmp_path: Path) -> None:

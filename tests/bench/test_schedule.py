@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from bench.schedule import poisson_arrivals
+from bench.harness.schedule import poisson_arrivals
 
 
 def test_same_seed_same_schedule_other_seed_other_schedule() -> None:

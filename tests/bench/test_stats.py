@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench.stats import count_by, percentile, rate, shares, summarize_latencies
+from bench.harness.stats import count_by, percentile, rate, shares, summarize_latencies
 
 
 def test_percentile_is_nearest_rank_so_it_is_always_a_measured_value() -> None:

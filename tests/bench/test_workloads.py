@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from bench.corpus import make_sentences
-from bench.workloads import build_workload, resolve_name
+from bench.harness.corpus import make_sentences
+from bench.harness.workloads import build_workload, resolve_name
 
 
 def test_corpus_is_deterministic_and_sentences_have_10_to_40_words() -> None:

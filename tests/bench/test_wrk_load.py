@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.workloads import build_workload
+from bench.harness.workloads import build_workload
 from bench.wrk_load import lua_string, write_script
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from apiserver.auth import OPEN_PATHS
-from apiserver.endpoints import ENDPOINTS
+from apiserver.connection.auth import OPEN_PATHS
+from apiserver.requests.endpoints import ENDPOINTS
 from poolserve.config import API_KEY_ENV
 from supervisor.cli import build_parser, parse_config
 from tests.deploy.kube_schema import (

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.server_process import POOLSERVE_READY, ServerProcess
+from bench.harness.server_process import POOLSERVE_READY, ServerProcess
 
 HOST_PORT = 8000
 

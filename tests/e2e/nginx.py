@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.server_process import free_port, wait_until
+from bench.harness.server_process import free_port, wait_until
 
 NGINX_CONF = """
 daemon off;

@@ -11,12 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.clients import RawClient, prepare_request
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.clients import RawClient, prepare_request
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.e2e.nginx import nginx_in_front, nginx_or_skip
-from tests.utils import LaunchedServer
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def through_proxy(url: str, clients: int = 32, requests: int = 10) -> tuple[Coun
 
 
 def test_requests_through_nginx_keepalive_spread_over_both_servers_before_and_after_sighup(
-    nginx_binary: str, tmp_path: Path, server: LaunchedServer
+    nginx_binary: str, tmp_path: Path, server: PoolserveProcess
 ) -> None:
     """On the session's server (tests/conftest.py: 2 API servers); it serves on after its SIGHUP, as any server does."""
     with nginx_in_front(nginx_binary, [f"127.0.0.1:{server.port}"], tmp_path) as nginx:
@@ -69,18 +68,18 @@ def test_requests_through_nginx_keepalive_spread_over_both_servers_before_and_af
         assert min(servers["0"], servers["1"]) >= 320 * 0.3, servers
 
 
-def requests_answered(server: LaunchedServer) -> float:
+def requests_answered(server: PoolserveProcess) -> float:
     """The embedding requests one poolserve instance answered, from its own /metrics."""
     return value(scrape(server.url), "poolserve_requests_total", endpoint="/v1/embeddings", status="200")
 
 
 def test_two_instances_behind_nginx_one_stopped_and_started_again_no_request_fails(
-    nginx_binary: str, tmp_path: Path, server: LaunchedServer
+    nginx_binary: str, tmp_path: Path, server: PoolserveProcess
 ) -> None:
     """The replica case (docs/scaling.md): SIGTERM drains an instance while nginx sends its new requests to
     the other, and once it is started again nginx sends it work again; the client never sees a failure. The other
     instance is the session's server (tests/conftest.py), which stays up throughout."""
-    first = LaunchedServer("--api-server-count", "1")
+    first = PoolserveProcess("--api-server-count", "1")
     second = server
     try:
         first.wait_ready(timeout=120)
@@ -94,7 +93,7 @@ def test_two_instances_behind_nginx_one_stopped_and_started_again_no_request_fai
                 first.proc.send_signal(signal.SIGTERM)
                 assert first.wait_exit(60) == 0, first.log()
                 load.wait_for(sum(load.statuses.values()) + 60)
-                first = LaunchedServer("--api-server-count", "1", "--port", str(port))
+                first = PoolserveProcess("--api-server-count", "1", "--port", str(port))
                 first.wait_ready(timeout=120)
                 assert wait_until(lambda: requests_answered(first) >= 20, 30), "nginx sent the restarted one nothing"
             assert load.failures == [], load.failures

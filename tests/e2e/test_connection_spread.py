@@ -16,17 +16,17 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from bench.clients import RawClient, RawConnection, prepare_request
-from bench.server_process import wait_until
+from bench.harness.clients import RawClient, RawConnection, prepare_request
+from bench.harness.server_process import PoolserveProcess, wait_until
 from bench.spread import describe, measure_spread, open_connections_reported
-from tests.utils import LaunchedServer, api_server_pids, ready_line_time
+from tests.utils import api_server_pids, ready_line_time
 
 BODY = msgspec.json.encode({"input": "a short query about keep-alive connections"})
 
 
 @contextlib.contextmanager
-def launched(*args: str) -> Iterator[LaunchedServer]:
-    server = LaunchedServer(*args)
+def launched(*args: str) -> Iterator[PoolserveProcess]:
+    server = PoolserveProcess(*args)
     try:
         yield server.wait_ready(timeout=120)
     finally:
@@ -41,7 +41,7 @@ def metric_values(url: str, name: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def with_api_servers(api_servers: int, request: pytest.FixtureRequest) -> Iterator[LaunchedServer]:
+def with_api_servers(api_servers: int, request: pytest.FixtureRequest) -> Iterator[PoolserveProcess]:
     """2: the session's server (tests/conftest.py: 2 API servers, the default connection settings); 4: a `launch`."""
     if api_servers == 2:
         yield request.getfixturevalue("server")
@@ -73,12 +73,12 @@ def test_32_keepalive_connections_opened_at_once_spread_evenly_in_every_run(
 
 
 @pytest.fixture(scope="module")
-def two_servers(recycling_server: LaunchedServer) -> LaunchedServer:
+def two_servers(recycling_server: PoolserveProcess) -> PoolserveProcess:
     """Connections recycled after 3 requests or 2 s (tests/e2e/conftest.py)."""
     return recycling_server
 
 
-def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: LaunchedServer) -> None:
+def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: PoolserveProcess) -> None:
     from openai import AsyncOpenAI
 
     async def calls() -> Counter[str]:
@@ -102,7 +102,7 @@ def test_the_openai_client_s_own_pool_spreads_over_both_servers(two_servers: Lau
         assert 24 <= served[index] <= 40, served
 
 
-def test_a_connection_closes_after_its_request_limit_and_no_request_is_cut(two_servers: LaunchedServer) -> None:
+def test_a_connection_closes_after_its_request_limit_and_no_request_is_cut(two_servers: PoolserveProcess) -> None:
     before = metric_values(two_servers.url, "poolserve_connections_recycled_total")
     connection = http.client.HTTPConnection(two_servers.url.split("://")[1], timeout=30)
     try:
@@ -125,7 +125,7 @@ def test_a_connection_closes_after_its_request_limit_and_no_request_is_cut(two_s
     assert recycled >= 1
 
 
-def test_a_connection_older_than_the_age_limit_closes_after_its_next_response(two_servers: LaunchedServer) -> None:
+def test_a_connection_older_than_the_age_limit_closes_after_its_next_response(two_servers: PoolserveProcess) -> None:
     connection = http.client.HTTPConnection(two_servers.url.split("://")[1], timeout=30)
     try:
         connection.request("GET", "/health/live")
@@ -143,7 +143,7 @@ def test_a_connection_older_than_the_age_limit_closes_after_its_next_response(tw
     assert any('reason="age"' in labels and value >= 1 for labels, value in recycled.items()), recycled
 
 
-def test_a_burst_of_2000_new_connections_while_servers_gate_is_answered_in_full(two_servers: LaunchedServer) -> None:
+def test_a_burst_of_2000_new_connections_while_servers_gate_is_answered_in_full(two_servers: PoolserveProcess) -> None:
     """Keep-alive connections held unevenly keep the gate busy while 2,000 one-request connections
     arrive, 200 at a time: none is lost in the listen queue, none refused."""
     host = two_servers.url.split("://")[1]

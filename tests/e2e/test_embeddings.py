@@ -12,11 +12,11 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
+from bench.harness.server_process import PoolserveProcess
 from tests.sentences import SENTENCES
-from tests.utils import LaunchedServer
 
 
-def test_concurrent_requests_are_answered_by_more_than_one_api_server(server: LaunchedServer) -> None:
+def test_concurrent_requests_are_answered_by_more_than_one_api_server(server: PoolserveProcess) -> None:
     def one(i: int) -> str:
         # A new connection per request, so the kernel hands each one to whichever process accepts first.
         with httpx.Client(base_url=server.url, timeout=30) as client:
@@ -37,7 +37,7 @@ def test_concurrent_requests_are_answered_by_more_than_one_api_server(server: La
 def test_the_server_on_cuda_equals_sentence_transformers(bundled_model: Path) -> None:
     """`--device cuda` (float16 by default) served end to end, against Sentence-Transformers on the CPU."""
     reference = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES, convert_to_numpy=True)
-    launched = LaunchedServer("--device", "cuda", "--api-server-count", "2")
+    launched = PoolserveProcess("--device", "cuda", "--api-server-count", "2")
     try:
         with launched.wait_ready().client() as client:
             response = client.post("/v1/embeddings", json={"input": SENTENCES})

@@ -18,31 +18,31 @@ import numpy.typing as npt
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, engine_pids, ready_line_time
 
 MIN_COSINE = 0.9999
 
 
 @pytest.fixture(scope="module")
-def two_engines() -> Iterator[LaunchedServer]:
-    server = LaunchedServer("--api-server-count", "2", "--engine-count", "2", *FLOAT32_CPU).wait_ready()
+def two_engines() -> Iterator[PoolserveProcess]:
+    server = PoolserveProcess("--api-server-count", "2", "--engine-count", "2", *FLOAT32_CPU).wait_ready()
     try:
         yield server
     finally:
         server.stop()
 
 
-def forward_passes(server: LaunchedServer, engine: str) -> float:
+def forward_passes(server: PoolserveProcess, engine: str) -> float:
     """How many forward passes the engine of this index has run, from /metrics' `engine` label."""
     return value(scrape(server.url), "poolserve_batch_inputs_count", engine=engine)
 
 
 def test_two_engines_both_serve_and_answer_as_sentence_transformers(
-    two_engines: LaunchedServer, bundled_model: Path
+    two_engines: PoolserveProcess, bundled_model: Path
 ) -> None:
     want = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES[:24], convert_to_numpy=True)
 
@@ -64,7 +64,7 @@ def silent_engines(client: httpx.Client) -> list[int] | None:
     return health.json().get("silent_engines", []) if health.status_code == 200 else None  # [] is left out
 
 
-def test_a_killed_engine_s_requests_move_to_the_other_and_it_comes_back(two_engines: LaunchedServer) -> None:
+def test_a_killed_engine_s_requests_move_to_the_other_and_it_comes_back(two_engines: PoolserveProcess) -> None:
     server = two_engines
     victim = engine_pids(server)["1"]
     body = {"input": [f"sentence number {i} about search and retrieval" for i in range(8)]}

@@ -22,16 +22,16 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bench.models import CRASH_TOKEN, HANG_TOKEN, remote_code_env
-from bench.prober import Prober
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
-from tests.utils import LaunchedServer, api_server_pids, is_alive, ready_line_time, runtime_dirs_of
+from bench.harness.models import CRASH_TOKEN, HANG_TOKEN, remote_code_env
+from bench.harness.prober import Prober
+from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.steady_load import SteadyLoad
+from tests.utils import api_server_pids, is_alive, ready_line_time, runtime_dirs_of
 
 
 @contextlib.contextmanager
-def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[LaunchedServer]:
-    server = LaunchedServer(*args, env=env)
+def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[PoolserveProcess]:
+    server = PoolserveProcess(*args, env=env)
     try:
         yield server.wait_ready()
     finally:
@@ -39,12 +39,12 @@ def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[Launched
 
 
 @contextlib.contextmanager
-def launched_faulty(folder: Path, *args: str) -> Iterator[LaunchedServer]:
+def launched_faulty(folder: Path, *args: str) -> Iterator[PoolserveProcess]:
     with launched("--model", str(folder), "--trust-remote-code", *args, env=remote_code_env(folder)) as server:
         yield server
 
 
-def is_settled(server: LaunchedServer, api_servers: int) -> bool:
+def is_settled(server: PoolserveProcess, api_servers: int) -> bool:
     """As a fresh server is: `api_servers` API servers and one engine, nothing draining, /health 200."""
     if len(server.child_pid("apiserver")) != api_servers or len(server.child_pid("engine_core")) != 1:
         return False
@@ -56,7 +56,7 @@ def is_settled(server: LaunchedServer, api_servers: int) -> bool:
 
 
 @contextlib.contextmanager
-def settled(server: LaunchedServer, api_servers: int) -> Iterator[LaunchedServer]:
+def settled(server: PoolserveProcess, api_servers: int) -> Iterator[PoolserveProcess]:
     """A server shared by several tests (a launch is ~10 s of the suite), handed to a test once it is
     as a fresh one would be, and checked to be so again after: each test that kills, restarts or rescales its
     processes waits for them to be back, or fails here rather than in whichever test uses it next."""
@@ -66,14 +66,14 @@ def settled(server: LaunchedServer, api_servers: int) -> Iterator[LaunchedServer
 
 
 @pytest.fixture
-def two_api_servers(server: LaunchedServer) -> Iterator[LaunchedServer]:
+def two_api_servers(server: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """The session's server (tests/conftest.py: the bundled model behind 2 API servers), settled before and after."""
     with settled(server, api_servers=2) as settled_server:
         yield settled_server
 
 
 def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
-    two_api_servers: LaunchedServer,
+    two_api_servers: PoolserveProcess,
 ) -> None:
     server = two_api_servers
     victim_index = "0"
@@ -93,7 +93,7 @@ def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
     assert len(server.child_pid("apiserver")) == 2
 
 
-def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: LaunchedServer) -> None:
+def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     (engine,) = server.child_pid("engine_core")
     body = {"input": [f"sentence number {i} about search and retrieval" for i in range(16)]}
@@ -110,13 +110,13 @@ def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: Laun
 
 
 @pytest.fixture(scope="module")
-def shared_faulty_server(faulty_model: Path) -> Iterator[LaunchedServer]:
+def shared_faulty_server(faulty_model: Path) -> Iterator[PoolserveProcess]:
     with launched_faulty(faulty_model, "--api-server-count", "2", "--worker-timeout", "3") as server:
         yield server
 
 
 @pytest.fixture
-def faulty_server(shared_faulty_server: LaunchedServer) -> Iterator[LaunchedServer]:
+def faulty_server(shared_faulty_server: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """The faulty model behind 2 API servers, whose processes are killed and replaced after 3 s without a
     heartbeat. Its tests crash or hang the engine twice each: 4 crashes within a minute, under the
     supervisor's limit of 5 (supervisor/restart_policy.py); the later restarts wait 1 and 2 s."""
@@ -124,7 +124,7 @@ def faulty_server(shared_faulty_server: LaunchedServer) -> Iterator[LaunchedServ
         yield server
 
 
-def pill_is_failed_and_its_neighbours_served(server: LaunchedServer) -> None:
+def pill_is_failed_and_its_neighbours_served(server: PoolserveProcess) -> None:
     """The crashing input sent beside 4 innocent requests: it gets 500 poison_pill, they get 200, and the
     server serves the next request."""
     with server.client() as client:
@@ -147,7 +147,7 @@ def pill_is_failed_and_its_neighbours_served(server: LaunchedServer) -> None:
         assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
 
 
-def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: LaunchedServer) -> None:
+def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: PoolserveProcess) -> None:
     server = faulty_server
     mark = len(server.stderr())
     pill_is_failed_and_its_neighbours_served(server)
@@ -177,7 +177,7 @@ def test_with_two_engines_a_poison_pill_kills_only_its_own_engine_and_the_other_
         print(f"steady load: {sum(load.statuses.values())} answered, slowest {max(load.latencies):.2f}s")
 
 
-def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: LaunchedServer) -> None:
+def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: PoolserveProcess) -> None:
     server = faulty_server
     mark = len(server.stderr())
     (engine,) = server.child_pid("engine_core")
@@ -206,19 +206,19 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: LaunchedS
 
 
 @pytest.fixture(scope="module")
-def shared_short_timeouts() -> Iterator[LaunchedServer]:
+def shared_short_timeouts() -> Iterator[PoolserveProcess]:
     with launched("--api-server-count", "1", "--engine-wait-timeout", "0.5", "--request-timeout", "1") as server:
         yield server
 
 
 @pytest.fixture
-def short_timeouts(shared_short_timeouts: LaunchedServer) -> Iterator[LaunchedServer]:
+def short_timeouts(shared_short_timeouts: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """One API server with --engine-wait-timeout 0.5 and --request-timeout 1 (each test is about one of them)."""
     with settled(shared_short_timeouts, api_servers=1) as server:
         yield server
 
 
-def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(short_timeouts: LaunchedServer) -> None:
+def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(short_timeouts: PoolserveProcess) -> None:
     server = short_timeouts
     (engine,) = server.child_pid("engine_core")
     mark = len(server.stderr())
@@ -320,7 +320,7 @@ class PacedConnection(threading.Thread):
             self.connection.close()
 
 
-def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_servers: LaunchedServer) -> None:
+def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     old = set(server.child_pid("apiserver"))
     paced = [PacedConnection(server.url) for _ in range(4)]
@@ -346,13 +346,13 @@ def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_s
 
 
 @pytest.fixture(scope="module")
-def queue_of_32() -> Iterator[LaunchedServer]:
+def queue_of_32() -> Iterator[PoolserveProcess]:
     """Two API servers in front of an engine whose queue holds 32 inputs, shared by the two overload tests."""
     with launched("--api-server-count", "2", "--max-queued-inputs", "32") as server:
         yield server
 
 
-def test_overload_gets_429_quickly_and_health_stays_fast(queue_of_32: LaunchedServer) -> None:
+def test_overload_gets_429_quickly_and_health_stays_fast(queue_of_32: PoolserveProcess) -> None:
     server = queue_of_32
     body = {"input": [f"an overloading sentence number {i}" for i in range(16)]}
     with SteadyLoad(server.url, clients=12, body=body) as load:
@@ -377,7 +377,7 @@ def test_overload_gets_429_quickly_and_health_stays_fast(queue_of_32: LaunchedSe
         assert client.post("/v1/embeddings", json=body).status_code == 200
 
 
-def test_429s_come_back_at_once_with_retry_after(queue_of_32: LaunchedServer) -> None:
+def test_429s_come_back_at_once_with_retry_after(queue_of_32: PoolserveProcess) -> None:
     server = queue_of_32
     with server.client() as client:  # the overload test's load is over: its queue empties
         assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 30)
@@ -405,7 +405,7 @@ def test_429s_come_back_at_once_with_retry_after(queue_of_32: LaunchedServer) ->
     assert [a.status_code for a in answers] == [200]
 
 
-def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: LaunchedServer) -> None:
+def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
     with httpx.Client(base_url=server.url, timeout=1.0) as client, pytest.raises(httpx.ReadTimeout):
@@ -419,7 +419,7 @@ def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers:
         assert time.monotonic() - started < 2
 
 
-def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped(short_timeouts: LaunchedServer) -> None:
+def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped(short_timeouts: PoolserveProcess) -> None:
     server = short_timeouts
     big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
     with server.client() as client:
@@ -431,7 +431,7 @@ def test_a_request_over_its_timeout_gets_504_and_its_work_is_dropped(short_timeo
         assert wait_until(lambda: client.get("/health").json()["engine"]["queued_inputs"] == 0, 5)
 
 
-def test_health_is_200_from_the_moment_the_ready_line_is_printed(server: LaunchedServer) -> None:
+def test_health_is_200_from_the_moment_the_ready_line_is_printed(server: PoolserveProcess) -> None:
     # Asked by the session's fixture (tests/conftest.py) at once after the ready line, whichever test launched it.
     response = server.first_health
     assert response is not None and response.status_code == 200, response

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.models import build_tiny512
-from bench.server_process import process_tree, wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.models import build_tiny512
+from bench.harness.server_process import process_tree, wait_until
+from bench.harness.steady_load import SteadyLoad
 from tests.e2e.hosts import HostServer, Network, host_network
 from tests.e2e.nginx import nginx_in_front, nginx_or_skip
 from tests.utils import is_alive

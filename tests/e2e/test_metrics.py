@@ -16,17 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.steady_load import SteadyLoad
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.steady_load import SteadyLoad
 from poolserve.config import BUNDLED_MODEL_NAME
-from tests.utils import LaunchedServer
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
 
 
 @pytest.fixture(scope="module")
-def metered(recycling_server: LaunchedServer) -> LaunchedServer:
+def metered(recycling_server: PoolserveProcess) -> PoolserveProcess:
     """2 API servers with the access log on, whose keep-alive connections close after 3 requests or 2 s, so that the
     dashboard test's load recycles some whatever the host's speed (at the default 1000 it did only on a fast run, and
     the 'Connections recycled' panel then had no series): tests/e2e/conftest.py's, shared with
@@ -42,7 +41,7 @@ def tool(name: str) -> str:
     return path
 
 
-def test_every_scrape_reports_the_whole_servers_count_whichever_process_answers(metered: LaunchedServer) -> None:
+def test_every_scrape_reports_the_whole_servers_count_whichever_process_answers(metered: PoolserveProcess) -> None:
     before = value(scrape(metered.url), *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1])
     answered_by: set[str] = set()
     requests = 60
@@ -59,7 +58,7 @@ def test_every_scrape_reports_the_whole_servers_count_whichever_process_answers(
     assert all(count > 0 for count in per_server)
 
 
-def test_the_exposition_passes_promtool(metered: LaunchedServer) -> None:
+def test_the_exposition_passes_promtool(metered: PoolserveProcess) -> None:
     promtool = tool("promtool")
     with httpx.Client(base_url=metered.url, timeout=10) as client:
         client.post("/v1/embeddings", json={"input": "so that every family has samples"})
@@ -68,7 +67,7 @@ def test_the_exposition_passes_promtool(metered: LaunchedServer) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedServer) -> None:
+def test_histograms_move_under_load_and_gauges_return_to_zero(metered: PoolserveProcess) -> None:
     before = scrape(metered.url)
     body = {"input": [f"load sentence {i} for the histograms" for i in range(8)]}
     with SteadyLoad(metered.url, clients=4, body=body) as load:
@@ -110,7 +109,7 @@ def test_histograms_move_under_load_and_gauges_return_to_zero(metered: LaunchedS
     assert not any(label.startswith("/") for _, label in info[0][1])
 
 
-def test_timing_headers_request_ids_and_the_access_log(metered: LaunchedServer) -> None:
+def test_timing_headers_request_ids_and_the_access_log(metered: PoolserveProcess) -> None:
     with metered.client() as client:
         body = {"input": "timed", "user": "alice"}  # OpenAI's end-user id: the access log shows it
         response = client.post("/v1/embeddings", json=body, headers={"x-request-id": "trace-42"})
@@ -125,17 +124,17 @@ def test_timing_headers_request_ids_and_the_access_log(metered: LaunchedServer) 
 
 
 @pytest.fixture(scope="module")
-def json_logged() -> Iterator[LaunchedServer]:
+def json_logged() -> Iterator[PoolserveProcess]:
     """A second server of its own, logging JSON: the restart test kills its engine first, then the
     JSON-log test reads every process's lines and stops it (one start for both: ~10 s on 2 cores)."""
-    server = LaunchedServer("--api-server-count", "1", "--log-format", "json", "--access-log").wait_ready()
+    server = PoolserveProcess("--api-server-count", "1", "--log-format", "json", "--access-log").wait_ready()
     try:
         yield server
     finally:
         server.stop()
 
 
-def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_logged: LaunchedServer) -> None:
+def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_logged: PoolserveProcess) -> None:
     server = json_logged
     (engine,) = server.child_pid("engine_core")
     os.kill(engine, signal.SIGKILL)
@@ -155,7 +154,7 @@ def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_log
     assert (folder / "counter_archive.db").exists()
 
 
-def test_json_logs_are_one_object_per_line(json_logged: LaunchedServer) -> None:
+def test_json_logs_are_one_object_per_line(json_logged: PoolserveProcess) -> None:
     server = json_logged
     try:
         with server.client() as client:
@@ -180,7 +179,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_a_real_prometheus_server_scrapes_the_request_counter(metered: LaunchedServer, tmp_path: Path) -> None:
+def test_a_real_prometheus_server_scrapes_the_request_counter(metered: PoolserveProcess, tmp_path: Path) -> None:
     prometheus = tool("prometheus")
     (tmp_path / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n"
@@ -222,7 +221,7 @@ def test_a_real_prometheus_server_scrapes_the_request_counter(metered: LaunchedS
         time.sleep(0.1)
 
 
-def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_disconnect(metered: LaunchedServer) -> None:
+def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_disconnect(metered: PoolserveProcess) -> None:
     # Once an ERROR with a traceback, counted as a 500: the server's fault in the dashboards.
     before = scrape(metered.url)
     log_start = len(metered.stderr())
@@ -251,7 +250,7 @@ def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_discon
     assert "client disconnected" in log
 
 
-def metrics_folder(server: LaunchedServer) -> Path:
+def metrics_folder(server: PoolserveProcess) -> Path:
     """The server's multiprocess metrics folder, from an API server's environment (the supervisor sets it
     after it starts, so its own /proc environ lacks it)."""
     api_server = server.child_pid("apiserver")[0]
@@ -260,7 +259,7 @@ def metrics_folder(server: LaunchedServer) -> Path:
     return Path(entry.split(b"=", 1)[1].decode())
 
 
-def test_a_garbage_file_in_the_metrics_folder_is_left_out_and_metrics_still_answers(metered: LaunchedServer) -> None:
+def test_a_garbage_file_in_the_metrics_folder_is_left_out_and_metrics_still_answers(metered: PoolserveProcess) -> None:
     # Once a 500 on every scrape.
     folder = metrics_folder(metered)
     with httpx.Client(base_url=metered.url, timeout=30) as client:
@@ -290,7 +289,9 @@ def test_a_garbage_file_in_the_metrics_folder_is_left_out_and_metrics_still_answ
 QUIET_PANELS = {"Images / s by endpoint", "Refusals", "Connections timed out", "Engines out of service", "Cache size"}
 
 
-def test_the_grafana_dashboards_queries_answer_from_a_real_prometheus(metered: LaunchedServer, tmp_path: Path) -> None:
+def test_the_grafana_dashboards_queries_answer_from_a_real_prometheus(
+    metered: PoolserveProcess, tmp_path: Path
+) -> None:
     """Every query in deploy/grafana/poolserve.json, Grafana's variables filled in, runs on a Prometheus that
     scrapes the server, and every one not in QUIET_PANELS returns series (tests/deploy/test_grafana.py checks
     names and labels offline; this shows the data behind them)."""

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.server_process import child_pids, wait_until
-from tests.utils import LaunchedServer, is_alive, mapped_libraries, runtime_dirs_of
+from bench.harness.server_process import PoolserveProcess, child_pids, wait_until
+from tests.utils import is_alive, mapped_libraries, runtime_dirs_of
 
 HEAVY_MODULES = ("torch", "transformers")
 # Imports every module an API server or the supervisor can load, in a fresh interpreter, and prints
@@ -32,7 +32,7 @@ print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 """
 
 
-def test_api_servers_and_supervisor_map_no_torch(server: LaunchedServer) -> None:
+def test_api_servers_and_supervisor_map_no_torch(server: PoolserveProcess) -> None:
     api_pids = server.child_pid("apiserver")
     assert len(api_pids) == 2
     for pid in [*api_pids, server.pid]:
@@ -56,7 +56,7 @@ def test_no_api_server_or_supervisor_module_imports_torch_or_transformers() -> N
 
 
 def test_a_model_that_cannot_load_fails_start_up_with_one_clear_line(tmp_path: Path) -> None:
-    launched = LaunchedServer("--model", str(tmp_path / "no-such-model"), "--api-server-count", "1")
+    launched = PoolserveProcess("--model", str(tmp_path / "no-such-model"), "--api-server-count", "1")
     try:
         code = launched.wait_exit(60)
         assert code == 3, launched.log()
@@ -68,7 +68,7 @@ def test_a_model_that_cannot_load_fails_start_up_with_one_clear_line(tmp_path: P
         launched.stop()
 
 
-def test_on_the_cpu_every_engine_thread_yields_to_the_api_servers(server: LaunchedServer) -> None:
+def test_on_the_cpu_every_engine_thread_yields_to_the_api_servers(server: PoolserveProcess) -> None:
     def niceness(pid: int) -> set[int]:
         return {
             int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
@@ -95,8 +95,8 @@ def test_children_exit_when_the_supervisor_is_killed_a_start_removes_the_folders
     # A live server started beside it (at the same time: a start is most of this test's time) shows that a
     # start never touches a running server's folder, and then that SIGINT stops a server as cleanly as SIGTERM.
     env = {"TMPDIR": str(tmp_path)}
-    killed = LaunchedServer("--api-server-count", "1", env=env)
-    live = LaunchedServer("--api-server-count", "1", env=env)
+    killed = PoolserveProcess("--api-server-count", "1", env=env)
+    live = PoolserveProcess("--api-server-count", "1", env=env)
     try:
         killed.wait_ready()
         live.wait_ready()
@@ -114,7 +114,7 @@ def test_children_exit_when_the_supervisor_is_killed_a_start_removes_the_folders
         alive.mkdir(mode=0o700)
         unnamed = tmp_path / "poolserve-abc123"  # no PID in the name: not known to be stale
         unnamed.mkdir(mode=0o700)
-        first = LaunchedServer("--api-server-count", "1", env=env)
+        first = PoolserveProcess("--api-server-count", "1", env=env)
         try:
             first.wait_ready()
             assert not Path(left).exists() and not stale.exists()

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.server_process import REPO
+from bench.harness.server_process import REPO, PoolserveProcess
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, is_alive
+from tests.utils import FLOAT32_CPU, is_alive
 
 pytestmark = pytest.mark.timeout(600)
 JOB_FLAGS = ("--api-server-count", "1", *FLOAT32_CPU)
@@ -60,7 +60,7 @@ def assert_same_answer(ours: Any, http: Any) -> None:
         assert ours == http
 
 
-def test_openai_batch_file_answers_as_the_http_endpoint(tmp_path: Path, server: LaunchedServer) -> None:
+def test_openai_batch_file_answers_as_the_http_endpoint(tmp_path: Path, server: PoolserveProcess) -> None:
     bodies: list[Any] = [
         {"input": SENTENCES[0]},
         {"input": SENTENCES[1:4], "encoding_format": "base64"},
@@ -103,7 +103,7 @@ def test_openai_batch_file_answers_as_the_http_endpoint(tmp_path: Path, server: 
                 assert answer["error"]["message"] == http.json()["error"]["message"]
 
 
-def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server: LaunchedServer) -> None:
+def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server: PoolserveProcess) -> None:
     texts = [f"{SENTENCES[i % len(SENTENCES)]} (passage {i})" for i in range(600)]
     rows: list[Any] = [{"text": text, "doc": f"d{i}"} for i, text in enumerate(texts)]
     rows[300] = {"doc": "d300"}  # no text: an error line, and the job goes on

@@ -25,8 +25,8 @@ import numpy.typing as npt
 import pytest
 import zmq
 
-from apiserver.auth import OPEN_PATHS
-from bench.server_process import cmdline, memory_mb, wait_until
+from apiserver.connection.auth import OPEN_PATHS
+from bench.harness.server_process import PoolserveProcess, cmdline, memory_mb, wait_until
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams
 from tests.conftest import (
@@ -37,7 +37,7 @@ from tests.conftest import (
     GUARDED_CACHE_BYTES,
     GUARDED_TOKEN_LIMIT,
 )
-from tests.utils import LaunchedServer, is_alive, ready_line_time, runtime_dirs_of, socket_inodes
+from tests.utils import is_alive, ready_line_time, runtime_dirs_of, socket_inodes
 
 KEY, ORIGIN, BODY_LIMIT, TOKEN_LIMIT = API_KEY, CORS_ORIGIN, GUARDED_BODY_LIMIT, GUARDED_TOKEN_LIMIT
 NORMAL = {"input": ["a normal sentence about the weather in spring"]}
@@ -45,7 +45,7 @@ JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def guarded(guarded_server: LaunchedServer) -> LaunchedServer:
+def guarded(guarded_server: PoolserveProcess) -> PoolserveProcess:
     return guarded_server
 
 
@@ -56,7 +56,7 @@ def bearer(key: str = KEY) -> dict[str, str]:
 # API key ---------------------------------------------------------------------------------------------
 
 
-def test_probes_and_metrics_stay_open_without_a_key(guarded: LaunchedServer) -> None:
+def test_probes_and_metrics_stay_open_without_a_key(guarded: PoolserveProcess) -> None:
     # Kubernetes' liveness and readiness probes carry no credentials: a 401 there restarts a healthy pod.
     assert {"/health", "/health/ready", "/health/live", "/ping"} <= OPEN_PATHS
     with guarded.client() as client:
@@ -73,7 +73,7 @@ def test_probes_and_metrics_stay_open_without_a_key(guarded: LaunchedServer) -> 
 
 def test_a_key_and_protect_metrics_start_together_and_metrics_then_needs_the_key() -> None:
     # The engine's keyless copy of the config once kept --protect-metrics and failed to validate.
-    launched = LaunchedServer("--api-server-count", "1", "--protect-metrics", env={API_KEY_ENV: KEY})
+    launched = PoolserveProcess("--api-server-count", "1", "--protect-metrics", env={API_KEY_ENV: KEY})
     try:
         launched.wait_ready()
         with launched.client() as client:
@@ -87,7 +87,7 @@ def test_a_key_and_protect_metrics_start_together_and_metrics_then_needs_the_key
         launched.stop()
 
 
-def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: LaunchedServer) -> None:
+def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: PoolserveProcess) -> None:
     with guarded.client() as client:
         assert client.post("/v1/embeddings", json={"input": "hi"}, headers=bearer()).status_code == 200
         assert client.post("/v1/embeddings", json={"input": "hi"}, headers=bearer("wrong")).status_code == 401
@@ -126,7 +126,7 @@ def post_raw(port: int, head: bytes, chunks: Iterator[bytes]) -> tuple[int, byte
     return int(head_part.split(b" ", 2)[1]), body
 
 
-def test_a_body_declared_over_the_limit_is_a_413_before_it_is_sent(guarded: LaunchedServer) -> None:
+def test_a_body_declared_over_the_limit_is_a_413_before_it_is_sent(guarded: PoolserveProcess) -> None:
     head = (
         f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
         f"content-type: application/json\r\ncontent-length: {10_000_000}\r\n\r\n"
@@ -138,7 +138,7 @@ def test_a_body_declared_over_the_limit_is_a_413_before_it_is_sent(guarded: Laun
     assert time.perf_counter() - started < 2
 
 
-def test_a_chunked_body_is_refused_once_it_passes_the_limit(guarded: LaunchedServer) -> None:
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(guarded: PoolserveProcess) -> None:
     head = (
         f"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
         "content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -157,7 +157,9 @@ def upload_head(length: int) -> bytes:
     ).encode()
 
 
-def test_held_uploads_fill_the_bodies_in_flight_and_the_next_gets_503_before_its_body(guarded: LaunchedServer) -> None:
+def test_held_uploads_fill_the_bodies_in_flight_and_the_next_gets_503_before_its_body(
+    guarded: PoolserveProcess,
+) -> None:
     # Issue 16: 20 uploads of 31 MB each, all but the last byte sent, held +616 MB until their clients closed.
     (api,) = guarded.child_pid("apiserver")
     held = [socket.create_connection(("127.0.0.1", guarded.port), timeout=30) for _ in range(3)]
@@ -192,7 +194,7 @@ def test_held_uploads_fill_the_bodies_in_flight_and_the_next_gets_503_before_its
 
 
 @pytest.mark.parametrize("size", [1_000_000, 50_000_000])
-def test_headers_past_the_bound_get_431_and_the_connection_is_closed(server: LaunchedServer, size: int) -> None:
+def test_headers_past_the_bound_get_431_and_the_connection_is_closed(server: PoolserveProcess, size: int) -> None:
     head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-padding: "
     chunks = iter([b"a" * 65536] * (size // 65536) + [b"\r\n\r\n"])
     status, body = post_raw(server.port, head, chunks)
@@ -226,7 +228,7 @@ def exchange(port: int, request: bytes) -> bytes:
     ],
 )
 def test_an_http11_request_without_exactly_one_host_header_gets_400(
-    server: LaunchedServer, head: bytes, status: int
+    server: PoolserveProcess, head: bytes, status: int
 ) -> None:
     # RFC 9112 3.2; uvicorn once answered these 200.
     answer = exchange(server.port, head)
@@ -237,7 +239,7 @@ def test_an_http11_request_without_exactly_one_host_header_gets_400(
         assert client.get("/health").status_code == 200
 
 
-def test_the_key_is_checked_before_a_large_body_is_read(guarded: LaunchedServer) -> None:
+def test_the_key_is_checked_before_a_large_body_is_read(guarded: PoolserveProcess) -> None:
     head = b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-length: 10000000\r\n\r\n"
     assert post_raw(guarded.port, head, iter([b"{"]))[0] == 401
 
@@ -261,7 +263,7 @@ BIG_REQUESTS = {
 
 
 @contextlib.contextmanager
-def client_on(server: LaunchedServer, index: str) -> Iterator[httpx.Client]:
+def client_on(server: PoolserveProcess, index: str) -> Iterator[httpx.Client]:
     """A keep-alive client whose one connection landed on API server `index`. Fair accept sends each
     new connection to the server holding fewest, so those that land elsewhere stay open meanwhile."""
     elsewhere = []
@@ -279,7 +281,7 @@ def client_on(server: LaunchedServer, index: str) -> Iterator[httpx.Client]:
 
 
 @pytest.mark.parametrize("case", list(BIG_REQUESTS))
-def test_a_big_text_never_holds_the_event_loop_of_its_api_server(server: LaunchedServer, case: str) -> None:
+def test_a_big_text_never_holds_the_event_loop_of_its_api_server(server: PoolserveProcess, case: str) -> None:
     # Once a 30 MB text held an API server's GIL until the supervisor killed it (3 s per 3 MB).
     path, body, status = BIG_REQUESTS[case]
     content = msgspec.json.encode(body)  # before probing: encoding it here would hold this process's GIL
@@ -318,7 +320,7 @@ def listening_sockets(inodes: set[str]) -> list[tuple[str, int, str]]:
     return found
 
 
-def test_nothing_listens_on_tcp_but_the_http_socket_on_loopback(server: LaunchedServer) -> None:
+def test_nothing_listens_on_tcp_but_the_http_socket_on_loopback(server: PoolserveProcess) -> None:
     assert "beyond loopback" not in server.stdout()
     pids = [server.pid, *server.children()]
     everything = listening_sockets(set().union(*(socket_inodes(pid) for pid in pids)))
@@ -329,7 +331,7 @@ def test_nothing_listens_on_tcp_but_the_http_socket_on_loopback(server: Launched
     assert listening_sockets(socket_inodes(engine)) == []
 
 
-def test_the_engine_socket_lives_in_a_folder_only_its_user_can_enter(server: LaunchedServer) -> None:
+def test_the_engine_socket_lives_in_a_folder_only_its_user_can_enter(server: PoolserveProcess) -> None:
     (engine,) = server.child_pid("engine_core")
     (folder,) = runtime_dirs_of(engine)
     info = os.stat(folder)
@@ -357,7 +359,7 @@ def sent(request: EngineRequest, *data: bytes) -> list[bytes]:
     return [frames[0], *data] if data else frames
 
 
-def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(server: LaunchedServer) -> None:
+def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(server: PoolserveProcess) -> None:
     (engine,) = server.child_pid("engine_core")
     (folder,) = runtime_dirs_of(engine)
     with server.client() as client:
@@ -427,7 +429,7 @@ def cache_metric(client: httpx.Client, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"poolserve_cache_{name}"))
 
 
-def test_a_repeated_input_is_answered_from_the_cache_with_the_rows_it_computed(guarded: LaunchedServer) -> None:
+def test_a_repeated_input_is_answered_from_the_cache_with_the_rows_it_computed(guarded: PoolserveProcess) -> None:
     texts = [f"cache test {uuid.uuid4().hex} number {i}" for i in range(3)]
     with guarded.client(headers=bearer()) as client:
         hits_before = cache_metric(client, "hits_total")

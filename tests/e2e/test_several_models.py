@@ -26,17 +26,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench.models import remote_code_env
+from bench.harness.models import remote_code_env
+from bench.harness.scrape import scrape, value
+from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.stats import percentile
+from bench.harness.steady_load import SteadyLoad
 from bench.poison_isolation import finished_during, send_pill
-from bench.scrape import scrape, value
-from bench.server_process import wait_until
-from bench.stats import percentile
-from bench.steady_load import SteadyLoad
 from tests.fidelity.image_text_layouts import ClipReference
 from tests.images import data_url, encode, make_image
 from tests.in_process.stack_server import InProcessServer, served_folder
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, LaunchedServer, api_server_pids, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, api_server_pids, engine_pids, ready_line_time
 
 QUERY = "what is the capital of france?"
 MODELS = ("minilm", "rerank", "clip")
@@ -80,12 +80,12 @@ def several_models(
     clip_model: Path,
     faulty_model: Path,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[LaunchedServer]:
+) -> Iterator[PoolserveProcess]:
     """minilm (the default: engine-0), rerank (engine-1) and clip (engine-2), one API server, from a --config file;
     and a fourth, faulty (engine-3), for the poison pill: the three answer, the fourth only crashes."""
     file = tmp_path_factory.mktemp("models") / "models.toml"
     file.write_text(MODELS_TOML.format(cross_encoder=cross_encoder_model, clip=clip_model, faulty=faulty_model))
-    server = LaunchedServer(
+    server = PoolserveProcess(
         "--config", str(file), "--api-server-count", "1", "--cache-hits-header", *FLOAT32_CPU,
         env=remote_code_env(faulty_model),
     ).wait_ready(180)  # fmt: skip
@@ -109,7 +109,7 @@ def clip_alone(clip_model: Path) -> Iterator[InProcessServer]:
         yield started
 
 
-def post(server: LaunchedServer | InProcessServer, path: str, body: dict[str, Any]) -> Any:
+def post(server: PoolserveProcess | InProcessServer, path: str, body: dict[str, Any]) -> Any:
     with server.client() as client:
         response = client.post(path, json=body)
     assert response.status_code == 200, response.text
@@ -125,7 +125,7 @@ def scores(answer: Any) -> list[tuple[int, float]]:
 
 
 def test_each_model_answers_as_its_own_one_model_server(
-    several_models: LaunchedServer, server: LaunchedServer, rerank_alone: InProcessServer
+    several_models: PoolserveProcess, server: PoolserveProcess, rerank_alone: InProcessServer
 ) -> None:
     texts = SENTENCES[:8]
     alone = vectors(post(server, "/v1/embeddings", {"input": texts}))
@@ -149,7 +149,7 @@ def test_each_model_answers_as_its_own_one_model_server(
 
 
 def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style(
-    several_models: LaunchedServer,
+    several_models: PoolserveProcess,
 ) -> None:
     with several_models.client() as client:
         for path, body in (
@@ -167,7 +167,7 @@ def test_an_unknown_model_is_a_404_listing_the_served_names_in_the_route_s_style
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "task_not_supported", refused.text
 
 
-def test_models_info_and_health_list_every_model(several_models: LaunchedServer, cross_encoder_model: Path) -> None:
+def test_models_info_and_health_list_every_model(several_models: PoolserveProcess, cross_encoder_model: Path) -> None:
     with several_models.client() as client:
         listed = client.get("/v1/models").json()["data"]
         assert [(entry["id"], entry["kind"]) for entry in listed] == [
@@ -183,8 +183,8 @@ def test_models_info_and_health_list_every_model(several_models: LaunchedServer,
 
 
 def test_several_models_answer_as_their_own_one_model_servers(
-    several_models: LaunchedServer,
-    server: LaunchedServer,
+    several_models: PoolserveProcess,
+    server: PoolserveProcess,
     rerank_alone: InProcessServer,
     clip_alone: InProcessServer,
 ) -> None:
@@ -235,7 +235,7 @@ def embed_image(client: httpx.Client, image: Image.Image) -> np.ndarray:
 
 
 def test_thin_and_wide_images_are_refused_before_any_pixel_is_allocated(
-    several_models: LaunchedServer, clip_model: Path, thin_pngs: dict[tuple[int, int], bytes]
+    several_models: PoolserveProcess, clip_model: Path, thin_pngs: dict[tuple[int, int], bytes]
 ) -> None:
     # Resized to a shortest edge, a 1x5000 image grew a CLIP server by 1 GB, 1x100000 raised MemoryError and
     # 40,000,000x1 an OverflowError, both as plain-text 500s.
@@ -265,7 +265,9 @@ def test_thin_and_wide_images_are_refused_before_any_pixel_is_allocated(
         np.testing.assert_allclose(embed_image(clip, at_bound), direct.images([at_bound]), atol=1e-5)
 
 
-def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(several_models: LaunchedServer) -> None:
+def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(
+    several_models: PoolserveProcess,
+) -> None:
     """A flood of new documents on rerank (its queue of 6 inputs, its cache of ~8 rows) fails no request of the
     other models and evicts nothing of minilm's cache; each model's table setting holds for it alone; and /metrics
     shows each model's requests, tokens, passes and cache apart, summing to the server's totals."""
@@ -337,7 +339,7 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(s
     assert moved("poolserve_forward_duration_seconds_count", model="clip", modality="image") > 0
 
 
-def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(several_models: LaunchedServer) -> None:
+def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(several_models: PoolserveProcess) -> None:
     """Under steady load on minilm, one poison pill sent to faulty: it crashes faulty's engine, runs alone on the
     restarted one, crashes it again and is failed (500 poison_pill), and faulty serves after its second restart.
     minilm's requests all succeed meanwhile; none takes as long as faulty's second restart took (a request that
@@ -366,7 +368,7 @@ def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(sever
     assert max(during) < restart, (max(during), restart)
 
 
-def test_a_killed_engine_of_one_model_leaves_the_others_answering(several_models: LaunchedServer) -> None:
+def test_a_killed_engine_of_one_model_leaves_the_others_answering(several_models: PoolserveProcess) -> None:
     """engine-1 (rerank) killed under load on all three models: the embedder's and CLIP's requests all succeed, the
     reranker's are resubmitted to its restarted engine, and /health/ready names the model that is down meanwhile.
     Last in this module: the other tests read the models' caches and metrics as they were."""

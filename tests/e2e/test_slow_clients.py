@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from bench.server_process import wait_until
-from tests.utils import LaunchedServer
+from bench.harness.server_process import PoolserveProcess, wait_until
 
 TIMEOUT_S = 1.5
 LIMIT = 4
@@ -24,8 +23,8 @@ BODY = msgspec.json.encode({"input": "a request sent slowly but in time"})
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[LaunchedServer]:
-    launched = LaunchedServer(
+def server() -> Iterator[PoolserveProcess]:
+    launched = PoolserveProcess(
         "--api-server-count", "2", "--max-connections-per-server", str(LIMIT),
         "--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S),
     )  # fmt: skip
@@ -36,7 +35,7 @@ def server() -> Iterator[LaunchedServer]:
 
 
 @contextlib.contextmanager
-def raw_connection(server: LaunchedServer) -> Iterator[socket.socket]:
+def raw_connection(server: PoolserveProcess) -> Iterator[socket.socket]:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     try:
         yield sock
@@ -58,13 +57,13 @@ def error_code(answer: bytes) -> str:
     return code
 
 
-def metric_values(server: LaunchedServer, name: str) -> dict[str, float]:
+def metric_values(server: PoolserveProcess, name: str) -> dict[str, float]:
     with urllib.request.urlopen(server.url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     return {labels: float(value) for labels, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE)}
 
 
-def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(server: LaunchedServer) -> None:
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(server: PoolserveProcess) -> None:
     with raw_connection(server) as sock:
         opened = time.monotonic()
         answer, closed = read_until_closed(sock)
@@ -72,7 +71,7 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(server:
     assert TIMEOUT_S * 0.9 <= closed - opened < TIMEOUT_S + 2
 
 
-def test_half_a_head_gets_408_at_the_header_timeout_however_it_trickles(server: LaunchedServer) -> None:
+def test_half_a_head_gets_408_at_the_header_timeout_however_it_trickles(server: PoolserveProcess) -> None:
     with raw_connection(server) as sock:
         opened = time.monotonic()
         sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\n")
@@ -85,7 +84,7 @@ def test_half_a_head_gets_408_at_the_header_timeout_however_it_trickles(server: 
     assert TIMEOUT_S * 0.9 <= closed - opened < TIMEOUT_S + 2
 
 
-def test_a_body_that_stalls_gets_408_and_the_route_never_sees_half_of_it(server: LaunchedServer) -> None:
+def test_a_body_that_stalls_gets_408_and_the_route_never_sees_half_of_it(server: PoolserveProcess) -> None:
     head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     with raw_connection(server) as sock:
         sock.sendall(head % len(BODY) + BODY[:10])
@@ -100,7 +99,7 @@ def test_a_body_that_stalls_gets_408_and_the_route_never_sees_half_of_it(server:
     assert any('status="408"' in labels for labels in statuses), statuses
 
 
-def test_a_slow_client_within_the_timeouts_is_served(server: LaunchedServer) -> None:
+def test_a_slow_client_within_the_timeouts_is_served(server: PoolserveProcess) -> None:
     """Head in two parts, then a body a few bytes at a time over 1.5 body timeouts: each gap is under
     one, so the whole upload is fine."""
     head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(
@@ -121,7 +120,7 @@ def test_a_slow_client_within_the_timeouts_is_served(server: LaunchedServer) -> 
     assert b'"embedding"' in answer
 
 
-def test_the_timed_out_connections_are_counted_by_reason(server: LaunchedServer) -> None:
+def test_the_timed_out_connections_are_counted_by_reason(server: PoolserveProcess) -> None:
     """After the tests above (in file order): one silent and one half-head connection, and one stalled body."""
     timed_out = metric_values(server, "poolserve_connections_timed_out_total")
     by_reason = Counter[str]()
@@ -130,7 +129,7 @@ def test_the_timed_out_connections_are_counted_by_reason(server: LaunchedServer)
     assert by_reason["header"] >= 2 and by_reason["body"] >= 1, timed_out
 
 
-def test_websocket_upgrades_are_answered_as_http_and_give_their_connection_slot_back(server: LaunchedServer) -> None:
+def test_websocket_upgrades_are_answered_as_http_and_give_their_connection_slot_back(server: PoolserveProcess) -> None:
     """uvicorn handed an upgraded connection to its WebSocket protocol, out of the count's sight: every
     upgrade leaked a slot until the servers answered everyone 503. Three times both servers' slots here."""
     upgrade = (
@@ -150,7 +149,7 @@ def test_websocket_upgrades_are_answered_as_http_and_give_their_connection_slot_
     assert "Unsupported upgrade request" not in server.stderr()
 
 
-def test_past_the_limit_on_every_server_new_connections_get_503_and_are_counted(server: LaunchedServer) -> None:
+def test_past_the_limit_on_every_server_new_connections_get_503_and_are_counted(server: PoolserveProcess) -> None:
     """Both servers fill to --max-connections-per-server with idle keep-alive connections; the extra
     ones get 503 with Retry-After after fair accept's handoff wait, and the refusals are counted and logged."""
     refused_before = sum(metric_values(server, "poolserve_connections_refused_total").values())

@@ -6,7 +6,8 @@ import numpy.typing as npt
 import pytest
 
 from engine_core.request_state import InvalidRequest, PendingRequest, check_request
-from poolserve.protocol import EngineRequest, ModelCard
+from poolserve.model_card import ModelCard
+from poolserve.protocol import EngineRequest
 from tests.cards import CARD, CLIP_CARD
 from tests.engine_core.pending import pool_request
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from bench.corpus import make_sentence
+from bench.harness.corpus import make_sentence
 from engine_core.load_model import load_model
 from engine_core.loader import LoadedModel
 from engine_core.runner import to_device

@@ -8,7 +8,7 @@ from transformers import CLIPConfig, SiglipConfig
 
 from engine_core.folder_choices import LoadError, TextPadding, image_text_padding, model_kind, vision_tokens
 from engine_core.st_modules import StFolder
-from poolserve.protocol import CLIP
+from poolserve.model_card import CLIP
 
 VISION = {"image_size": 32, "patch_size": 8}
 

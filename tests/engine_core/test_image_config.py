@@ -8,7 +8,7 @@ import pytest
 from transformers import CLIPImageProcessorPil, ConvNextImageProcessorPil, SiglipImageProcessorPil
 
 from engine_core.image_config import ImageConfigError, read_image_processing
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]

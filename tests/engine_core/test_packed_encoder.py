@@ -29,7 +29,7 @@ from transformers import (
     XLMRobertaModel,
 )
 
-from bench.models import TINY, save_with_tokenizer
+from bench.harness.models import TINY, save_with_tokenizer
 from engine_core.load_model import load_model
 from engine_core.packed_encoder import packable, packed_last_hidden_state, packed_logits
 from engine_core.runner import ClassifierRunner, EmbeddingRunner, TextBatch

@@ -7,7 +7,7 @@ from transformers.image_transforms import normalize, rescale
 from transformers.image_utils import ChannelDimension
 
 from engine_core.pixels import normalize_pixels
-from poolserve.protocol import ImageProcessing
+from poolserve.model_card import ImageProcessing
 
 CLIP = ImageProcessing(
     resize_shortest_edge=224,

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from bench.corpus import make_sentences
-from bench.models import TINY
+from bench.harness.corpus import make_sentences
+from bench.harness.models import TINY
 
 # The folder's maximum length (XLM-RoBERTa's positions start after the padding id: 130 positions, 128 tokens).
 M3_MAX_LENGTH = 128

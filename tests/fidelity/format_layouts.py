@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.llm_reranker import bpe_tokenizer
-from bench.models import TINY
+from bench.harness.llm_reranker import bpe_tokenizer
+from bench.harness.models import TINY
 
 MAX_POSITIONS = 512
 

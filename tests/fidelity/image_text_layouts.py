@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from bench.corpus import make_sentences
-from bench.models import TINY
+from bench.harness.corpus import make_sentences
+from bench.harness.models import TINY
 
 # SigLIP's texts are trained and padded at 64 tokens; 32x32 images in 8x8 patches keep the vision tower small.
 TEXT_LENGTH = 64

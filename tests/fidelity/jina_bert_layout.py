@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from bench.models import TINY, bundled_model_folder
+from bench.harness.models import TINY, bundled_model_folder
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 
 CONFIGURATION = """

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from bench.llm_reranker import bpe_tokenizer, qwen3_config
-from bench.models import TINY, bundled_model_folder
+from bench.harness.llm_reranker import bpe_tokenizer, qwen3_config
+from bench.harness.models import TINY, bundled_model_folder
 from tests.fidelity.bge_m3_layouts import build_bge_m3
 from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.image_text_layouts import (
@@ -472,7 +472,7 @@ def roberta_tokenizer(folder: Path) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from bench.corpus import make_sentences
+    from bench.harness.corpus import make_sentences
 
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     tokenizer = Tokenizer(models.Unigram())

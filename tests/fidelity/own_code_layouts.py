@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from bench.models import TINY, bundled_model_folder
+from bench.harness.models import TINY, bundled_model_folder
 from tests.fidelity.legacy_st_files import write_legacy_st_files
 
 NOMIC_PROMPTS = {

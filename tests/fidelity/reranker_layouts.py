@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from bench.llm_reranker import (
+from bench.harness.llm_reranker import (
     QWEN3_DEFAULT_INSTRUCTION,
     QWEN3_PREFIX,
     QWEN3_SUFFIX,

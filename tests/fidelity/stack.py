@@ -17,12 +17,12 @@ import httpx
 from starlette.testclient import TestClient
 
 from apiserver.app import build_app
-from apiserver.fair_accept import ServerLoad
-from apiserver.inputs.image_sources import ImageLoader
-from apiserver.media import MediaFetcher
-from apiserver.preprocess import Preprocessor
-from apiserver.state import AppState
-from apiserver.tokenizer import TextTokenizer
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.images.media import MediaFetcher
+from apiserver.images.sources import ImageLoader
+from apiserver.requests.preprocess import Preprocessor
+from apiserver.requests.state import AppState
+from apiserver.requests.tokenizer import TextTokenizer
 from engine_client import EngineError, InProcessEngine, PooledResult
 from engine_core.admission import AdmissionLimit
 from engine_core.core import EngineCore
@@ -31,7 +31,8 @@ from engine_core.loader import LoadedModel
 from engine_core.request_state import check_request
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard
-from poolserve.protocol import EngineRequest, ModelCard
+from poolserve.model_card import ModelCard
+from poolserve.protocol import EngineRequest
 
 SERVER = b"api-0"
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.server_process import PoolserveProcess
 from engine_core.folder_choices import LoadError
 from poolserve.boot import EXIT_BOOT_ERROR
 from tests.fidelity.layouts import REFUSED, Refused, build_dense_chain_with_prompts, build_include_prompt_false
 from tests.fidelity.stack import load
-from tests.utils import FLOAT32_CPU, LaunchedServer
+from tests.utils import FLOAT32_CPU
 
 
 @pytest.mark.parametrize("layout", REFUSED, ids=[case.id for case in REFUSED])
@@ -30,7 +31,7 @@ def test_launch_exits_at_start_naming_what_it_refuses(tmp_path: Path) -> None:
     layout = next(case for case in REFUSED if case.id == "causal-lm-without-st-files")
     folder = tmp_path / layout.id
     layout.build(folder)
-    launched = LaunchedServer("--model", str(folder), "--api-server-count", "1", *FLOAT32_CPU)
+    launched = PoolserveProcess("--model", str(folder), "--api-server-count", "1", *FLOAT32_CPU)
     try:
         assert launched.wait_exit(60) == EXIT_BOOT_ERROR, launched.log()
         lines = [line for line in launched.stderr().splitlines() if line.startswith("poolserve: could not start")]

@@ -26,19 +26,19 @@ import httpx
 import uvicorn
 
 from apiserver.app import build_app
-from apiserver.client_share import ClientShare
-from apiserver.fair_accept import ServerLoad
-from apiserver.fetch_guard import FetchPolicy
-from apiserver.http_protocol import ConnectionPolicy
-from apiserver.http_server import GatedServer
-from apiserver.inputs.image_sources import ImageLoader
-from apiserver.media import MediaFetcher
+from apiserver.connection.client_share import ClientShare
+from apiserver.connection.fair_accept import ServerLoad
+from apiserver.connection.gated_server import GatedServer
+from apiserver.connection.http_protocol import ConnectionPolicy
+from apiserver.connection.tracing import start_tracing
+from apiserver.images.fetch_guard import FetchPolicy
+from apiserver.images.media import MediaFetcher
+from apiserver.images.sources import ImageLoader
 from apiserver.plugins import load_plugins
-from apiserver.preprocess import Preprocessor
-from apiserver.state import AppState
-from apiserver.tokenizer import TextTokenizer
-from apiserver.tracing import start_tracing
-from bench.server_process import wait_until
+from apiserver.requests.preprocess import Preprocessor
+from apiserver.requests.state import AppState
+from apiserver.requests.tokenizer import TextTokenizer
+from bench.harness.server_process import wait_until
 from engine_client import EngineClient
 from engine_core.admission import AdmissionLimit
 from engine_core.embedding_cache import EmbeddingCache
@@ -72,7 +72,7 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 
 class InProcessServer:
     """`launch` with these flags (one model, one API server, one engine), started in this process; `url`, `port`
-    and `client()` as tests/utils.py's LaunchedServer has them."""
+    and `client()` as tests/utils.py's PoolserveProcess has them."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None):
         self._env = env or {}
@@ -91,7 +91,7 @@ class InProcessServer:
 
     def start(self) -> InProcessServer:
         """The model loaded and the engine answering, as engine_core/__main__.py does; then the API server's
-        handshake and uvicorn, as apiserver/server.py does; returns once it accepts connections. `env` is set
+        handshake and uvicorn, as apiserver/process.py does; returns once it accepts connections. `env` is set
         meanwhile (read at start, as by OpenTelemetry's SDK), and only meanwhile: `launch` processes that tests
         start later must not inherit it."""
         with environment(self._env):

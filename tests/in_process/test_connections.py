@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from bench.server_process import wait_until
+from bench.harness.server_process import wait_until
 from tests.in_process.stack_server import InProcessServer, served
 from tests.utils import FLOAT32_CPU
 

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 from PIL import Image
 
-from apiserver.auth import OPEN_PATHS
-from apiserver.endpoints import ENDPOINTS
+from apiserver.connection.auth import OPEN_PATHS
+from apiserver.requests.endpoints import ENDPOINTS
 from tests.conftest import (
     API_KEY,
     CORS_ORIGIN,

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from poolserve.model_card import LateInteraction
 from poolserve.protocol import (
     Abort,
     Buffer,
@@ -16,7 +17,6 @@ from poolserve.protocol import (
     EngineWire,
     Frame,
     Hello,
-    LateInteraction,
     OutputRows,
     Outputs,
     Ping,

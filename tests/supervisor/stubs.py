@@ -26,7 +26,7 @@ from types import FrameType
 import prometheus_client.values
 import pytest
 
-from bench.server_process import wait_until
+from bench.harness.server_process import wait_until
 from poolserve.config import Config
 from poolserve.metric_files import DROPPED
 from supervisor.arbiter import METRICS_DIR_ENV, Supervisor

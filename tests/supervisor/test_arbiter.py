@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.server_process import wait_until
+from bench.harness.server_process import wait_until
 from poolserve.config import Config
 from supervisor.arbiter import EXIT_GAVE_UP, EXIT_OK, EXIT_START_FAILED, METRICS_DIR_ENV
 from supervisor.restart_policy import RestartPolicy

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from apiserver.limits import IMAGE_MODEL_BODY_BYTES
+from apiserver.requests.limits import IMAGE_MODEL_BODY_BYTES
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
 from supervisor.arbiter import ready_line
 from supervisor.cli import build_parser, parse_config
