@@ -255,6 +255,13 @@ class EngineClient:
         Engines in `refused` had no room for it (it is new: not admitted anywhere yet)."""
         if entry.engine is not None:
             self._inputs[entry.engine] -= entry.inputs
+        if len(self.links) == 1:
+            # One engine (the usual case): it takes the request whenever it is live, stuck or not; what follows
+            # would come to the same at several list builds a request.
+            entry.engine = 0 if self.links[0].is_ready and 0 not in refused else None
+            if entry.engine is not None:
+                self._inputs[0] += entry.inputs
+            return
         live = [link.is_ready and link.index not in refused for link in self.links]
         flowing = [is_live and not self._is_stuck(link) for is_live, link in zip(live, self.links, strict=True)]
         usable = flowing if any(flowing) else live

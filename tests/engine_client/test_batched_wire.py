@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import zmq.asyncio
 
-from engine_client import EngineClient, EngineError
+from engine_client import EngineClient, EngineError, EngineOverloaded
 from engine_client.client import PooledResult
 from tests.cards import CARD
 from tests.engine_client.fake_engine import FakeEngine, connected_client, job, until
@@ -89,6 +89,23 @@ def test_a_cancelled_request_among_several_is_aborted_alone_and_the_others_are_a
             with pytest.raises(asyncio.CancelledError):
                 await cancelled
         assert client.in_flight == 0
+        await close(context, engine, client)
+
+    asyncio.run(scenario())
+
+
+def test_with_one_engine_a_request_it_has_no_room_for_is_refused_and_the_next_goes_to_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        context, engine, client = await one_engine(tmp_path)
+        engine.is_full = True
+        refused = await asyncio.gather(*(client.pool(job()) for _ in range(2)), return_exceptions=True)
+        assert all(isinstance(error, EngineOverloaded) for error in refused) and engine.refused == 2
+        engine.is_full = False
+        work = asyncio.ensure_future(client.pool(job()))
+        await until(lambda: len(engine.held) == 1)
+        await engine.answer_all()
+        assert (await work).vectors.shape == (1, CARD.output_size)
+        assert client.in_flight == 0 and client.inputs_in_flight() == [0]
         await close(context, engine, client)
 
     asyncio.run(scenario())
