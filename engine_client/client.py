@@ -172,6 +172,9 @@ class EngineClient:
     async def close(self) -> None:
         if self._release_handle is not None:
             self._release_handle.cancel()
+        # Nothing queued goes out on a closed socket (a send already scheduled then finds nothing to send).
+        self._queued = [[] for _ in self.links]
+        self._aborting = [[] for _ in self.links]
         for link in self.links:
             await link.close()
         self._fail_all(EngineUnavailable("the API server is shutting down"))
