@@ -60,7 +60,7 @@ def time_layer(rows: int, inputs: int, outputs: int, is_gelu: bool, rounds: int)
     half = torch.nn.Linear(inputs, outputs).bfloat16()
     balance = torch.rand(inputs) + 0.5
     quantizer = InputQuantizer(1 / balance)
-    layer = Int8Linear(linear, quantizer, balance, is_gelu=is_gelu)
+    layer = Int8Linear(half, quantizer, balance, is_gelu=is_gelu)  # made, as the loader makes it, from bfloat16
     act: Callable[[torch.Tensor], torch.Tensor] = F.gelu if is_gelu else torch.nn.Identity()
     q = quantizer(narrow)
 
