@@ -128,3 +128,9 @@ def test_int8_is_refused_at_start_where_the_model_strays_on_the_probe_set(monkey
 def test_int8_is_refused_for_a_cross_encoder(cross_encoder_model: Path) -> None:
     with pytest.raises(LoadError, match="--dtype int8 serves single-vector embedding models; this is a classifier"):
         load_model(Config(model=str(cross_encoder_model), device="cpu", dtype="int8"))
+
+
+def test_int8_is_refused_where_torch_has_no_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(LoadError, match="--dtype int8 runs oneDNN's int8 product, which this torch build lacks"):
+        load_model(Config(device="cpu", dtype="int8"))
