@@ -365,6 +365,8 @@ def select_dtype(requested: str, device: torch.device, model_config: PretrainedC
     if requested == "int8":
         if device.type != "cpu":
             raise LoadError(f"--dtype int8 is a CPU mode; this engine runs on {device.type} (use --dtype auto there).")
+        if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+            raise LoadError("--dtype int8 runs oneDNN's int8 product, which this torch build lacks; use --dtype auto.")
         # The weights int8 is made from, once the probe has measured them (engine_core/int8_linear.py).
         return torch.float32
     if requested == "auto":

@@ -1,24 +1,31 @@
-"""`--dtype int8` on a CPU: an encoder's linear layers computed in int8, each token and each output channel scaled
-on its own, after SmoothQuant's balancing of the layer's input channels against its weights.
+"""`--dtype int8` on a CPU: an encoder's linear layers computed in int8 by oneDNN's fused int8 product, each output
+channel of the weights scaled on its own, the input as a whole after SmoothQuant's balancing of its channels.
 
 Why this scheme (docs/benchmarks.md, "The fast mode (`--dtype int8`)"): torch's dynamic quantization (one scale per
 batch for the activations) moved the bundled MiniLM's vectors to cosine 0.876 of sentence-transformers' (0.955 with
-per-channel weights, 0.986 with the full 8 bits, 0.994 after balancing), short of the 0.995 a fast mode must keep.
-One scale per token and balancing kept 0.995 on the bench corpus but 0.992 on "!!!": the feed-forward down
-projections (a layer wider in than out, whose input is the activation function's output) carry the error, and kept
-out of int8 the lowest cosine is 0.9985. They, attention, the norms and the activations run in bfloat16 where the
-CPU has it natively (as `--dtype auto` would), else float32. The input channels' maxima are measured on the probe
-set (engine_core/cpu_precision.py) while its float32 reference is computed; the quantized model must then agree
-with that reference before it serves.
+per-channel weights, 0.986 with the full 8 bits, 0.994 after balancing), short of the 0.995 a fast mode must keep:
+the feed-forward down projections (a layer wider in than out, whose input is the activation function's output) carry
+the error. Kept out of int8, with the input on the full 8 bits (uint8 and a zero point) and balanced, the lowest
+cosine is 0.9969 ("!!!"; 0.9987 on the bench corpus). They, attention, the norms and the activations run in bfloat16
+where the CPU has it natively (as `--dtype auto` would), else float32, and so does every layer for an input of few
+tokens (one short sentence), where quantising costs more than int8 saves. The int8 op applies the bias and a BERT
+intermediate block's GELU and writes bfloat16: the quantisation around a bare int32 product (per-token scales,
+`torch._int_mm`) cost as much as the product saved. A layer's query, key and value quantise their input once. The
+input channels' maxima are measured on the probe set (engine_core/cpu_precision.py) while its float32 reference is
+computed; the quantized model must then agree with that reference before it serves.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 import torch
+import torch.nn.functional as F
+from transformers.activations import GELUActivation
 
 from engine_core.cpu_precision import MIN_TOP_OVERLAP, TOP_K, Agreement
 
@@ -27,54 +34,125 @@ MIN_COSINE_INT8 = 0.995
 # SmoothQuant's migration strength: how much of an input channel's range moves into the weights.
 BALANCE = 0.5
 TINY = 1e-5
+# The input's values are spread over 0..254 (not 255): rounding the largest then stays within uint8.
+LEVELS = 254
+# An input of fewer rows (tokens) runs in the layer's own dtype: at one short sentence quantising costs more than the
+# int8 product saves (bench/int8_trial.py: 16 rows, 0.11 against 0.06 ms for 384 -> 384; even at 32 rows for 1536).
+MIN_INT8_ROWS = 32
+
+
+def padded_rows(rows: int) -> int:
+    """`rows` rounded up to one of 8 sizes per doubling (at most 1/8 more rows): oneDNN builds a kernel for each
+    row count it sees, ~10 ms each (docs/benchmarks.md), and keeps 1024; packed batches have any number of tokens."""
+    step = max(1, (1 << (rows.bit_length() - 1)) // 8)
+    return -(-rows // step) * step
+
+
+@dataclass
+class Quantized:
+    """A layer input in uint8, its rows padded (`padded_rows`): value = step * (quantized - zero)."""
+
+    values: torch.Tensor
+    rows: int
+    step: float
+    zero: int
+
+
+class InputQuantizer:
+    """Quantizes an input to uint8 after dividing each channel by its balance, one scale and zero point for the whole
+    tensor; once for every layer fed the same tensor (a BERT layer's query, key and value)."""
+
+    def __init__(self, input_balance: torch.Tensor):
+        self.input_balance = input_balance
+        self.last: tuple[weakref.ref[torch.Tensor], int | None, Quantized] | None = None
+
+    def __call__(self, x: torch.Tensor) -> Quantized:
+        # An inference tensor has no version counter; the engine's passes change no layer input in place.
+        version = None if x.is_inference() else x._version
+        if self.last is not None and self.last[0]() is x and self.last[1] == version:
+            return self.last[2]
+        rows = x.reshape(-1, self.input_balance.shape[0]) * self.input_balance  # a new float32 tensor
+        low, high = torch.aminmax(rows)
+        low_, high_ = min(float(low), 0.0), max(float(high), 0.0)  # the range holds 0: the zero point is a uint8
+        step = max(high_ - low_, 1e-12) / LEVELS
+        zero = round(-low_ / step)
+        values = torch.empty(padded_rows(len(rows)), rows.shape[1], dtype=torch.uint8)
+        # + 0.5 then truncation (the cast) rounds: every value is >= -0.5 + 0.5 after the shift.
+        values[: len(rows)].copy_(rows.mul_(1 / step).add_(zero + 0.5))
+        quantized = Quantized(values, len(rows), step, zero)
+        self.last = (weakref.ref(x), version, quantized)
+        return quantized
 
 
 class Int8Linear(torch.nn.Module):
-    """A linear layer in int8: weights per output channel, inputs per token (row), accumulated in int32."""
+    """A linear layer in int8 through oneDNN's fused int8 product (the op inductor's x86 quantizer emits): weights per
+    output channel, the input per tensor (`InputQuantizer`), the bias and optionally GELU applied in the same op,
+    the output in the input's dtype. An input of fewer than MIN_INT8_ROWS rows runs through the layer as it was."""
 
-    def __init__(self, linear: torch.nn.Linear, input_max: torch.Tensor):
+    def __init__(
+        self, linear: torch.nn.Linear, quantizer: InputQuantizer, balance: torch.Tensor, *, is_gelu: bool = False
+    ):
         super().__init__()
-        weight = linear.weight.detach().float()
-        balance = input_max.float().clamp(min=TINY).pow(BALANCE) / weight.abs().amax(0).clamp(min=TINY).pow(1 - BALANCE)
-        balance = balance.clamp(min=TINY)
-        balanced = weight * balance
+        balanced = linear.weight.detach().float() * balance
         scale = balanced.abs().amax(1).clamp(min=1e-12) / 127
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.weight_t: torch.Tensor
+        self.quantizer = quantizer
+        self.post_op = "gelu" if is_gelu else "none"
+        self.native = linear
+        self.packed_weight: torch.Tensor
         self.weight_scale: torch.Tensor
-        self.input_balance: torch.Tensor
+        self.weight_zero: torch.Tensor
         self.bias: torch.Tensor
-        self.register_buffer("weight_t", torch.round(balanced / scale[:, None]).to(torch.int8).t().contiguous())
+        weight = torch.round(balanced / scale[:, None]).to(torch.int8)
+        self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(weight, None))
         self.register_buffer("weight_scale", scale)
-        self.register_buffer("input_balance", 1 / balance)
+        self.register_buffer("weight_zero", torch.zeros(linear.out_features, dtype=torch.long))
         bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(linear.out_features)
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Each step works in place on a tensor made here (the product with the float32 balance is a new float32
-        # one): the quantisation around the int8 product is element-wise passes, which cost as much as it saves.
-        rows = x.reshape(-1, self.in_features) * self.input_balance
-        largest = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True).clamp_(min=1e-12)
-        quantized = rows.mul_(127 / largest).round_().to(torch.int8)
-        out = torch._int_mm(quantized, self.weight_t).float().mul_(largest / 127)
-        out.mul_(self.weight_scale).add_(self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if x.numel() < MIN_INT8_ROWS * self.in_features:
+            out: torch.Tensor = self.native(x)
+            return F.gelu(out) if self.post_op == "gelu" else out
+        q = self.quantizer(x)
+        out = torch.ops.onednn.qlinear_pointwise(
+            q.values, q.step, q.zero, self.packed_weight, self.weight_scale, self.weight_zero, self.bias,
+            1.0, 0, x.dtype, self.post_op, [], "none" if self.post_op == "gelu" else "",
+        )  # fmt: skip
+        return out[: q.rows].reshape(*x.shape[:-1], self.out_features)
 
 
-def record_input_maxima(
+@dataclass
+class InputRecord:
+    """What the probe fed each linear layer: each input channel's largest magnitude, and which layers were fed one
+    tensor (they share a quantizer, hence a balance)."""
+
+    maxima: dict[str, torch.Tensor] = field(default_factory=dict)
+    shared: list[list[str]] = field(default_factory=list)
+
+
+def record_inputs(
     model: torch.nn.Module, run: Callable[[], npt.NDArray[np.float32]]
-) -> tuple[npt.NDArray[np.float32], dict[str, torch.Tensor]]:
-    """What `run` returns, and each linear layer's largest input magnitude per channel while it ran (layers it did
-    not run, such as an unused pooler, are absent)."""
-    maxima: dict[str, torch.Tensor] = {}
+) -> tuple[npt.NDArray[np.float32], InputRecord]:
+    """What `run` returns, and what each linear layer it ran was fed (layers it did not run, such as an unused
+    pooler, are absent)."""
+    record = InputRecord()
+    fed: dict[int, list[str]] = {}
+    alive: list[torch.Tensor] = []  # held while recording, so that no two inputs have one id
 
     def recorder(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
-        def record(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            seen = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()
+        def record_input(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            x = inputs[0].detach()
+            seen = x.reshape(-1, x.shape[-1]).abs().amax(0).float()
+            maxima = record.maxima
             maxima[name] = torch.maximum(maxima[name], seen) if name in maxima else seen
+            alive.append(inputs[0])
+            names = fed.setdefault(id(inputs[0]), [])
+            if name not in names:
+                names.append(name)
 
-        return record
+        return record_input
 
     hooks = [
         module.register_forward_hook(recorder(name))
@@ -86,7 +164,15 @@ def record_input_maxima(
     finally:
         for hook in hooks:
             hook.remove()
-    return reference, maxima
+    grouped: dict[str, list[str]] = {}
+    for names in fed.values():
+        group = next((grouped[name] for name in names if name in grouped), [])
+        for name in names:
+            if name not in grouped:
+                group.append(name)
+                grouped[name] = group
+    record.shared = [group for group in {id(g): g for g in grouped.values()}.values()]
+    return reference, record
 
 
 def takes_int8(linear: torch.nn.Linear) -> bool:
@@ -94,16 +180,34 @@ def takes_int8(linear: torch.nn.Linear) -> bool:
     return linear.in_features <= linear.out_features
 
 
-def quantize_linears(model: torch.nn.Module, maxima: dict[str, torch.Tensor]) -> int:
-    """Replaces, in place, each linear layer that `maxima` measured and that takes int8 by an Int8Linear; returns
+def fuses_gelu(parent: torch.nn.Module, child_name: str) -> bool:
+    """Whether `parent` is a BERT-style intermediate block (`dense`, then exact GELU), whose GELU the int8 op can
+    apply."""
+    act = getattr(parent, "intermediate_act_fn", None)
+    return child_name == "dense" and isinstance(act, GELUActivation) and act.act is F.gelu
+
+
+def quantize_linears(model: torch.nn.Module, record: InputRecord) -> int:
+    """Replaces, in place, each linear layer that `record` measured and that takes int8 by an Int8Linear; returns
     how many."""
+    modules = dict(model.named_modules())
     replaced = 0
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if isinstance(child, torch.nn.Linear) and name in maxima and takes_int8(child):
-                setattr(parent, child_name, Int8Linear(child, maxima[name]))
-                replaced += 1
+    for group in record.shared:
+        linears = [modules[name] for name in group]
+        if not all(isinstance(linear, torch.nn.Linear) and takes_int8(linear) for linear in linears):
+            continue
+        weights = torch.cat([linear.weight.detach().float() for linear in linears])
+        balance = record.maxima[group[0]].clamp(min=TINY).pow(BALANCE)
+        balance = (balance / weights.abs().amax(0).clamp(min=TINY).pow(1 - BALANCE)).clamp(min=TINY)
+        quantizer = InputQuantizer(1 / balance)
+        for name, linear in zip(group, linears, strict=True):
+            parent_name, _, child_name = name.rpartition(".")
+            parent = modules[parent_name]
+            is_gelu = fuses_gelu(parent, child_name)
+            setattr(parent, child_name, Int8Linear(linear, quantizer, balance, is_gelu=is_gelu))
+            if is_gelu:
+                parent.intermediate_act_fn = torch.nn.Identity()
+            replaced += 1
     return replaced
 
 

@@ -67,7 +67,7 @@ from engine_core.folder_choices import (
     vision_tokens,
 )
 from engine_core.image_config import ImageConfigError, read_image_processing
-from engine_core.int8_linear import int8_refusal, quantize_linears, record_input_maxima
+from engine_core.int8_linear import int8_refusal, quantize_linears, record_inputs
 from engine_core.multi_vector import (
     LATE_INTERACTION_TASKS,
     MultiVectorRunner,
@@ -518,10 +518,10 @@ def choose_precision(
             what = "a multi-vector" if late is not None else "bge-m3's" if m3 else f"a {kind}"
             raise LoadError(f"--dtype int8 serves single-vector embedding models; this is {what} model.")
         probe = probe_rows(backend, max_model_len)
-        reference, maxima = record_input_maxima(model, lambda: runner.run_texts(probe, None))
+        reference, inputs = record_inputs(model, lambda: runner.run_texts(probe, None))
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32  # what the layers left out of int8 run in
         model.to(dtype)
-        replaced = quantize_linears(model, maxima)
+        replaced = quantize_linears(model, inputs)
         runner = build_runner(model, dtype)
         measured = measure_agreement(reference, runner.run_texts(probe, None))
         if (strays := int8_refusal(measured)) is not None:

@@ -592,7 +592,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "Weights' precision. auto: float16 on CUDA; on CPU bfloat16 where the processor has native bf16 "
             "(AVX512_BF16 or AMX) and the model agrees with float32 on a probe set (cosine >= 0.99, top-10 "
             "overlap >= 0.9), else float32. int8 (CPU only, opt-in fast mode): an embedding model's linear layers "
-            "in int8, per token and per channel, the rest in bf16 where native; refused at start-up unless its "
+            "in int8 (oneDNN; input per tensor, weights per channel), the rest in bf16 where native; refused at "
+            "start-up unless its "
             "vectors stay within cosine 0.995 of float32's on the probe set (docs/operations.md, Precision).",
             per_model=True,
         ),

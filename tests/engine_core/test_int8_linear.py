@@ -11,7 +11,14 @@ import torch
 from engine_core import loader
 from engine_core.cpu_precision import Agreement
 from engine_core.folder_choices import LoadError
-from engine_core.int8_linear import Int8Linear
+from engine_core.int8_linear import (
+    MIN_INT8_ROWS,
+    InputQuantizer,
+    Int8Linear,
+    padded_rows,
+    quantize_linears,
+    record_inputs,
+)
 from engine_core.load_model import load_model
 from poolserve.config import Config
 from tests.fidelity.stack import serve_in_process
@@ -22,16 +29,78 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", a, b) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)  # type: ignore[no-any-return]
 
 
+def int8_layer(linear: torch.nn.Linear, inputs: torch.Tensor, *, is_gelu: bool = False) -> Int8Linear:
+    balance = inputs.abs().amax(0).clamp(min=1e-5).sqrt() / linear.weight.detach().abs().amax(0).sqrt()
+    return Int8Linear(linear, InputQuantizer(1 / balance), balance, is_gelu=is_gelu)
+
+
 def test_an_int8_layer_follows_its_float_layer_despite_an_outlier_input_channel() -> None:
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 32)
     inputs = torch.randn(40, 64)
     inputs[:, 5] *= 50  # one channel far larger than the rest, as a LayerNorm's output often has
-    layer = Int8Linear(linear, inputs.abs().amax(0))
+    unbalanced = Int8Linear(linear, InputQuantizer(torch.ones(64)), torch.ones(64))
     with torch.no_grad():
-        expected, got = linear(inputs).numpy(), layer(inputs.reshape(5, 8, 64)).reshape(40, 32).numpy()
-    assert cosines(got, expected).min() > 0.999
+        expected = linear(inputs).numpy()
+        got = int8_layer(linear, inputs)(inputs.reshape(5, 8, 64)).reshape(40, 32).numpy()
+        assert cosines(unbalanced(inputs).numpy(), expected).min() < 0.96  # one scale for all: the outlier wins
+    assert cosines(got, expected).min() > 0.997
     assert not np.array_equal(got, expected)
+
+
+def test_an_int8_layer_applies_gelu_in_its_product_and_keeps_bfloat16() -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 256).bfloat16()
+    inputs = torch.randn(100, 64).bfloat16()
+    layer = int8_layer(linear, inputs.float(), is_gelu=True)
+    with torch.no_grad():
+        expected = torch.nn.functional.gelu(linear.float()(inputs.float())).numpy()
+        got = layer(inputs)
+    assert got.dtype == torch.bfloat16 and got.shape == (100, 256)
+    assert cosines(got.float().numpy(), expected).min() > 0.999
+
+
+def test_fewer_rows_than_the_int8_minimum_run_through_the_layer_as_it_was() -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    inputs = torch.randn(MIN_INT8_ROWS - 1, 64)
+    with torch.no_grad():
+        assert torch.equal(int8_layer(linear, inputs)(inputs), linear(inputs))
+
+
+def test_padded_rows_add_at_most_an_eighth_and_few_sizes() -> None:
+    sizes = [padded_rows(rows) for rows in range(1, 8193)]
+    assert all(rows <= size <= rows + rows / 8 for rows, size in zip(range(1, 8193), sizes, strict=True))
+    assert len(set(sizes)) < 120  # oneDNN keeps 1024 kernels, one per row count and shape
+
+
+class Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key, self.value, self.output = (torch.nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.query(x) * self.key(x) + self.value(x))  # type: ignore[no-any-return]
+
+
+def test_layers_fed_one_tensor_share_one_quantisation_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = Attention()
+    inputs = torch.randn(64, 32)
+    with torch.no_grad():
+        expected = model(inputs).numpy()
+        _, record = record_inputs(model, lambda: model(inputs).numpy())
+        assert sorted(map(sorted, record.shared)) == [["key", "query", "value"], ["output"]]
+        assert quantize_linears(model, record) == 4
+        quantizer = model.query.quantizer
+        assert model.key.quantizer is quantizer and model.value.quantizer is quantizer
+        assert model.output.quantizer is not quantizer
+        ranges: list[torch.Tensor] = []  # each quantisation measures its input's range once
+        aminmax = torch.aminmax
+        monkeypatch.setattr(torch, "aminmax", lambda x: ranges.append(x) or aminmax(x))
+        got = model(inputs).numpy()
+    assert len(ranges) == 2  # query, key and value's input once, the output layer's once
+    assert cosines(got, expected).min() > 0.999
 
 
 def test_int8_serves_the_bundled_model_within_cosine_0995_of_sentence_transformers(bundled_model: Path) -> None:
@@ -59,3 +128,9 @@ def test_int8_is_refused_at_start_where_the_model_strays_on_the_probe_set(monkey
 def test_int8_is_refused_for_a_cross_encoder(cross_encoder_model: Path) -> None:
     with pytest.raises(LoadError, match="--dtype int8 serves single-vector embedding models; this is a classifier"):
         load_model(Config(model=str(cross_encoder_model), device="cpu", dtype="int8"))
+
+
+def test_int8_is_refused_where_torch_has_no_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(LoadError, match="--dtype int8 runs oneDNN's int8 product, which this torch build lacks"):
+        load_model(Config(device="cpu", dtype="int8"))
