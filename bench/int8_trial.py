@@ -95,7 +95,7 @@ def time_layer(rows: int, inputs: int, outputs: int, is_gelu: bool, rounds: int)
 def time_model(rounds: int) -> None:
     from tokenizers import Tokenizer
 
-    from bench.corpus import make_sentence
+    from bench.harness.corpus import make_sentence
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
