@@ -22,6 +22,7 @@ a death it was not blamed for yet (an API server that could not read the record)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from poolserve.flight_record import read_record
 from poolserve.model_card import ModelCard
 from poolserve.protocol import (
     ERROR_OVERLOADED,
+    Abort,
     ClientWire,
     EngineRequest,
     ForwardPass,
@@ -74,14 +76,12 @@ Death = tuple[int, int]
 @dataclass(slots=True)
 class InFlight:
     """A request sent and not yet answered (resubmissions bump its `attempt`), and the engine it was sent to (None
-    while it waits for one; queued for that engine's next message until the loop's next turn). A suspect waits for
-    the engine it was blamed for killing (`held_for`) since `held_since`."""
+    while it waits for one). A suspect waits for the engine it was blamed for killing (`held_for`) since
+    `held_since`."""
 
     request: EngineRequest
     future: asyncio.Future[PooledResult]
     engine: int | None = None
-    # The engine whose next message is to carry it (EngineClient._queue); None once sent, or while it waits.
-    queued_on: int | None = None
     blamed_for: set[Death] = field(default_factory=set)
     held_for: int | None = None
     held_since: float = 0.0
@@ -131,13 +131,9 @@ class EngineClient:
         self._losses = [0] * len(self.links)
         # Looks, while suspects wait for a restart, for those whose engine will not be back soon.
         self._release_handle: asyncio.TimerHandle | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
         # Set while at least one engine is ready.
         self._any_ready = asyncio.Event()
-        # What each engine's next message carries (sent in the loop's next turn, `_send_queued`): requests, and ids
-        # of requests to abort; and whether that send is scheduled.
-        self._queued: list[list[InFlight]] = [[] for _ in self.links]
-        self._aborting: list[list[int]] = [[] for _ in self.links]
-        self._is_sending = [False] * len(self.links)
         self.card: ModelCard | None = None
 
     @property
@@ -172,20 +168,20 @@ class EngineClient:
     async def close(self) -> None:
         if self._release_handle is not None:
             self._release_handle.cancel()
-        # Nothing queued goes out on a closed socket (a send already scheduled then finds nothing to send).
-        self._queued = [[] for _ in self.links]
-        self._aborting = [[] for _ in self.links]
         for link in self.links:
             await link.close()
         self._fail_all(EngineUnavailable("the API server is shutting down"))
         self._context.term()
 
     async def pool(self, request: EngineRequest) -> PooledResult:
-        """Send one request and wait for its rows; its id is assigned here.
+        """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here.
 
-        The request goes in the loop's next turn, in one message with every other request this server made for that
-        engine in this turn (`_queue`). While no engine is ready, a new request waits for one up to `wait_timeout`
-        seconds."""
+        While no engine is ready, a new request waits for one up to `wait_timeout` seconds."""
+        # Sent in the loop's next turn, not at once: the requests parsed in one turn then go to the engine back to
+        # back, which its I/O thread reads in one wake-up and its scheduler batches together (sent one by one between
+        # parses, batches were a quarter smaller and the engine's CPU per request a third higher: docs/benchmarks.md,
+        # "CPU per request"). Not yet in flight meanwhile: an engine lost in that turn has nothing of it to move.
+        await asyncio.sleep(0)
         if not self._any_ready.is_set():
             try:
                 await asyncio.wait_for(self._any_ready.wait(), self.wait_timeout)
@@ -201,7 +197,7 @@ class EngineClient:
             self._route(entry)
             while True:
                 if entry.engine is not None:
-                    self._queue(entry)
+                    await self._submit(entry)
                 try:
                     return await entry.future
                 except EngineOverloaded:
@@ -216,10 +212,9 @@ class EngineClient:
                     entry.future = loop.create_future()
                     self._in_flight[request_id] = entry
         except asyncio.CancelledError:
-            # The caller went away (client disconnect, timeout): the engine need not compute it. Not sent yet, it
-            # never will be (what is queued goes only while it is in flight).
-            if self._forget(request_id) is not None and entry.engine is not None and entry.queued_on is None:
-                self._abort(entry.engine, request_id)
+            # The caller went away (client disconnect, timeout): the engine need not compute it.
+            if self._forget(request_id) is not None and entry.engine is not None:
+                await self._abort(entry.engine, request_id)
             raise
         finally:
             self._forget(request_id)
@@ -258,13 +253,6 @@ class EngineClient:
         Engines in `refused` had no room for it (it is new: not admitted anywhere yet)."""
         if entry.engine is not None:
             self._inputs[entry.engine] -= entry.inputs
-        if len(self.links) == 1:
-            # One engine (the usual case): it takes the request whenever it is live, stuck or not; what follows
-            # would come to the same at several list builds a request.
-            entry.engine = 0 if self.links[0].is_ready and 0 not in refused else None
-            if entry.engine is not None:
-                self._inputs[0] += entry.inputs
-            return
         live = [link.is_ready and link.index not in refused for link in self.links]
         flowing = [is_live and not self._is_stuck(link) for is_live, link in zip(live, self.links, strict=True)]
         usable = flowing if any(flowing) else live
@@ -292,71 +280,40 @@ class EngineClient:
             self._inputs[entry.engine] -= entry.inputs
         return entry
 
-    def _queue(self, entry: InFlight) -> None:
-        """Put a request in its engine's next message, sent in the loop's next turn: the requests parsed in one turn
-        go to the engine as one message, which its I/O thread reads and decodes at once and its scheduler batches
-        together (sent one by one between parses, batches were a quarter smaller and the engine's CPU per request a
-        third higher; one message for all of them, docs/benchmarks.md, "The wire, batched")."""
-        engine = entry.engine
+    async def _submit(self, entry: InFlight) -> None:
+        """Send a request to its engine; one that cannot go now stays in flight. A refused send while
+        the engine counts as ready means its death has not reached the socket monitor yet (or the send
+        queue is full): retry shortly, unless the disconnect arrives first, which moves the request."""
+        engine, attempt = entry.engine, entry.request.attempt
         assert engine is not None
-        entry.queued_on = engine
-        self._queued[engine].append(entry)
-        self._schedule_send(engine)
-
-    def _abort(self, engine: int, request_id: int) -> None:
-        if self.links[engine].is_ready:
-            self._aborting[engine].append(request_id)
-            self._schedule_send(engine)
-
-    def _schedule_send(self, engine: int, delay: float = 0.0) -> None:
-        if not self._is_sending[engine]:
-            self._is_sending[engine] = True
-            loop = asyncio.get_running_loop()
-            if delay:
-                loop.call_later(delay, self._send_queued, engine)
-            else:
-                loop.call_soon(self._send_queued, engine)
-
-    def _send_queued(self, engine: int) -> None:
-        """Send an engine's queued requests and aborts as one message. A request moved since it was queued (its
-        engine lost, or refused) or forgotten (its caller left) is not sent. A refused send while the engine counts
-        as ready means its death has not reached the socket monitor yet (or the send queue is full): it is tried
-        again shortly, unless the disconnect arrives first, which moves the requests."""
-        self._is_sending[engine] = False
-        queued, self._queued[engine] = self._queued[engine], []
-        aborts, self._aborting[engine] = self._aborting[engine], []
-        in_flight = self._in_flight
-        entries = [
-            entry
-            for entry in queued
-            if entry.queued_on == engine and entry.engine == engine and in_flight.get(entry.request.id) is entry
-        ]
         link = self.links[engine]
-        if not (entries or aborts) or not link.is_ready:
-            return
-        try:
-            link.send_now(self._wire.encode_submit([entry.request for entry in entries], aborts))
-        except EngineUnavailable:
-            self._queued[engine] += entries
-            self._aborting[engine] += aborts
-            self._schedule_send(engine, SEND_RETRY_S)
-            return
-        for entry in entries:
-            entry.queued_on = None
+        while True:
+            try:
+                await link.send(self._wire.encode(entry.request))
+                return
+            except EngineUnavailable:
+                await asyncio.sleep(SEND_RETRY_S)
+            moved = entry.request.attempt != attempt or entry.engine != engine
+            if not link.is_ready or moved or entry.request.id not in self._in_flight:
+                return
 
-    def _resubmit(self, entries: list[InFlight], *, is_suspect: bool, engine: int | None = None) -> None:
+    async def _abort(self, engine: int, request_id: int) -> None:
+        if self.links[engine].is_ready:
+            with contextlib.suppress(EngineUnavailable):
+                await self.links[engine].send(self._wire.encode(Abort([request_id])))
+
+    async def _resubmit(self, entries: list[InFlight], *, is_suspect: bool, engine: int | None = None) -> None:
         """Send again (bumping `attempt`: admitted already), each to `engine`, or else the least-loaded live one."""
         for entry in entries:
             entry.request.attempt += 1
             entry.request.is_suspect = is_suspect or entry.blames > 0
-            entry.queued_on = None
             if engine is None:
                 self._route(entry)
             else:
                 entry.engine = engine
                 self._inputs[engine] += entry.inputs
             if entry.engine is not None:
-                self._queue(entry)
+                await self._submit(entry)
 
     # What the links report ----------------------------------------------------------------------
 
@@ -381,8 +338,8 @@ class EngineClient:
         for request_id in set(ready.suspects) & self._in_flight.keys():
             entry = self._in_flight[request_id]
             engine = entry.engine
-            if self._blame(entry, death) and engine is not None and entry.queued_on is None:
-                self._abort(engine, request_id)
+            if self._blame(entry, death) and engine is not None:
+                await self._abort(engine, request_id)
         link.ready.set()
         self._any_ready.set()
         waiting = [entry for entry in self._in_flight.values() if entry.engine is None and entry.held_for is None]
@@ -396,8 +353,8 @@ class EngineClient:
             )
         for entry in held:
             entry.held_for = None
-        self._resubmit(held, is_suspect=True, engine=link.index)
-        self._resubmit(waiting, is_suspect=False)
+        await self._resubmit(held, is_suspect=True, engine=link.index)
+        await self._resubmit(waiting, is_suspect=False)
 
     async def on_lost(self, link: EngineLink) -> None:
         """An engine went away: the requests its forward pass held wait for its restart (suspects); the rest
@@ -410,7 +367,7 @@ class EngineClient:
         stranded = [entry for entry in self._in_flight.values() if entry.engine == index]
         for entry in stranded:
             self._inputs[index] -= entry.inputs
-            entry.engine = entry.queued_on = None
+            entry.engine = None
         running = self._read_running(index)
         now = asyncio.get_running_loop().time()
         suspects: list[InFlight] = []
@@ -434,7 +391,7 @@ class EngineClient:
         )
         # With no record to read, which of them its forward pass held is known only when it is back: each runs
         # alone meanwhile, so that a poison pill among them takes no innocent request with it.
-        self._resubmit(movable, is_suspect=running is None)
+        await self._resubmit(movable, is_suspect=running is None)
 
     def _read_running(self, engine: int) -> set[int] | None:
         """This server's requests in the dead engine's last forward pass, from its flight record; None when there
@@ -490,7 +447,9 @@ class EngineClient:
         if len(released) < len(held):
             self._schedule_release()
         if released and self._any_ready.is_set():
-            self._resubmit(released, is_suspect=True)
+            task = asyncio.ensure_future(self._resubmit(released, is_suspect=True))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
 
     def _fail_all(self, error: Exception) -> None:
         in_flight, self._in_flight = self._in_flight, {}

@@ -107,18 +107,10 @@ class EngineLink:
         self._socket.close()
 
     async def send(self, frames: list[Frame]) -> None:
-        self.send_now(frames)
-
-    def send_now(self, frames: list[Frame]) -> None:
-        """Send at once or raise EngineUnavailable: a non-blocking send on a socket with no send waiting (every send
-        here is non-blocking) is done by the time zmq.asyncio returns its future, so it needs no await."""
-        sent = self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        assert isinstance(sent, asyncio.Future) and sent.done()
-        error = sent.exception()
-        if isinstance(error, zmq.Again):
-            raise EngineUnavailable("the engine is not accepting requests") from error
-        if error is not None:
-            raise error
+        try:
+            await self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again as exc:
+            raise EngineUnavailable("the engine is not accepting requests") from exc
 
     async def ping(self, timeout: float) -> Pong | None:
         """A timed round trip to the engine; None when it does not answer in time."""

@@ -149,13 +149,11 @@ class EngineCore:
 
     def abort(self, identity: bytes, ids: list[int]) -> None:
         """Drop requests nobody waits for any more; their inputs not yet run never will be."""
-        dropped = []
         for request_id in ids:
             request = self._requests.pop((identity, request_id), None)
             if request is not None:
                 request.is_cancelled = True
-                dropped.append(request)
-        self._release(dropped)
+                self._release(request)
 
     def next_batch(self) -> list[WorkItem] | None:
         """The inputs of the next forward pass (the scheduler cuts a window into batches, served in
@@ -260,9 +258,9 @@ class EngineCore:
         normalized, are_finite = normalize_together(
             [r for r in finished if r.params.normalize and together and r.sparse_rows is None]
         )
-        self._release(finished)
         for request in finished:
             self._requests.pop(request.key, None)
+            self._release(request)
             if request.sparse_rows is not None:
                 self._finish_sparse(request, step, now)
                 continue
@@ -335,25 +333,19 @@ class EngineCore:
 
     def _fail(self, failed: list[PendingRequest], error: str) -> StepOutputs:
         step = StepOutputs()
-        self._release(failed)
         for request in failed:
             request.is_cancelled = True
             self._requests.pop(request.key, None)
+            self._release(request)
             step.failures[request.identity].append(RequestFailed(request.id, ERROR_MODEL, error))
         return step
 
-    def _release(self, requests: list[PendingRequest]) -> None:
-        """Give the requests' share of the admission limit back, at one locked call for all of them."""
-        inputs = tokens = 0
-        for request in requests:
-            if not request.is_released:
-                request.is_released = True
-                inputs += request.count
-                tokens += request.total_cost
-                if request.started_at is not None:
-                    self.running -= 1
-        if inputs or tokens:
-            self.admission.release(inputs, tokens)
+    def _release(self, request: PendingRequest) -> None:
+        if not request.is_released:
+            request.is_released = True
+            self.admission.release(request.count, request.total_cost)
+            if request.started_at is not None:
+                self.running -= 1
 
 
 def normalize_together(requests: list[PendingRequest]) -> tuple[dict[int, F32], bool]:

@@ -133,8 +133,8 @@ class EngineProcess:
             if isinstance(item, PendingRequest):
                 add(item)
             else:
-                identity, ids = item
-                abort(identity, ids)
+                identity, message = item
+                abort(identity, message.ids)
 
     def _reply(self, step: StepOutputs) -> None:
         """One message per API server, with everything of its that this step finished or failed; one wake-up

@@ -23,8 +23,10 @@ from poolserve.model_card import ModelCard
 from poolserve.protocol import (
     ERROR_INVALID,
     ERROR_OVERLOADED,
+    Abort,
     EngineRequest,
     EngineWire,
+    ErrorCode,
     Frame,
     Hello,
     Ping,
@@ -32,7 +34,6 @@ from poolserve.protocol import (
     ProtocolError,
     Ready,
     RequestFailed,
-    Submitted,
 )
 
 logger = logging.getLogger("poolserve.engine")
@@ -42,8 +43,8 @@ OUTBOX_ENDPOINT = "inproc://engine-outbox"
 # in Python, and a reply has a frame per finished request.
 MORE = int(zmq.SNDMORE)
 
-# What the scheduler thread receives: a request to run, or (identity, ids of its requests to abort).
-InboxItem = PendingRequest | tuple[bytes, list[int]]
+# What the scheduler thread receives: a request to run, or (identity, Abort).
+InboxItem = PendingRequest | tuple[bytes, Abort]
 # The inbox takes what one pass over the socket read, in order, as one list (at most this many): a put per
 # request woke the scheduler thread, and handed it the GIL, once per request.
 INBOX_BATCH = 256
@@ -143,11 +144,18 @@ class EngineIO:
         try:
             msg = self._wire.decode(frames[1:])
         except ProtocolError as exc:
-            logger.warning("dropped an undecodable message from %r: %s", identity, exc)
+            request_id = self._wire.request_id_of(frames[1:])
+            if request_id is None:
+                logger.warning("dropped an undecodable message from %r: %s", identity, exc)
+            else:
+                logger.warning("refused request %d from %r: %s", request_id, identity, exc)
+                self._refuse(identity, request_id, f"invalid request: {exc}", ERROR_INVALID)
             return
         match msg:
-            case Submitted():
-                self._take(identity, msg)
+            case EngineRequest():
+                self._admit(identity, msg)
+            case Abort():
+                self._arrived.append((identity, msg))
             case Ping():
                 admission = self.admission
                 self._send(
@@ -164,40 +172,28 @@ class EngineIO:
                 )
                 self._send(identity, self._wire.encode(Ready(self.card, suspects)))
 
-    def _take(self, identity: bytes, msg: Submitted) -> None:
-        """One message's requests admitted (or refused, together in one reply) and its aborts passed on."""
-        refusals = [
-            RequestFailed(request_id, ERROR_INVALID, f"invalid request: {error}") for request_id, error in msg.refused
-        ]
-        for refusal in refusals:
-            logger.warning("refused request %d from %r: %s", refusal.id, identity, refusal.message)
-        for request in msg.requests:
-            refused = self._admit(identity, request)
-            if refused is not None:
-                refusals.append(refused)
-        if msg.aborts:
-            self._arrived.append((identity, msg.aborts))
-        if refusals:
-            self._send(identity, self._wire.encode_outputs([], refusals))
-
-    def _admit(self, identity: bytes, msg: EngineRequest) -> RequestFailed | None:
-        """Queue the request for the scheduler thread, or say why not."""
+    def _admit(self, identity: bytes, msg: EngineRequest) -> None:
         try:
             request = check_request(identity, msg, self.card)
         except InvalidRequest as exc:
             logger.warning("refused request %d from %r: %s", msg.id, identity, exc)
-            return RequestFailed(msg.id, ERROR_INVALID, f"invalid request: {exc}")
+            self._refuse(identity, msg.id, f"invalid request: {exc}", ERROR_INVALID)
+            return
         if not self.admission.try_admit(
             request.count, request.total_cost, force=msg.attempt > 0, priority=request.priority
         ):
-            return RequestFailed(
+            self._refuse(
+                identity,
                 msg.id,
-                ERROR_OVERLOADED,
                 f"the server is at its queue limit ({self.admission.max_inputs} inputs, "
                 f"{self.admission.max_tokens} tokens waiting or running)",
+                ERROR_OVERLOADED,
             )
+            return
         self._arrived.append(request)
-        return None
+
+    def _refuse(self, identity: bytes, request_id: int, error: str, code: ErrorCode) -> None:
+        self._send(identity, self._wire.encode_outputs([], [RequestFailed(request_id, code, error)]))
 
     def _send(self, identity: bytes, frames: list[Frame]) -> None:
         send_frames(self._router, [identity, *frames])

@@ -2,12 +2,10 @@
 
 A message is a multipart ZeroMQ message: frame 0 is a msgpack-encoded Struct from the tagged unions
 below; arrays follow as raw little-endian frames (token ids int32, pixels uint8, pooled rows float32; a sparse
-model's rows as an int32 index frame and a float32 value frame) whose shapes and places the Struct carries. Both
-ways a message carries many requests: an API server sends what it parsed in one event-loop turn as one `Submit`
-(its small arrays sharing one frame), and the engine answers what one step finished for that API server as one
-`Outputs` (every output's rows in one frame). Nothing is pickled. Every process comes from one install, so both ends
-always run this same module and no field has to stay readable by an older peer. Each end builds its codec
-(`ClientWire`, `EngineWire`) once and reuses it, as msgspec advises.
+model's rows as an int32 index frame and a float32 value frame) whose shapes the Struct carries. Nothing is
+pickled. Every process comes from one install, so both ends always run this same module and no field has to
+stay readable by an older peer. Each end
+builds its codec (`ClientWire`, `EngineWire`) once and reuses it, as msgspec advises.
 """
 
 from __future__ import annotations
@@ -158,39 +156,15 @@ class EngineRequest(msgspec.Struct, tag="pool", array_like=True, kw_only=True):
         return len(self.lengths) + self.images
 
 
-class Submit(msgspec.Struct, tag="submit", array_like=True, frozen=True):
-    """What an API server sends an engine in one event-loop turn, as one message: the requests parsed in that turn
-    (each with its own id, options and arrays) and the ids of requests sent earlier whose clients left (their work is
-    dropped). Every array of every request travels in the message's data frames (`ClientWire.encode_submit`)."""
-
-    requests: list[EngineRequest] = msgspec.field(default_factory=list)
-    aborts: list[int] = msgspec.field(default_factory=list)
+class Abort(msgspec.Struct, tag="abort", array_like=True, frozen=True):
+    ids: list[int]
 
 
 class Ping(msgspec.Struct, tag="ping", array_like=True, frozen=True):
     nonce: int
 
 
-ToEngine = Hello | Submit | Ping
-
-
-class _RawSubmit(msgspec.Struct, tag="submit", array_like=True, frozen=True):
-    """A Submit whose requests are left encoded, read one by one when the whole message does not decode: one
-    broken request then fails alone, not with the others it came with."""
-
-    requests: list[msgspec.Raw] = msgspec.field(default_factory=list)
-    aborts: list[int] = msgspec.field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Submitted:
-    """A Submit as the engine reads it: the requests whose arrays fit their header (`check_layout`), the aborts,
-    and the ids of requests that do not, each with why (answered `invalid` rather than left to time out)."""
-
-    requests: list[EngineRequest]
-    aborts: list[int]
-    refused: list[tuple[int, str]]
-
+ToEngine = Hello | EngineRequest | Abort | Ping
 
 # The dtype each array field of a request travels in, by its annotation.
 ARRAY_DTYPES: Final[dict[object, str]] = {I32: TOKEN_DTYPE, U8: "u1"}
@@ -256,10 +230,10 @@ class ForwardPass(msgspec.Struct, array_like=True, frozen=True):
 
 
 class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
-    """One finished request, whose `rows` x `dim` float32 values are the next `rows * dim` of its message's dense
-    frame; or, when `nonzeros` is not None (a sparse model), whose rows are the next entries of its message's two
-    sparse frames: the column indices (int32, ascending within a row) and the values (float32) of every row's
-    non-zero entries, row after row, `nonzeros[i]` of them for row i."""
+    """One finished request, whose `rows` x `dim` float32 values travel in their own frame; or, when
+    `nonzeros` is not None (a sparse model), whose rows travel as two frames: the column indices (int32,
+    ascending within a row) and the values (float32) of every row's non-zero entries, row after row,
+    `nonzeros[i]` of them for row i."""
 
     id: int
     rows: int
@@ -283,11 +257,8 @@ class RequestFailed(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Outputs(msgspec.Struct, tag="outputs", array_like=True, frozen=True):
-    """What finished for one API server in one step, sent together. Data frames follow: when there is a dense
-    output, one frame holding every dense output's float32 rows back to back, in the order of `outputs`; then, when
-    there is a sparse output, one frame of every sparse output's int32 indices and one of their float32 values, back
-    to back in the same order (`decode_rows`). A frame per output cost a send and a receive each (docs/benchmarks.md,
-    "The wire, batched")."""
+    """What finished for one API server, sent together: the outputs' data frames follow in order, one per
+    dense output, two per sparse one."""
 
     outputs: list[PooledOutput] = msgspec.field(default_factory=list)
     failures: list[RequestFailed] = msgspec.field(default_factory=list)
@@ -357,46 +328,26 @@ OutputRows = F32 | SparseRows
 
 
 def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[OutputRows]:
-    """Each output's rows, as read-only views of the message's data frames (no copy); ProtocolError when they do
-    not fit the headers."""
-    outputs = msg.outputs
-    sparse_count = sum(out.nonzeros is not None for out in outputs)
-    has_dense, has_sparse = sparse_count < len(outputs), sparse_count > 0
-    expected = int(has_dense) + 2 * int(has_sparse)
+    """Each output's rows, as read-only views of its data frames (no copy); ProtocolError when they do not fit."""
+    expected = sum(1 if out.nonzeros is None else 2 for out in msg.outputs)
     if len(frames) != expected:
-        raise ProtocolError(f"{len(outputs)} output(s) need {expected} data frame(s), came with {len(frames)}")
-    try:
-        dense = np.frombuffer(frames[0], dtype=OUTPUT_DTYPE) if has_dense else _NO_VALUES
-        indices = np.frombuffer(frames[-2], dtype=TOKEN_DTYPE) if has_sparse else _NO_INDICES
-        values = np.frombuffer(frames[-1], dtype=OUTPUT_DTYPE) if has_sparse else _NO_VALUES
-    except ValueError:
-        raise ProtocolError("a data frame does not hold whole 4-byte values") from None
-    if indices.size != values.size:
-        raise ProtocolError(f"the sparse frames hold {indices.size} indices and {values.size} values")
+        raise ProtocolError(f"{len(msg.outputs)} output(s) need {expected} data frame(s), came with {len(frames)}")
     rows: list[OutputRows] = []
-    dense_at = sparse_at = 0
-    for out in outputs:
-        if out.nonzeros is not None:
-            sparse, sparse_at = decode_sparse(out, indices, values, sparse_at)
-            rows.append(sparse)
+    at = 0
+    for out in msg.outputs:
+        if out.nonzeros is None:
+            frame = frames[at]
+            at += 1
+            if out.rows < 0 or out.dim < 0 or memoryview(frame).nbytes != out.rows * out.dim * OUTPUT_ITEMSIZE:
+                raise ProtocolError(f"output {out.id}'s frame does not hold {out.rows}x{out.dim} float32 values")
+            rows.append(np.frombuffer(frame, dtype=OUTPUT_DTYPE).reshape(out.rows, out.dim))
             continue
-        end = dense_at + out.rows * out.dim
-        if out.rows < 0 or out.dim < 0 or end > dense.size:
-            raise ProtocolError(f"output {out.id}'s rows of {out.rows}x{out.dim} float32 values are not in its frame")
-        rows.append(dense[dense_at:end].reshape(out.rows, out.dim))
-        dense_at = end
-    if dense_at != dense.size or sparse_at != indices.size:
-        raise ProtocolError("the data frames hold more than the outputs count")
+        rows.append(decode_sparse(out, frames[at], frames[at + 1]))
+        at += 2
     return rows
 
 
-_NO_VALUES: Final[F32] = np.zeros(0, dtype=OUTPUT_DTYPE)
-_NO_INDICES: Final[I32] = np.zeros(0, dtype=TOKEN_DTYPE)
-
-
-def decode_sparse(out: PooledOutput, indices: I32, values: F32, at: int) -> tuple[SparseRows, int]:
-    """The sparse output's rows, its entries from `at` on in the message's sparse frames, and where the next
-    output's entries start."""
+def decode_sparse(out: PooledOutput, index_frame: Buffer, value_frame: Buffer) -> SparseRows:
     assert out.nonzeros is not None
     if out.dim < 0 or len(out.nonzeros) != out.rows:
         raise ProtocolError(f"output {out.id} counts the non-zeros of {len(out.nonzeros)} rows, not {out.rows}")
@@ -406,18 +357,21 @@ def decode_sparse(out: PooledOutput, indices: I32, values: F32, at: int) -> tupl
         raise ProtocolError(f"output {out.id}'s non-zero counts must be within 0..{out.dim}") from None
     if nonzeros.size and (nonzeros.min() < 0 or nonzeros.max() > out.dim):
         raise ProtocolError(f"output {out.id}'s non-zero counts must be within 0..{out.dim}")
-    end = at + int(nonzeros.sum())
-    if end > indices.size:
-        raise ProtocolError(f"output {out.id}'s {end - at} int32 indices and float32 values are not in its frames")
-    own = indices[at:end]
-    if own.size and (own.min() < 0 or own.max() >= out.dim):
+    total = int(nonzeros.sum())
+    if (
+        memoryview(index_frame).nbytes != total * TOKEN_ITEMSIZE
+        or memoryview(value_frame).nbytes != total * OUTPUT_ITEMSIZE
+    ):
+        raise ProtocolError(f"output {out.id}'s frames do not hold {total} int32 indices and {total} float32 values")
+    indices = np.frombuffer(index_frame, dtype=TOKEN_DTYPE)
+    if total and (indices.min() < 0 or indices.max() >= out.dim):
         raise ProtocolError(f"output {out.id}'s indices must be within 0..{out.dim - 1}")
     # Within a row the indices ascend: a step that does not is a row's first entry, or a broken frame.
     row_starts = np.cumsum(nonzeros)[:-1]
-    steps_down = np.flatnonzero(np.diff(own) <= 0) + 1
+    steps_down = np.flatnonzero(np.diff(indices) <= 0) + 1
     if not np.isin(steps_down, row_starts).all():
         raise ProtocolError(f"output {out.id}'s indices do not ascend within each row")
-    return SparseRows(nonzeros, own, values[at:end], out.dim), end
+    return SparseRows(nonzeros, indices, np.frombuffer(value_frame, dtype=OUTPUT_DTYPE), out.dim)
 
 
 def byte_view(array: npt.NDArray[np.generic]) -> memoryview:
@@ -426,15 +380,6 @@ def byte_view(array: npt.NDArray[np.generic]) -> memoryview:
 
 
 # The two ends -------------------------------------------------------------------------------
-
-# A request's arrays smaller than this join one frame per message (pyzmq copies a frame under its copy threshold,
-# 64 kB, anyway, and each frame costs a send and a receive); a larger one, pixels or a long text's ids, keeps a frame
-# of its own, sent without a copy.
-OWN_FRAME_BYTES: Final = 65536
-# Where an array starts in the shared frame: a multiple of this, so that every view is aligned.
-ARRAY_ALIGN: Final = 8
-_PADDING: Final = [bytes(n) for n in range(ARRAY_ALIGN)]
-_INTS: Final = {int}
 
 
 def decode_header(decoder: msgspec.msgpack.Decoder[T], frames: Sequence[Buffer]) -> T:
@@ -447,49 +392,27 @@ def decode_header(decoder: msgspec.msgpack.Decoder[T], frames: Sequence[Buffer])
 
 
 class ClientWire:
-    """An API server's end: encodes what it sends the engine, decodes what comes back.
-
-    A Submit's arrays travel after its header: those under OWN_FRAME_BYTES back to back (each at a multiple of
-    ARRAY_ALIGN) in data frame 1, each larger one in a frame of its own after it; the header writes each array as
-    `[frame, byte offset, *shape]` in its place."""
+    """An API server's end: encodes what it sends the engine (a request's arrays as frames of their own, each
+    written in the header as `[frame, *shape]`), decodes what comes back."""
 
     def __init__(self) -> None:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._put_array)
         self._decoder: msgspec.msgpack.Decoder[FromEngine] = msgspec.msgpack.Decoder(FromEngine)
-        self._shared: list[memoryview | bytes] = []
-        self._shared_size = 0
-        self._own: list[Frame] = []
-        self._arrays = 0
+        self._arrays: list[Frame] = []
 
-    def encode(self, msg: Hello | Ping) -> list[Frame]:
-        return [self._encoder.encode(msg)]
-
-    def encode_submit(self, requests: Sequence[EngineRequest], aborts: Sequence[int] = ()) -> list[Frame]:
-        """One message of requests and aborts: its header, then the requests' arrays (see the class)."""
-        self._shared, self._shared_size, self._own, self._arrays = [], 0, [], 0
-        header = self._encoder.encode(Submit(list(requests), list(aborts)))
-        if not self._arrays:
-            return [header]
-        return [header, b"".join(self._shared), *self._own]
+    def encode(self, msg: Hello | EngineRequest | Abort | Ping) -> list[Frame]:
+        """The message's frames: its header, then a request's arrays as flat byte views, sent without a copy."""
+        arrays: list[Frame] = []
+        self._arrays = arrays
+        header = self._encoder.encode(msg)
+        return [header, *arrays] if arrays else [header]
 
     def _put_array(self, obj: object) -> list[int]:
         if not isinstance(obj, np.ndarray):
             raise NotImplementedError(f"{type(obj).__name__} has no place on the wire")
         array = np.ascontiguousarray(obj)
-        view = byte_view(array.reshape(-1))  # flat: a memoryview will not cast a shape with a 0 in it
-        size = view.nbytes
-        self._arrays += 1
-        if size >= OWN_FRAME_BYTES:
-            self._own.append(view)
-            return [len(self._own) + 1, 0, *array.shape]
-        at = self._shared_size
-        if size:
-            pad = -size % ARRAY_ALIGN
-            self._shared.append(view)
-            if pad:
-                self._shared.append(_PADDING[pad])
-            self._shared_size = at + size + pad
-        return [1, at, *array.shape]
+        self._arrays.append(byte_view(array.reshape(-1)))  # flat: a memoryview will not cast a shape with a 0 in it
+        return [len(self._arrays), *array.shape]
 
     def decode(self, frames: Sequence[Buffer]) -> FromEngine:
         """The message in frame 0; an Outputs message's rows are `decode_rows(msg, frames[1:])`."""
@@ -497,18 +420,14 @@ class ClientWire:
 
 
 class EngineWire:
-    """The engine's end: decodes what API servers send (a request's arrays as read-only views of the message's
-    frames, no copy, checked against its lengths: `check_layout`), encodes its answers."""
+    """The engine's end: decodes what API servers send (a request's arrays as read-only views of its frames, no
+    copy, checked against its lengths: `check_layout`), encodes its answers."""
 
     def __init__(self) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder: msgspec.msgpack.Decoder[ToEngine] = msgspec.msgpack.Decoder(ToEngine, dec_hook=self._get_array)
-        self._raw_decoder = msgspec.msgpack.Decoder(_RawSubmit)
-        self._request_decoder = msgspec.msgpack.Decoder(EngineRequest, dec_hook=self._get_array)
         self._frames: Sequence[Buffer] = ()
-        self._sizes: list[int] = []
-        # Each data frame of the message being decoded as one array of a dtype, by (frame, dtype).
-        self._views: dict[tuple[int, str], npt.NDArray[np.generic]] = {}
+        self._taken = 0
 
     def encode(self, msg: Ready | Pong) -> list[Frame]:
         return [self._encoder.encode(msg)]
@@ -516,104 +435,56 @@ class EngineWire:
     def encode_outputs(
         self, outputs: Sequence[tuple[PooledOutput, OutputRows]], failures: Sequence[RequestFailed] = ()
     ) -> list[Frame]:
-        """Finished requests with their rows (each `out.rows` x `out.dim`, dense or sparse), and failed ones, as one
-        message (see Outputs)."""
-        dense: list[F32] = []
-        indices: list[I32] = []
-        values: list[F32] = []
+        """Finished requests with their rows (each `out.rows` x `out.dim`, dense or sparse), and failed ones."""
+        frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]
         for out, rows in outputs:
             if isinstance(rows, SparseRows):
                 if out.nonzeros is None or rows.nonzeros.tolist() != out.nonzeros or rows.dim != out.dim:
                     raise ValueError(f"output {out.id}'s header does not count its sparse rows")
-                indices.append(rows.indices)
-                values.append(rows.values)
+                frames.append(byte_view(np.ascontiguousarray(rows.indices, dtype=TOKEN_DTYPE)))
+                frames.append(byte_view(np.ascontiguousarray(rows.values, dtype=OUTPUT_DTYPE)))
                 continue
             if out.nonzeros is not None or rows.shape != (out.rows, out.dim):
                 raise ValueError(f"output {out.id} has rows of shape {rows.shape}, not {out.rows}x{out.dim}")
-            dense.append(rows)
-        frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]
-        # One copy of every output's rows, flattened and cast where they need it, in one numpy call.
-        if dense:
-            frames.append(byte_view(np.concatenate(dense, axis=None, dtype=OUTPUT_DTYPE)))
-        if indices:
-            frames.append(byte_view(np.concatenate(indices, axis=None, dtype=TOKEN_DTYPE)))
-            frames.append(byte_view(np.concatenate(values, axis=None, dtype=OUTPUT_DTYPE)))
+            frames.append(byte_view(np.ascontiguousarray(rows, dtype=OUTPUT_DTYPE)))
         return frames
 
-    def decode(self, frames: Sequence[Buffer]) -> Hello | Ping | Submitted:
-        """The message in frame 0; a Submit's requests with their arrays read from the frames after it, each checked
-        against its header. ProtocolError when the message cannot be read at all; a request that cannot is refused
-        alone, by id (`Submitted.refused`), or dropped when not even its id can be read."""
-        self._frames, self._sizes = frames, [memoryview(frame).nbytes for frame in frames]
+    def decode(self, frames: Sequence[Buffer]) -> ToEngine:
+        """The message in frame 0, a request's arrays read from the frames after it; ProtocolError when they do
+        not match its header."""
+        self._frames, self._taken = frames, 0
         try:
-            try:
-                msg = decode_header(self._decoder, frames)
-            except ProtocolError as error:
-                return self._decode_each(frames, error)
+            msg = decode_header(self._decoder, frames)
         finally:
-            self._frames, self._views = (), {}
-        if not isinstance(msg, Submit):
+            self._frames = ()
+        if not isinstance(msg, EngineRequest):
             return msg
-        requests: list[EngineRequest] = []
-        refused: list[tuple[int, str]] = []
-        for request in msg.requests:
-            try:
-                requests.append(check_layout(request))
-            except ProtocolError as exc:
-                refused.append((request.id, str(exc)))
-        return Submitted(requests, msg.aborts, refused)
-
-    def _decode_each(self, frames: Sequence[Buffer], error: ProtocolError) -> Submitted:
-        """A Submit that does not decode as a whole, read request by request; `error`, the whole message's, when it
-        is not even a Submit."""
-        try:
-            raw = self._raw_decoder.decode(frames[0]) if frames else None
-        except msgspec.DecodeError:
-            raw = None
-        if raw is None:
-            raise error
-        submitted = Submitted([], raw.aborts, [])
-        for encoded in raw.requests:
-            try:
-                submitted.requests.append(check_layout(self._request_decoder.decode(encoded)))
-            except (msgspec.DecodeError, ProtocolError) as exc:
-                request_id = request_id_of(encoded)
-                if request_id is not None:
-                    submitted.refused.append((request_id, str(exc)))
-        return submitted
+        if self._taken != len(frames) - 1:
+            raise ProtocolError(f"expected {self._taken} data frame(s), got {len(frames) - 1}")
+        return check_layout(msg)
 
     def _get_array(self, kind: type, obj: object) -> npt.NDArray[np.generic]:
-        """The array a header names by `[frame, byte offset, *shape]`, a read-only view of that frame: a slice of one
-        array over the whole frame, made once a message (an array made from a buffer costs ~2 µs, a slice a tenth)."""
+        """The array a header names by `[frame, *shape]`: frames are taken in order, each once."""
         dtype = ARRAY_DTYPES.get(kind)
-        if dtype is None or type(obj) is not list or len(obj) < 2 or {*map(type, obj)} != _INTS or min(obj) < 0:
-            raise ValueError(f"expected an array as [frame, byte offset, *shape], got {obj!r}")
-        frame, offset, shape = obj[0], obj[1], obj[2:]
+        if dtype is None or not isinstance(obj, list) or not all(type(n) is int and n >= 0 for n in obj):
+            raise ValueError(f"expected an array as [frame, *shape], got {obj!r}")
+        self._taken += 1
         sent = len(self._frames) - 1
-        if not 1 <= frame <= sent:
-            raise ValueError(f"an array names data frame {frame} of {sent}")
-        itemsize = ARRAY_ITEMSIZES[dtype]
-        count = shape[0] if len(shape) == 1 else math.prod(shape)
-        if offset % itemsize or offset + count * itemsize > self._sizes[frame]:
-            raise ValueError(
-                f"data frame {frame} does not hold {'x'.join(map(str, shape))} {dtype} values at byte {offset}"
-            )
-        whole = self._views.get((frame, dtype))
-        if whole is None:
-            whole = np.frombuffer(self._frames[frame], dtype=dtype, count=self._sizes[frame] // itemsize)
-            self._views[(frame, dtype)] = whole
-        start = offset // itemsize
-        array = whole[start : start + count]
-        return array if len(shape) == 1 else array.reshape(shape)
+        if not obj or obj[0] != self._taken or self._taken > sent:
+            raise ValueError(f"an array names data frame {obj[0] if obj else None}: not the next data frame of {sent}")
+        frame, shape = self._frames[self._taken], obj[1:]
+        if memoryview(frame).nbytes != math.prod(shape) * ARRAY_ITEMSIZES[dtype]:
+            raise ValueError(f"data frame {self._taken} does not hold {'x'.join(map(str, shape))} {dtype} values")
+        array = np.frombuffer(frame, dtype=dtype)
+        return array.reshape(shape)
 
-
-def request_id_of(encoded: Buffer) -> int | None:
-    """The id of an encoded EngineRequest that does not decode (a field of the wrong type) or whose arrays do not fit
-    it, so that its sender gets a failure instead of waiting for its timeout; None when not even that reads."""
-    try:
-        header = msgspec.msgpack.decode(encoded)
-    except msgspec.DecodeError:
-        return None
-    if not (isinstance(header, list) and len(header) > 1 and header[0] == EngineRequest.__struct_config__.tag):
-        return None
-    return header[1] if type(header[1]) is int else None
+    def request_id_of(self, frames: Sequence[Buffer]) -> int | None:
+        """The id of an EngineRequest whose header does not decode (a field of the wrong type) or whose frames do not
+        match it, so that its sender gets a failure instead of waiting for its timeout; None for anything else."""
+        try:
+            header = msgspec.msgpack.decode(frames[0]) if frames else None
+        except msgspec.DecodeError:
+            return None
+        if not (isinstance(header, list) and len(header) > 1 and header[0] == EngineRequest.__struct_config__.tag):
+            return None
+        return header[1] if type(header[1]) is int else None

@@ -188,7 +188,7 @@ async def job_of(request: Request, plan: Plan[Any], state: AppState) -> EngineJo
 async def run_job(request: Request, job: EngineJob, state: AppState, priority: int) -> Rows | SparseRows:
     """The job's output rows, one per request input, in the request's order, from `state`'s model's engines.
 
-    The engine drops the work (an abort in the next Submit) when the client disconnects or the request's deadline
+    The engine drops the work (an Abort) when the client disconnects or the request's deadline
     passes first: nobody would read the answer. Both cancel this task while it waits
     (apiserver/connection/client_gone.py, asyncio.timeout)."""
     check_job(job, state.config, state.card)

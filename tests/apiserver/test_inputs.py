@@ -70,9 +70,9 @@ def test_the_wire_form_concatenates_token_ids() -> None:
     job = EngineJob(rows=[[1, 2], [3]], type_rows=[[0, 1], [0]], params=params)
     request = job.to_wire(priority=-2)
     assert (request.lengths, request.params, request.priority, request.images) == ([2, 1], params, -2, 0)
-    # the token ids (12 bytes, padded to 16), then the token type ids, in the message's one data frame
-    assert [bytes(frame) for frame in ClientWire().encode_submit([request])[1:]] == [
-        np.asarray([1, 2, 3, 0, 0, 1, 0, 0], dtype=TOKEN_DTYPE).tobytes(),
+    assert [bytes(frame) for frame in ClientWire().encode(request)[1:]] == [
+        np.asarray([1, 2, 3], dtype=TOKEN_DTYPE).tobytes(),
+        np.asarray([0, 1, 0], dtype=TOKEN_DTYPE).tobytes(),
     ]
 
 

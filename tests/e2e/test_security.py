@@ -28,7 +28,7 @@ import zmq
 from apiserver.connection.auth import OPEN_PATHS
 from bench.harness.server_process import PoolserveProcess, cmdline, memory_mb, wait_until
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
-from poolserve.protocol import ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams, Submit
+from poolserve.protocol import Abort, ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams
 from tests.conftest import (
     API_KEY,
     CORS_ORIGIN,
@@ -354,8 +354,8 @@ def ids(*values: int) -> npt.NDArray[np.int32]:
 
 
 def sent(request: EngineRequest, *data: bytes) -> list[bytes]:
-    """The request's message as an API server encodes it, followed by `data` frames (or by its own, when none)."""
-    frames = [bytes(frame) for frame in ClientWire().encode_submit([request])]
+    """The request's header as an API server encodes it, followed by `data` frames (or by its own, when none)."""
+    frames = [bytes(frame) for frame in ClientWire().encode(request)]
     return [frames[0], *data] if data else frames
 
 
@@ -373,11 +373,10 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         [os.urandom(4 * 1024 * 1024)],
         [msgspec.msgpack.encode({"a": 1})],
         [msgspec.msgpack.encode(["pool", "x"])],
-        [msgspec.msgpack.encode(["submit", "x"])],
         [msgspec.msgpack.encode(["nope", 1])],
         [msgspec.msgpack.encode(12345)],
         [msgspec.msgpack.encode(["hello", "x", "y"])],
-        [encode_msg(Submit([], [0, 1, 2, 3, 4, 5]))],  # ids of other peers' requests: keyed by sender, no effect
+        [encode_msg(Abort([0, 1, 2, 3, 4, 5]))],  # ids of other peers' requests: keyed by sender, no effect
     ]
     # Requests that cannot run: each gets an error reply, never a batch.
     refused = {
@@ -389,9 +388,8 @@ def test_garbage_on_the_engine_socket_is_dropped_and_the_engine_keeps_serving(se
         76: sent(EngineRequest(id=76, lengths=[2], tokens=ids(101, 102), token_types=ids(0, 7))),
         77: sent(EngineRequest(id=77, lengths=[1], tokens=ids(101), params=PoolingParams(dimensions=-3))),
         # Headers with a field of the wrong type: undecodable, yet their id is readable, so they are answered.
-        78: [encode_msg(["submit", [["pool", 78, ["not", "ints"]]], []]), tokens(101)],
-        # normalize: a bool or nil, not 1
-        79: [encode_msg(["submit", [["pool", 79, [1], [1, 0, 1], None, None, [0, 1]]], []]), tokens(101)],
+        78: [encode_msg(["pool", 78, ["not", "ints"]]), tokens(101)],
+        79: [encode_msg(["pool", 79, [1], [1, 1], None, None, [0, 1]]), tokens(101)],  # normalize: a bool or nil, not 1
     }
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)

@@ -7,7 +7,7 @@ dead engine's requests, blaming suspects); an engine's own behaviour is tested o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -18,18 +18,15 @@ import zmq.asyncio
 from engine_client import EngineClient
 from poolserve.flight_record import encode_record
 from poolserve.protocol import (
-    ERROR_MODEL,
     ERROR_OVERLOADED,
     EngineRequest,
     EngineWire,
     Hello,
-    OutputRows,
     Ping,
     Pong,
     PooledOutput,
     Ready,
     RequestFailed,
-    Submitted,
 )
 from tests.cards import CARD
 
@@ -49,9 +46,6 @@ class FakeEngine:
         self.is_full = False
         self.held: list[tuple[bytes, EngineRequest]] = []
         self.refused = 0
-        # Messages of requests received, and the ids it was told to abort.
-        self.messages = 0
-        self.aborted: list[int] = []
         self._wire = EngineWire()
         self._router = context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
@@ -67,37 +61,18 @@ class FakeEngine:
             elif isinstance(msg, Ping):
                 pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
                 await self._router.send_multipart([identity, *self._wire.encode(pong)])
-            elif isinstance(msg, Submitted) and self.is_full:
-                refusals = [
-                    RequestFailed(request.id, ERROR_OVERLOADED, f"engine {self.index} is full")
-                    for request in msg.requests
-                ]
-                await self._router.send_multipart([identity, *self._wire.encode_outputs([], refusals)])
-                self.refused += len(refusals)
-            elif isinstance(msg, Submitted):
-                self.messages += 1
-                self.held += [(identity, request) for request in msg.requests]
-                self.aborted += msg.aborts
-                self.held = [(who, request) for who, request in self.held if request.id not in msg.aborts]
+            elif isinstance(msg, EngineRequest) and self.is_full:
+                refusal = RequestFailed(msg.id, ERROR_OVERLOADED, f"engine {self.index} is full")
+                await self._router.send_multipart([identity, *self._wire.encode_outputs([], [refusal])])
+                self.refused += 1
+            elif isinstance(msg, EngineRequest):
+                self.held.append((identity, msg))
 
-    async def answer_all(
-        self, fill: Callable[[EngineRequest], float] | None = None, failing: Collection[int] = ()
-    ) -> None:
-        """Answer every request held, one message per API server, as the engine answers a step: each row filled
-        with `fill(request)` (this engine's index when None), or the request failed when its id is in `failing`."""
-        outputs: dict[bytes, list[tuple[PooledOutput, OutputRows]]] = {}
-        failures: dict[bytes, list[RequestFailed]] = {}
+    async def answer_all(self) -> None:
         for identity, request in self.held:
-            outputs.setdefault(identity, [])
-            if request.id in failing:
-                failures.setdefault(identity, []).append(RequestFailed(request.id, ERROR_MODEL, "it failed"))
-                continue
-            value = self.index if fill is None else fill(request)
-            rows = np.full((len(request.lengths), CARD.output_size), value, dtype=np.float32)
+            rows = np.full((len(request.lengths), CARD.output_size), self.index, dtype=np.float32)
             out = PooledOutput(request.id, len(request.lengths), CARD.output_size)
-            outputs[identity].append((out, rows))
-        for identity, done in outputs.items():
-            frames = self._wire.encode_outputs(done, failures.get(identity, []))
+            frames = self._wire.encode_outputs([(out, rows)])
             await self._router.send_multipart([identity, *frames], copy=False)
         self.held = []
 

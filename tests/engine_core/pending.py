@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from engine_core.request_state import PendingRequest
-from poolserve.protocol import U8, ClientWire, EngineRequest, EngineWire, PoolingParams, Submitted
+from poolserve.protocol import U8, ClientWire, EngineRequest, EngineWire, PoolingParams
 
 
 def make_request(
@@ -34,7 +34,6 @@ def pool_request(
         rows, type_rows, images, params=PoolingParams(**params), priority=priority, traced=traced
     )
     request.id = request_id
-    decoded = EngineWire().decode(ClientWire().encode_submit([request]))
-    assert isinstance(decoded, Submitted) and not decoded.refused
-    (read,) = decoded.requests
-    return read
+    decoded = EngineWire().decode(ClientWire().encode(request))
+    assert isinstance(decoded, EngineRequest)
+    return decoded
