@@ -5,7 +5,7 @@ window: a span at its start (or end) that grows until it holds enough tokens tha
 whole text's first (last) ones. Normalizers and pre-tokenizers read a text locally (WordPiece, BPE
 and Unigram tokenizers split it into words at spaces and punctuation and tokenize each word on its
 own), so cutting a text changes only the words next to the cut: the tokens of the EDGE_WORDS words
-(and EDGE_CHARS characters) nearest the cut are not counted. tests/apiserver/test_tokenizer.py
+(and EDGE_CHARS characters) nearest the cut are not counted. tests/apiserver/requests/test_tokenizer.py
 compares the windowed tokens with the whole text's on random texts for each tokenizer family.
 
 The `tokenizers` calls that can take long run through `encode_batch`, which releases the GIL

@@ -1,6 +1,6 @@
 """Vectors as bytes: vLLM's `embed_dtype` and `endianness` for base64 answers, and Voyage's bit-packed
 `binary`/`ubinary` types. numpy only (the API servers import no torch); the bytes equal torch's
-conversions, which tests/apiserver/test_vector_bytes.py checks against torch itself."""
+conversions, which tests/apiserver/requests/test_vector_bytes.py checks against torch itself."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ CROSS_ENCODER: dict[str, Any] = {
 }  # fmt: skip
 LONG = "one two three four five six seven eight nine ten"
 
-API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+API_DOC = Path(__file__).resolve().parents[3] / "docs" / "api.md"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from engine_client import EngineError, EngineOverloaded, EngineUnavailable, Pool
 from poolserve.protocol import EngineRequest
 from tests.apiserver.served_app import CLASSIFIER_CHANGES, DIM, answering, text_row
 
-SPEC = json.loads((Path(__file__).parent.parent / "data" / "tei-openapi.json").read_text())
+SPEC = json.loads((Path(__file__).parents[2] / "data" / "tei-openapi.json").read_text())
 RERANKER_CHANGES: dict[str, Any] = {
     **CLASSIFIER_CHANGES, "tasks": ["classify", "score", "pool", "tokenize"], "output_size": 1, "labels": ["LABEL_0"],
     "activation": "sigmoid",
@@ -293,7 +293,7 @@ def test_a_path_served_with_two_methods_allows_both(serve: Any) -> None:
 
 
 def test_the_tei_compatibility_table_names_every_route_and_request_field_of_teis_document() -> None:
-    docs = (Path(__file__).parent.parent.parent / "docs" / "api.md").read_text()
+    docs = (Path(__file__).parents[3] / "docs" / "api.md").read_text()
     table = docs.split("## Compatibility: TEI", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1:4] for line in table.splitlines() if line.startswith("| `")]
     named: dict[str, str] = {}
