@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -16,11 +17,16 @@ from transformers import PretrainedConfig
 from engine_core.folder_choices import LoadError, first_line
 
 
+def own_code_of(model_config: object, auto: str) -> Any:
+    """What config.json's `auto_map` names for the Auto class `auto` (the folder's own "module.Class"), if anything."""
+    return (getattr(model_config, "auto_map", None) or {}).get(auto)
+
+
 def check_own_code(model_config: PretrainedConfig, auto: str, trust: bool) -> None:
     """A folder that names its own modeling code for the class poolserve loads (gte-Qwen2's bidirectional
     Qwen2, NomicBert, JinaBert) runs that code or is refused: without --trust-remote-code, transformers
     would quietly load its built-in class of the same model type, which is not the model its authors ran."""
-    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    own = own_code_of(model_config, auto)
     if own and not trust:
         raise untrusted(auto, own)
 
@@ -48,7 +54,7 @@ def check_weights_found(model_config: PretrainedConfig, auto: str, missing: Iter
     """The folder's own code on a checkpoint that lacks some of the weights it builds would run those as they were
     initialised (random) and answer plausible vectors: refused. A pooler's are left out: BERT-like code builds one
     whose output poolserve never reads (it pools the token states), and checkpoints trained without it omit it."""
-    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    own = own_code_of(model_config, auto)
     absent = sorted(name for name in missing if ".pooler." not in f".{name}")
     if own and absent:
         shown = ", ".join(absent[:3]) + (", ..." if len(absent) > 3 else "")
@@ -61,7 +67,7 @@ def check_weights_found(model_config: PretrainedConfig, auto: str, missing: Iter
 def check_first_pass(model_config: PretrainedConfig, auto: str, run: Callable[[], object]) -> None:
     """The folder's own code run once before anything else: code written for an older transformers often loads and
     then fails on its first pass (a helper it calls was removed), which would otherwise surface as a bare traceback."""
-    own = (getattr(model_config, "auto_map", None) or {}).get(auto)
+    own = own_code_of(model_config, auto)
     if not own:
         return
     try:
@@ -99,7 +105,7 @@ def restore_computed_buffers(model: torch.nn.Module, auto: str) -> list[str]:
     jina-bert-implementation's and nomic's) does not: served so, every vector would be wrong without a word. The
     model is built once more with its parameters on the meta device, and each such buffer that differs is taken
     from there (cast to the loaded one's dtype and device). Returns the names restored."""
-    own = (getattr(model.config, "auto_map", None) or {}).get(auto)
+    own = own_code_of(model.config, auto)
     persistent = set(model.state_dict())
     computed = [name for name, _ in model.named_buffers() if name not in persistent]
     if not own or not computed:
