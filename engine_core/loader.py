@@ -87,6 +87,7 @@ from engine_core.own_code import (
     untrusted_config,
 )
 from engine_core.packed_encoder import packable
+from engine_core.packed_linear import can_pack, pack_linears
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
 from engine_core.splade import SpladeRunner, split_mlm
@@ -250,9 +251,9 @@ RunnerBuilder = Callable[[torch.nn.Module, torch.dtype], ModelRunner]
 
 
 def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device) -> LoadedModel:
-    """A model of one transformer, as its folder's files (`st`) and the flags say, in nine steps, each a function
+    """A model of one transformer, as its folder's files (`st`) and the flags say, in ten steps, each a function
     below: read_transformer, choose_kind, choose_vector, choose_lengths, load_network, serve_text, runner_builder,
-    choose_precision, write_card."""
+    choose_precision, pack_weights, write_card."""
     transformer = read_transformer(config, folder, st)
     st, model_config = transformer.st, transformer.config
     choice = choose_kind(config, folder, transformer, device)
@@ -283,6 +284,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
+    pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -555,6 +557,32 @@ def choose_precision(
     return model, dtype, runner
 
 
+def pack_weights(
+    model: torch.nn.Module,
+    device: torch.device,
+    choice: KindChoice,
+    runner: ModelRunner,
+    *,
+    rows: list[npt.NDArray[np.int32]],
+    image: ImageProcessing | None,
+) -> None:
+    """Step 9: on a CPU, the linear layers' weights packed once in oneDNN's layout (engine_core/packed_linear.py),
+    held to the unpacked model's answers on a few sentences (and a blank image). Not for a sparse model or bge-m3:
+    which entries are non-zero is their answer, and float32's other rounding is not held to that."""
+    if not can_pack(device) or choice.kind == SPARSE or choice.m3:
+        return
+
+    def answers() -> npt.NDArray[np.float32]:
+        texts = runner.run_texts(rows, None)
+        if image is None:
+            return texts
+        return np.vstack([texts, runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))])
+
+    packed = pack_linears(model, answers)
+    if packed:
+        logger.info("%d linear layers' weights packed for this CPU (oneDNN's layout)", packed)
+
+
 def write_card(
     config: Config,
     folder: Path,
@@ -577,7 +605,7 @@ def write_card(
     default_prompt: str,
     late: LateInteraction | None,
 ) -> ModelCard:
-    """Step 9: the model card the API servers are told, from what the steps before decided and measured."""
+    """Step 10: the model card the API servers are told, from what the steps before decided and measured."""
     kind, scoring, m3, st, llm_reranker = choice.kind, choice.scoring, choice.m3, transformer.st, choice.llm_reranker
     # As AutoConfig gave it: a classifier's num_labels and id2label are set (PretrainedConfig types them loosely).
     model_config: Any = transformer.config

@@ -1,0 +1,78 @@
+"""engine_core/packed_linear.py: linear layers with their weights packed once answer as `torch.nn.Linear` does,
+tied weights are left alone, and packing is undone where the model's answers move or a layer cannot run packed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine_core.packed_linear import PackedLinear, pack_linears, plain_linears
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_layer_answers_as_the_plain_one_at_any_row_count(dtype: torch.dtype, bias: bool) -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80, bias=bias).to(dtype)
+    packed = PackedLinear(linear)
+    for shape in [(1, 48), (7, 48), (3, 5, 48), (600, 48)]:
+        x = torch.randn(shape, dtype=dtype)
+        with torch.inference_mode():
+            want, got = linear(x), packed(x)
+        assert got.shape == want.shape and got.dtype == dtype
+        torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-4)
+    assert packed.weight.shape == linear.weight.shape and packed.weight.dtype == dtype and packed.weight.is_meta
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8)
+        self.hidden = torch.nn.Linear(8, 8)
+        self.decoder = torch.nn.Linear(8, 10, bias=False)
+        self.decoder.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.decoder(self.hidden(self.embed(ids)))
+        return out
+
+
+def test_a_layer_whose_weight_another_parameter_shares_stays_plain() -> None:
+    model = Tied()
+    assert [name for _, name, _ in plain_linears(model)] == ["hidden"]
+
+
+def answers_of(model: torch.nn.Module) -> np.ndarray:
+    with torch.inference_mode():
+        return np.asarray(model(torch.arange(10)).float().numpy(), dtype=np.float32)
+
+
+def test_packing_keeps_the_answers_and_counts_the_layers() -> None:
+    torch.manual_seed(0)
+    model = Tied().eval()
+    before = answers_of(model)
+    assert pack_linears(model, lambda: answers_of(model)) == 1
+    assert isinstance(model.hidden, PackedLinear) and type(model.decoder) is torch.nn.Linear
+    np.testing.assert_allclose(answers_of(model), before, atol=1e-6)
+
+
+class ReadsItsWeight(Tied):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.embed(ids) @ self.hidden.weight.T  # code of its own that uses a layer's values
+        return out
+
+
+def test_packing_is_undone_where_a_layer_is_read_directly() -> None:
+    model = ReadsItsWeight().eval()
+    before = answers_of(model)
+    assert pack_linears(model, lambda: answers_of(model)) == 0
+    assert type(model.hidden) is torch.nn.Linear
+    np.testing.assert_array_equal(answers_of(model), before)
+
+
+def test_packing_is_undone_where_the_answers_move() -> None:
+    model = Tied().eval()
+    calls = iter([np.ones((2, 4), np.float32), np.array([[1, 0, 0, 0], [1, 1, 1, 1]], np.float32)])
+    assert pack_linears(model, lambda: next(calls)) == 0
+    assert type(model.hidden) is torch.nn.Linear
