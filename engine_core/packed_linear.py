@@ -15,7 +15,9 @@ the model cannot run packed.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +25,10 @@ import numpy.typing as npt
 import torch
 
 logger = logging.getLogger(__name__)
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+MADV_DONTNEED = 4  # Linux's value on every architecture torch's CPU wheels are built for
 
 # The rows oneDNN is told to expect: the layout it picks for 512 served 1 to 640 rows as fast as or faster than
 # a plain weight (docs/benchmarks.md, "Weights packed once"); without a hint its choice lost at 32 rows in float32.
@@ -99,7 +105,38 @@ def pack_linears(model: torch.nn.Module, run: Callable[[], npt.NDArray[np.float3
             setattr(parent, name, linear)
         logger.warning("linear weights left unpacked: %s", reason)
         return 0
+    release_file_pages([linear.weight for _, _, linear in layers])
     return len(layers)
+
+
+def release_file_pages(weights: list[torch.Tensor]) -> None:
+    """Give back the pages of weights no longer used that lie in a file mapping. transformers loads a safetensors
+    checkpoint as views on one private mapping of the file, which stays mapped while any of its tensors lives (the
+    embeddings do): without this the plain weights' pages would stay resident beside their packed copies (+42 MB
+    for MiniLM in float32). Only whole pages inside a weight are dropped; a private file page dropped is read again
+    from the file if ever touched, and no live tensor is in one."""
+    mappings = file_mappings()
+    page = mmap.PAGESIZE
+    for weight in weights:
+        start = weight.untyped_storage().data_ptr()
+        end = start + weight.untyped_storage().nbytes()
+        if not any(low <= start and end <= high for low, high in mappings):
+            continue  # memory of its own: freed with the layer
+        first, last = -(-start // page) * page, end // page * page
+        if last > first:
+            LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED)
+
+
+def file_mappings() -> list[tuple[int, int]]:
+    """This process's address ranges mapped from a file (/proc/self/maps' lines with a path)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                low, high = fields[0].split("-")
+                ranges.append((int(low, 16), int(high, 16)))
+    return ranges
 
 
 def min_cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:

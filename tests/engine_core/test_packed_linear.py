@@ -3,11 +3,13 @@ tied weights are left alone, and packing is undone where the model's answers mov
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from engine_core.packed_linear import PackedLinear, pack_linears, plain_linears
+from engine_core.packed_linear import PackedLinear, pack_linears, plain_linears, release_file_pages
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -76,3 +78,33 @@ def test_packing_is_undone_where_the_answers_move() -> None:
     calls = iter([np.ones((2, 4), np.float32), np.array([[1, 0, 0, 0], [1, 1, 1, 1]], np.float32)])
     assert pack_linears(model, lambda: next(calls)) == 0
     assert type(model.hidden) is torch.nn.Linear
+
+
+def resident_kb(path: Path) -> int:
+    """The resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0] and len(line.split()) >= 5:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_a_dropped_weight_s_pages_in_a_file_mapping_are_given_back_and_read_the_same(tmp_path: Path) -> None:
+    values = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)  # 4 MiB
+    path = tmp_path / "weights.bin"
+    values.tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="c")  # a private mapping, as safetensors' is
+    weight = torch.from_numpy(mapped)
+    assert float(weight.sum()) == pytest.approx(float(values.sum()), rel=1e-4)  # every page read in
+    assert resident_kb(path) >= 4000
+    release_file_pages([weight])
+    assert resident_kb(path) < 100
+    np.testing.assert_array_equal(weight.numpy(), values)  # read again from the file, unchanged
+
+
+def test_a_weight_of_its_own_memory_is_left_to_be_freed() -> None:
+    weight = torch.ones(1 << 20)
+    release_file_pages([weight])
+    assert float(weight.sum()) == 1 << 20
