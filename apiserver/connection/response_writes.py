@@ -6,7 +6,8 @@ every answer, however small (with TCP_NODELAY, which fair accept sets, each leav
 waited on the client's delayed ACK). The cycle writes through this view of the connection's transport instead,
 which holds the head until the next write and passes both in one `writelines` (a single vectored send, no copy).
 Nothing else changes: every other write goes straight through, and a held head is written before the connection
-closes (an app that fails after starting its answer sends the head, then the connection ends, as before).
+closes (an app that fails after starting its answer sends the head, then the connection ends, as before). A streamed
+answer's head would leave with its first part rather than before it; poolserve streams none.
 """
 
 from __future__ import annotations
