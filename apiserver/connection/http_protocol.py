@@ -63,6 +63,7 @@ from apiserver.connection.client_gone import client_left
 from apiserver.connection.client_share import ClientShare
 from apiserver.connection.fair_accept import ServerLoad
 from apiserver.connection.read_timeouts import ReadClock
+from apiserver.connection.response_writes import ResponseWrites
 from apiserver.errors import BODY_TIMED_OUT, OPENAI, ErrorStyle, error_bytes, style_of
 from apiserver.metrics import CONNECTIONS_RECYCLED, CONNECTIONS_TIMED_OUT
 
@@ -211,7 +212,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.arm_read_timer()
         self.requests_read += 1
         cycle = self.cycle
-        if cycle is None or not cycle.keep_alive:
+        if cycle is None:
+            return
+        if cycle.transport is self.transport:  # a new cycle: its answer's head and body go in one send
+            cycle.transport = ResponseWrites(self.transport, cycle)
+        if not cycle.keep_alive:
             return
         if self.parser.should_upgrade():
             # Served as plain HTTP (module docstring, "Upgrades"); the parser reads nothing after it.

@@ -27,8 +27,12 @@ class Preprocessor:
         self.workers = workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="preprocess") if workers else None
 
+    def is_inline(self, size: int) -> bool:
+        """Whether work of `size` bytes runs inline: a caller can then skip `run`'s coroutine."""
+        return self._pool is None or size <= INLINE_MAX_BYTES
+
     async def run(self, size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        if self._pool is None or size <= INLINE_MAX_BYTES:
+        if self.is_inline(size):
             return fn(*args, **kwargs)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))

@@ -33,6 +33,8 @@ from apiserver.requests.inputs.job import EngineJob
 from apiserver.requests.inputs.job_limits import check_job
 from apiserver.requests.limits import check_image_count, check_priority
 from apiserver.requests.operation import NO_ROWS, AnyOperation, Plan, Rows
+from apiserver.requests.preprocess import Preprocessor
+from apiserver.requests.responses import JsonAnswer
 from apiserver.requests.served_models import ServedModels
 from apiserver.requests.state import AppState
 from apiserver.requests.validation import decode_body
@@ -88,7 +90,8 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     # request as run_job builds it.
     priority: int = getattr(decoded, "priority", 0)
     check_priority(priority, state.config)
-    job = await job_of(request, plan, state)
+    # A job that needs no remote images is built already: no coroutine for it.
+    job = plan.job if plan.job is not None or plan.build is None else await job_of(request, plan, state)
     span = request.scope["state"].get(TRACE_SPAN)
     if span is not None:
         span.set_attributes(
@@ -104,7 +107,7 @@ async def answer(request: Request, operation: AnyOperation, decoder: msgspec.jso
     size = rows.nbytes or (0 if plan.sparse is None else plan.sparse.values.nbytes * 4)
     # A plan with no rows (tokenize) renders what parse made, about as big as the body was.
     content = await off_loop(request, ENCODING, size or len(body), operation.render, plan, rows, state)
-    return Response(content, media_type="application/json")
+    return JsonAnswer(content)
 
 
 async def read_body(request: Request) -> bytes:
@@ -156,10 +159,12 @@ async def off_loop(
 ) -> T:
     """Run synchronous work of about `size` bytes on the preprocessing pool (or inline when small), its
     time added up by `timer`."""
-    state: AppState = request.app.state.poolserve
+    preprocess: Preprocessor = request.app.state.poolserve.preprocess
     started = time.perf_counter()
     try:
-        return await state.preprocess.run(size, fn, *args, **kwargs)
+        if preprocess.is_inline(size):  # most requests: no coroutine of the pool's to create and await
+            return fn(*args, **kwargs)
+        return await preprocess.run(size, fn, *args, **kwargs)
     finally:
         add_time(request, timer, time.perf_counter() - started)
 
@@ -193,8 +198,8 @@ async def run_job(request: Request, job: EngineJob, state: AppState, priority: i
     (apiserver/connection/client_gone.py, asyncio.timeout)."""
     check_job(job, state.config, state.card)
     timeout = state.config.request_timeout
-    remaining = timeout - (time.monotonic() - request.state.started) if timeout else None
     scope_state = request.scope["state"]
+    remaining = timeout - (time.monotonic() - scope_state["started"]) if timeout else None
     if not client_gone.watch(scope_state):
         raise ClientDisconnected
     span = scope_state.get(TRACE_SPAN)
@@ -214,9 +219,10 @@ async def run_job(request: Request, job: EngineJob, state: AppState, priority: i
         raise ClientDisconnected from None
     finally:
         client_gone.unwatch(scope_state)
-    request.state.queue_s, request.state.inference_s = result.queue_time, result.inference_time
-    request.state.tokens = job.prompt_tokens
-    request.state.cached = result.cached
+    # The request's state dict itself: Starlette's `request.state` would make each write a __setattr__ call.
+    scope_state["queue_s"], scope_state["inference_s"] = result.queue_time, result.inference_time
+    scope_state["tokens"] = job.prompt_tokens
+    scope_state["cached"] = result.cached
     path = request.scope["path"]
     series(PROMPT_TOKENS, path, state.model_name).inc(job.prompt_tokens)
     if job.images:

@@ -22,6 +22,19 @@ def json_response(content: object, status_code: int = 200) -> Response:
     return Response(_encoder.encode(content), status_code=status_code, media_type="application/json")
 
 
+class JsonAnswer(Response):
+    """A 200 answer of JSON bytes already encoded: the two headers written directly, without the checks
+    Starlette's `init_headers` makes for any content and media type (~1.3 µs of every answered request)."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes):
+        self.status_code = 200
+        self.body = content
+        self.background = None
+        self.raw_headers = [(b"content-length", b"%d" % len(content)), (b"content-type", b"application/json")]
+
+
 def encode_json(content: object) -> bytes:
     return _encoder.encode(content)
 
