@@ -214,7 +214,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None:
             return
-        if cycle.transport is self.transport:  # a new cycle: its answer's head and body go in one send
+        # A new cycle: its answer's head and body go in one send. Not for HEAD, whose answer has no body write to
+        # carry the head: held, it would wait for the connection's next answer.
+        if cycle.transport is self.transport and cycle.scope["method"] != "HEAD":
             cycle.transport = ResponseWrites(self.transport, cycle)
         if not cycle.keep_alive:
             return

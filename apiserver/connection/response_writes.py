@@ -7,7 +7,8 @@ waited on the client's delayed ACK). The cycle writes through this view of the c
 which holds the head until the next write and passes both in one `writelines` (a single vectored send, no copy).
 Nothing else changes: every other write goes straight through, and a held head is written before the connection
 closes (an app that fails after starting its answer sends the head, then the connection ends, as before). A streamed
-answer's head would leave with its first part rather than before it; poolserve streams none.
+answer's head would leave with its first part rather than before it; poolserve streams none. An answer to HEAD has no
+body write to carry its head, so its cycle is not given this view (apiserver/connection/http_protocol.py).
 """
 
 from __future__ import annotations

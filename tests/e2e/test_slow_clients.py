@@ -120,6 +120,27 @@ def test_a_slow_client_within_the_timeouts_is_served(server: PoolserveProcess) -
     assert b'"embedding"' in answer
 
 
+def test_answers_on_one_keep_alive_connection_each_arrive_whole_head_included(server: PoolserveProcess) -> None:
+    """uvicorn's cycle writes through apiserver/connection/response_writes.py, which holds an answer's head to send it
+    with the body's first part: a HEAD answer has no body, so its head must leave alone, at once, on a connection
+    that stays open; the answers around it arrive whole too."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        for method in ("GET", "HEAD", "HEAD", "POST", "GET"):
+            connection.request(
+                method,
+                "/v1/embeddings" if method == "POST" else "/health",
+                body=BODY if method == "POST" else None,
+                headers={"Content-Type": "application/json"},
+            )
+            answer = connection.getresponse()
+            body = answer.read()
+            assert answer.status == 200, (method, answer.status, body)
+            assert (body == b"") == (method == "HEAD") and not answer.will_close
+    finally:
+        connection.close()
+
+
 def test_the_timed_out_connections_are_counted_by_reason(server: PoolserveProcess) -> None:
     """After the tests above (in file order): one silent and one half-head connection, and one stalled body."""
     timed_out = metric_values(server, "poolserve_connections_timed_out_total")
