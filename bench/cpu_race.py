@@ -1,4 +1,5 @@
-"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` and `--dtype int8` beside
+"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` (with torch, or with
+`--runtime onnxruntime`: "poolserve float32 onnx") and `--dtype int8` beside
 Infinity's ONNX Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
 
     make bench-onnx-peer
@@ -86,6 +87,8 @@ RATIOS = {
     "default / onnx int8": ("poolserve default", "infinity onnx int8"),
     "default / onnx fp32": ("poolserve default", "infinity onnx fp32"),
     "int8 / onnx int8": ("poolserve int8", "infinity onnx int8"),
+    "float32 onnxruntime / onnx fp32": ("poolserve float32 onnx", "infinity onnx fp32"),
+    "float32 onnxruntime / float32": ("poolserve float32 onnx", "poolserve float32"),
 }
 
 
@@ -130,6 +133,11 @@ def main() -> None:
             "poolserve float32", "/v1/embeddings", poolserve("--dtype", "float32", extra=extra)
         ),
         "poolserve int8": Target("poolserve int8", "/v1/embeddings", poolserve("--dtype", "int8", extra=extra)),
+        "poolserve float32 onnx": Target(
+            "poolserve float32 onnx",
+            "/v1/embeddings",
+            poolserve("--dtype", "float32", "--runtime", "onnxruntime", extra=extra),
+        ),
     }
     if any(name.startswith("infinity") for name in wanted):
         if reason := onnx_peer.missing():

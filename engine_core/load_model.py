@@ -25,9 +25,12 @@ def load_model(config: Config) -> LoadedModel:
         # server sees new shapes all the time (bench/device/sdpa_trial.py; docs/benchmarks.md, "GPU").
         torch.backends.cuda.enable_cudnn_sdp(False)
     st = read_folder(folder)
-    if config.dtype == "int8" and (st.static_folder is not None or st.router is not None):
+    if st.static_folder is not None or st.router is not None:
         what = "a static embedding" if st.static_folder is not None else "a Router"
-        raise LoadError(f"--dtype int8 serves a single transformer encoder; {folder} holds {what} model.")
+        if config.dtype == "int8":
+            raise LoadError(f"--dtype int8 serves a single transformer encoder; {folder} holds {what} model.")
+        if config.runtime == "onnxruntime":
+            raise LoadError(f"--runtime onnxruntime serves a single transformer encoder; {folder} holds {what} model.")
     if st.static_folder is not None:
         loaded = load_static_model(config, folder, st, device)
     elif st.router is not None:

@@ -77,6 +77,8 @@ from engine_core.multi_vector import (
     register_prefix_tokens,
     stanford_projection,
 )
+from engine_core.onnx_runtime import MIN_COSINE as ONNX_MIN_COSINE
+from engine_core.onnx_runtime import OnnxEncoder, cached_graph, default_cache_dir
 from engine_core.own_code import (
     check_first_pass,
     check_own_code,
@@ -269,8 +271,10 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
 
     mlm_parts = split_mlm(model) if kind == SPARSE else None
     # Packing computes real tokens only; an expanded query's added places are computed unattended.
-    packed = (late is None or m3) and uses_token_packing(
-        config.token_packing, device, model if mlm_parts is None else mlm_parts[0]
+    packed = (
+        config.runtime == "torch"
+        and (late is None or m3)
+        and uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
     )
     build_runner = runner_builder(
         choice, transformer, text_config=text_config, device=device, pad_token_id=text.pad_token_id, packed=packed,
@@ -284,7 +288,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
-    pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
+    if config.runtime == "torch":  # ONNX Runtime's graph holds weights of its own
+        pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -515,6 +520,13 @@ def choose_precision(
     """Step 8: the precision served, the model and its runner in it: `--dtype int8`'s layers quantized and held to
     float32 on the probe set; `--dtype auto` on a CPU bf16 where native and the model agrees."""
     kind, m3, dtype = choice.kind, choice.m3, choice.dtype
+    if config.runtime == "onnxruntime":
+        runner = onnx_runner(
+            model, runner, build_runner, probe=probe_rows(backend, max_model_len),
+            is_multi_vector=late is not None or m3, config=config, transformer=transformer, choice=choice,
+            device=device,
+        )  # fmt: skip
+        return model, dtype, runner
     if config.dtype == "int8":
         if kind != EMBEDDING or late is not None or m3:
             what = "a multi-vector" if late is not None else "bge-m3's" if m3 else f"a {kind}"
@@ -581,6 +593,47 @@ def pack_weights(
     packed = pack_linears(model, answers)
     if packed:
         logger.info("%d linear layers' weights packed for this CPU (oneDNN's layout)", packed)
+
+
+def onnx_runner(
+    model: torch.nn.Module,
+    runner: ModelRunner,
+    build_runner: RunnerBuilder,
+    *,
+    probe: list[npt.NDArray[np.int32]],
+    is_multi_vector: bool,
+    config: Config,
+    transformer: Transformer,
+    choice: KindChoice,
+    device: torch.device,
+) -> ModelRunner:
+    """`--runtime onnxruntime`: the runner over the model's cached ONNX graph (engine_core/onnx_runtime.py), held to
+    torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot take refused by name."""
+    kind, arch = choice.kind, type(model).__name__
+    if kind != EMBEDDING or is_multi_vector or device.type != "cpu":
+        what = f"a {kind} model" if kind != EMBEDDING else "a multi-vector model" if is_multi_vector else ""
+        raise LoadError(
+            "--runtime onnxruntime serves single-vector embedding models on the CPU; "
+            + (f"this is {what}." if what else f"the device is {device.type}.")
+        )
+    if getattr(transformer.config, "auto_map", None):
+        raise LoadError(f"--runtime onnxruntime does not export a model's own code ({arch}); use --runtime torch.")
+    reference = runner.run_texts(probe, None)  # the model as loaded, before the export touches it
+    cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
+    try:
+        graph = cached_graph(model, transformer.folder, cache_dir)
+    except Exception as exc:
+        raise LoadError(f"--runtime onnxruntime cannot export {arch}: {first_line(exc)}") from exc
+    onnx = build_runner(OnnxEncoder(graph, torch.get_num_threads()), choice.dtype)
+    measured = measure_agreement(reference, onnx.run_texts(probe, None))
+    if measured.min_cosine < ONNX_MIN_COSINE:
+        raise LoadError(
+            f"--runtime onnxruntime: {arch}'s ONNX graph strays from torch float32 on the probe set (min cosine "
+            f"{measured.min_cosine:.6f}, needs >= {ONNX_MIN_COSINE}); use --runtime torch."
+        )
+    logger.info("--runtime onnxruntime: %s from %s, %d threads; probe min cosine %.7f against torch float32",
+                arch, graph, torch.get_num_threads(), measured.min_cosine)  # fmt: skip
+    return onnx
 
 
 def write_card(

@@ -22,6 +22,7 @@ DeviceKind = Literal["auto", "cpu", "cuda"]
 DEVICE_KINDS: tuple[DeviceKind, ...] = ("auto", "cpu", "cuda")
 DType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 TokenPacking = Literal["auto", "on", "off"]
+Runtime = Literal["torch", "onnxruntime"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -138,9 +139,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "model",
             "A TOML file declaring the models to serve, one [[models]] table each: `model` (the folder; absent: the "
             "bundled model), `served_model_name` (a list), and any of the per-model flags by their field name "
-            "(engine_count, dtype, max_batch_size, max_batch_tokens, device, torch_threads, token_packing, and "
-            "the model flags); unset keys take the command line's values. The first table is the default model "
-            "unless --default-model names another. Not with --model (docs/operations.md, 'Several models').",
+            "(engine_count, dtype, max_batch_size, max_batch_tokens, device, torch_threads, token_packing, runtime, "
+            "onnx_cache_dir, and the model flags); unset keys take the command line's values. The first table is the "
+            "default model unless --default-model names another. Not with --model (docs/operations.md, 'Several "
+            "models').",
             metavar="FILE",
         ),
     ] = ""
@@ -610,6 +612,28 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             per_model=True,
         ),
     ] = "auto"
+    runtime: Annotated[
+        Runtime,
+        Flag(
+            "engine",
+            "What runs the transformer's forward pass. torch: the model's own modules. onnxruntime (CPU, float32, "
+            "single-vector embedding models; opt-in): the model exported to ONNX once from the loaded weights, "
+            "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, pooling and heads as with torch; "
+            "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999) "
+            "(docs/operations.md, 'ONNX Runtime').",
+            per_model=True,
+        ),
+    ] = "torch"
+    onnx_cache_dir: Annotated[
+        str,
+        Flag(
+            "engine",
+            "Where --runtime onnxruntime keeps its exported graphs, one per model weights and library versions. "
+            "Empty: ~/.cache/poolserve/onnx. Never the model folder, which may be read-only.",
+            metavar="DIR",
+            per_model=True,
+        ),
+    ] = ""
     max_batch_tokens: Annotated[
         int,
         Flag(
@@ -705,6 +729,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_device(self.device)
         if self.dtype == "int8" and self.device_kind == "cuda":
             raise ConfigError("--dtype int8 is a CPU mode; with --device cuda use --dtype auto, float16 or bfloat16.")
+        if self.runtime == "onnxruntime" and self.device_kind == "cuda":
+            raise ConfigError("--runtime onnxruntime is a CPU mode; with --device cuda use --runtime torch.")
+        if self.runtime == "onnxruntime" and self.dtype != "float32":
+            raise ConfigError(
+                f"--runtime onnxruntime runs float32; --dtype has value '{self.dtype}': pass --dtype float32."
+            )
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)
         check_range("--max-image-pixels", self.max_image_pixels, 1, 1 << 34)

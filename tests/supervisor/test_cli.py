@@ -37,7 +37,7 @@ def test_every_flag_maps_to_its_field() -> None:
             "--model", "/m", "--served-model-name", "a", "b", "--host", "0.0.0.0", "--port", "9000",
             "--api-server-count", "3", "--max-batch-tokens", "4096", "--max-batch-size", "16",
             "--max-model-len", "128", "--preprocess-workers", "0", "--device", "cpu", "--dtype", "bfloat16",
-            "--token-packing", "off",
+            "--token-packing", "off", "--runtime", "torch", "--onnx-cache-dir", "/c",
             "--pooling", "cls", "--torch-threads", "2", "--trust-remote-code", "--engine-start-timeout", "12",
             "--shutdown-timeout", "3", "--log-level", "debug",
         ]
@@ -55,6 +55,8 @@ def test_every_flag_maps_to_its_field() -> None:
         device="cpu",
         dtype="bfloat16",
         token_packing="off",
+        runtime="torch",
+        onnx_cache_dir="/c",
         pooling="cls",
         torch_threads=2,
         trust_remote_code=True,
@@ -296,6 +298,7 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "long_input": ("refuse", "truncate", "chunk"),
         "dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "token_packing": ("auto", "on", "off"),
+        "runtime": ("torch", "onnxruntime"),
         "log_level": ("debug", "info", "warning", "error"),
         "log_format": ("text", "json"),
         "trace_sampler": (

@@ -1,0 +1,199 @@
+"""`--runtime onnxruntime`: an embedding model's transformer exported to ONNX once, optimised once, cached on disk,
+and run by ONNX Runtime in place of torch's forward pass; pooling and heads stay poolserve's own (torch).
+
+Why (docs/benchmarks.md, issue 33): on a CPU at float32, ONNX Runtime's fused graph (attention, LayerNorm and GELU
+each one kernel: `onnxruntime.transformers.optimizer`, as optimum optimises it for Infinity) answers a sentence
+faster than torch's eager modules. The graph is exported from the very weights the engine loaded, and the engine
+compares its vectors with torch float32's on the probe set before it serves (engine_core/loader.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from engine_core.threads import SMALL_BATCH_TOKENS
+
+logger = logging.getLogger(__name__)
+
+# Bump when the export or the optimisation changes, so that graphs cached by an older poolserve are not reused.
+GRAPH_FORMAT = 1
+OPSET = 17
+# The files whose bytes decide the graph: the architecture and the weights (not the tokenizer's).
+GRAPH_FILES = ("config.json", "*.safetensors", "*.bin")
+LIBRARIES = ("torch", "transformers", "onnx", "onnxruntime")
+# float32 noise: a fused graph reorders sums, so its vectors move in the 7th digit, never further.
+MIN_COSINE = 0.99999
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def default_cache_dir() -> Path:
+    """Where graphs are cached when --onnx-cache-dir is empty: beside Hugging Face's, never in the model folder
+    (which may be read-only or shared)."""
+    return Path.home() / ".cache" / "poolserve" / "onnx"
+
+
+def graph_files(folder: Path) -> list[Path]:
+    found = {path for pattern in GRAPH_FILES for path in folder.glob(pattern) if path.is_file()}
+    return sorted(found)
+
+
+def file_digest(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def cache_key(files: Iterable[tuple[str, str]], libraries: dict[str, str], model_class: str) -> str:
+    """The name of a cached graph: a hash of the files' names and contents' digests, the libraries' versions that
+    export, optimise and run it, the class that was exported and the graph format. Any of them changing (new
+    weights, a torch upgrade) makes a new graph rather than reusing one that may no longer be the model's."""
+    digest = hashlib.sha256(f"format {GRAPH_FORMAT} opset {OPSET} class {model_class}\n".encode())
+    for name, file_hash in sorted(files):
+        digest.update(f"file {name} {file_hash}\n".encode())
+    for name, installed in sorted(libraries.items()):
+        digest.update(f"library {name} {installed}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def folder_key(folder: Path, model_class: str) -> str:
+    files = [(path.name, file_digest(path)) for path in graph_files(folder)]
+    return cache_key(files, {name: version(name) for name in LIBRARIES}, model_class)
+
+
+class _LastHiddenState(torch.nn.Module):
+    """What is exported: the encoder's last hidden states, from the inputs the runner gives it."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        named = dict(zip(INPUT_NAMES, inputs, strict=False))
+        hidden: torch.Tensor = self.model(**named).last_hidden_state
+        return hidden
+
+
+def export_graph(model: torch.nn.Module, path: Path, *, uses_token_types: bool) -> None:
+    """TorchScript export (its graph is the one ONNX Runtime's BERT fusions recognise), eager attention (the
+    fusions match its MatMul/Softmax pattern, not SDPA's), batch and sequence dynamic."""
+    names = list(INPUT_NAMES if uses_token_types else INPUT_NAMES[:2])
+    example = [torch.ones((2, 8), dtype=torch.int64) for _ in names]
+    # padding in the example, so that no branch of the model's mask code that skips an all-ones mask is traced
+    example[1][1, 5:] = 0
+    model_any: Any = model
+    previous, was_training = model_any.config._attn_implementation, model.training
+    model_any.set_attn_implementation("eager")
+    try:
+        # The exporter warns that TorchScript export is deprecated and that traced Python values are constants; the
+        # graph is held to torch's vectors on the probe set instead, and the warnings would only flood the log.
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                _LastHiddenState(model),
+                tuple(example),
+                str(path),
+                input_names=names,
+                output_names=["last_hidden_state"],
+                dynamic_axes={name: {0: "batch", 1: "sequence"} for name in [*names, "last_hidden_state"]},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+    finally:
+        model_any.set_attn_implementation(previous)
+        # torch 2.13's TorchScript export leaves the module in training mode (dropout on): the engine's own model
+        # must come back as it was, or the probe's torch reference is the one that strays.
+        model.train(was_training)
+
+
+def optimize_graph(source: Path, target: Path, *, num_heads: int, hidden_size: int) -> None:
+    """ONNX Runtime's transformer optimiser, BERT fusions (attention, skip LayerNorm, bias GELU). GELU stays exact:
+    its tanh approximation would move the vectors beyond float32 noise."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    options.enable_gelu_approximation = False
+    optimized = optimize_model(
+        str(source), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, optimization_options=options
+    )
+    optimized.save_model_to_file(str(target))
+
+
+def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
+    """The optimised graph of `model` (loaded from `folder`), exported and optimised on the first start only. Written
+    to a temporary name and renamed, so that engines starting together never read half a file."""
+    config: Any = model.config
+    key = folder_key(folder, type(model).__name__)
+    target = cache_dir / key / "model.onnx"
+    if target.is_file():
+        logger.info("--runtime onnxruntime: cached graph %s", target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    uses_token_types = int(getattr(config, "type_vocab_size", 0) or 0) > 0 and "token_type_ids" in _forward_names(model)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        exported = Path(work) / "exported.onnx"
+        export_graph(model, exported, uses_token_types=uses_token_types)
+        optimized = Path(work) / "model.onnx"
+        optimize_graph(
+            exported, optimized, num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size)
+        )
+        os.replace(optimized, target)
+    logger.info("--runtime onnxruntime: exported and optimised %s to %s", type(model).__name__, target)
+    return target
+
+
+def _forward_names(model: torch.nn.Module) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+class OnnxEncoder(torch.nn.Module):
+    """ONNX Runtime sessions in the place of the encoder: called as the runner calls the model (input ids, attention
+    mask, token types), they answer the last hidden states as a torch tensor over ONNX Runtime's array.
+
+    Two sessions over one graph when the engine has several threads: a batch of at most SMALL_BATCH_TOKENS padded
+    tokens runs on one thread, a larger one on all of them, the rule engine_core/threads.py gives torch (ONNX
+    Runtime fixes a session's threads when it is made)."""
+
+    def __init__(self, path: Path, threads: int, small_batch_tokens: int = SMALL_BATCH_TOKENS):
+        super().__init__()
+        self.path = path
+        self.small_batch_tokens = small_batch_tokens
+        self.full = new_session(path, threads)
+        self.small = new_session(path, 1) if threads > 1 and small_batch_tokens > 0 else self.full
+        self.input_names = [node.name for node in self.small.get_inputs()]
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> BaseModelOutput:
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        feed = {}
+        for name in self.input_names:
+            tensor = given[name]
+            # a model with segments given none (an embedder's single texts): segment 0, as torch defaults it
+            feed[name] = np.zeros_like(input_ids.numpy()) if tensor is None else tensor.numpy()
+        session = self.small if input_ids.numel() <= self.small_batch_tokens else self.full
+        (hidden,) = session.run(["last_hidden_state"], feed)
+        return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
+
+
+def new_session(path: Path, threads: int) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

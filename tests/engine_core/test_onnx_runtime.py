@@ -1,0 +1,79 @@
+"""--runtime onnxruntime's loading (engine_core/onnx_runtime.py, engine_core/loader.py's onnx_runner): the cache key
+follows the weights, the libraries and the class; a graph that strays from torch float32 and a model ONNX is not
+given are refused at start-up, each in one sentence."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from bench.harness.models import TINY, save_with_tokenizer
+from engine_core.load_model import load_model
+from engine_core.loader import LoadError
+from engine_core.onnx_runtime import cache_key, folder_key, graph_files
+from poolserve.config import Config, ConfigError
+
+LIBRARIES = {"torch": "2.13.0", "transformers": "5.24.0", "onnx": "1.23.2", "onnxruntime": "1.32.0"}
+FILES = [("config.json", "c0"), ("model.safetensors", "w0")]
+
+
+def onnx_config(folder: Path, cache: Path) -> Config:
+    return Config(model=str(folder), device="cpu", dtype="float32", runtime="onnxruntime", onnx_cache_dir=str(cache))
+
+
+def tiny_bert(folder: Path, seed: int) -> Path:
+    torch.manual_seed(seed)
+    save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
+    return folder
+
+
+def test_cache_key_follows_the_weights_the_libraries_and_the_class() -> None:
+    key = cache_key(FILES, LIBRARIES, "BertModel")
+    assert key == cache_key(FILES[::-1], dict(reversed(LIBRARIES.items())), "BertModel")
+    assert key != cache_key([("config.json", "c0"), ("model.safetensors", "w1")], LIBRARIES, "BertModel")
+    assert key != cache_key([*FILES, ("model-2.safetensors", "w2")], LIBRARIES, "BertModel")
+    assert key != cache_key(FILES, {**LIBRARIES, "onnxruntime": "1.33.0"}, "BertModel")
+    assert key != cache_key(FILES, LIBRARIES, "RobertaModel")
+
+
+def test_the_key_reads_the_config_and_the_weights_only(tmp_path: Path) -> None:
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt"):
+        (tmp_path / name).write_bytes(b"0")
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "model.onnx").write_bytes(b"0")
+    assert [path.name for path in graph_files(tmp_path)] == ["config.json", "model.safetensors"]
+    key = folder_key(tmp_path, "BertModel")
+    (tmp_path / "tokenizer.json").write_bytes(b"1")
+    assert folder_key(tmp_path, "BertModel") == key
+    (tmp_path / "model.safetensors").write_bytes(b"1")
+    assert folder_key(tmp_path, "BertModel") != key
+
+
+def test_a_cached_graph_that_strays_from_torch_is_refused(tmp_path: Path) -> None:
+    """A graph in the cache under this model's key that is not this model's (here another model's weights; a
+    corrupted or hand-edited cache alike) is caught by the probe, not served."""
+    served, other = tiny_bert(tmp_path / "served", 1), tiny_bert(tmp_path / "other", 2)
+    load_model(onnx_config(other, tmp_path / "other-cache"))
+    (other_graph,) = (tmp_path / "other-cache").glob("*/model.onnx")
+    planted = tmp_path / "cache" / folder_key(served, "BertModel") / "model.onnx"
+    planted.parent.mkdir(parents=True)
+    shutil.copy(other_graph, planted)
+    with pytest.raises(LoadError, match=r"BertModel's ONNX graph strays from torch float32 on the probe set"):
+        load_model(onnx_config(served, tmp_path / "cache"))
+
+
+def test_a_classifier_is_refused_by_name(classifier_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match="serves single-vector embedding models on the CPU; this is a classifier"):
+        load_model(onnx_config(classifier_model, tmp_path))
+    assert not any(tmp_path.iterdir())  # refused before anything was exported
+
+
+def test_onnxruntime_runs_float32_on_the_cpu_only() -> None:
+    with pytest.raises(ConfigError, match="--runtime onnxruntime runs float32; --dtype has value 'auto'"):
+        Config(runtime="onnxruntime")
+    with pytest.raises(ConfigError, match="--runtime onnxruntime is a CPU mode"):
+        Config(runtime="onnxruntime", dtype="float32", device="cuda")
