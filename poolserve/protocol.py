@@ -2,10 +2,11 @@
 
 A message is a multipart ZeroMQ message: frame 0 is a msgpack-encoded Struct from the tagged unions
 below; arrays follow as raw little-endian frames (token ids int32, pixels uint8, pooled rows float32; a sparse
-model's rows as an int32 index frame and a float32 value frame) whose shapes the Struct carries. Nothing is
-pickled. Every process comes from one install, so both ends always run this same module and no field has to
-stay readable by an older peer. Each end
-builds its codec (`ClientWire`, `EngineWire`) once and reuses it, as msgspec advises.
+model's rows as an int32 index frame and a float32 value frame) whose shapes the Struct carries. A request goes
+as one message of its own; the engine answers what one step finished for an API server as one `Outputs`, every
+dense output's rows in one frame. Nothing is pickled. Every process comes from one install, so both ends always
+run this same module and no field has to stay readable by an older peer. Each end builds its codec (`ClientWire`,
+`EngineWire`) once and reuses it, as msgspec advises.
 """
 
 from __future__ import annotations
@@ -230,10 +231,10 @@ class ForwardPass(msgspec.Struct, array_like=True, frozen=True):
 
 
 class PooledOutput(msgspec.Struct, array_like=True, frozen=True):
-    """One finished request, whose `rows` x `dim` float32 values travel in their own frame; or, when
-    `nonzeros` is not None (a sparse model), whose rows travel as two frames: the column indices (int32,
-    ascending within a row) and the values (float32) of every row's non-zero entries, row after row,
-    `nonzeros[i]` of them for row i."""
+    """One finished request, whose `rows` x `dim` float32 values are the next `rows * dim` of its message's dense
+    frame; or, when `nonzeros` is not None (a sparse model), whose rows are the next entries of its message's two
+    sparse frames: the column indices (int32, ascending within a row) and the values (float32) of every row's
+    non-zero entries, row after row, `nonzeros[i]` of them for row i."""
 
     id: int
     rows: int
@@ -257,8 +258,11 @@ class RequestFailed(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Outputs(msgspec.Struct, tag="outputs", array_like=True, frozen=True):
-    """What finished for one API server, sent together: the outputs' data frames follow in order, one per
-    dense output, two per sparse one."""
+    """What finished for one API server in one step, sent together as soon as the step's rows are ready. Data frames
+    follow: when there is a dense output, one frame holding every dense output's float32 rows back to back, in the
+    order of `outputs`; then, when there is a sparse output, one frame of every sparse output's int32 indices and one
+    of their float32 values, back to back in the same order (`decode_rows`). A frame per output cost a send and a
+    receive each (docs/benchmarks.md, "Answers batched back")."""
 
     outputs: list[PooledOutput] = msgspec.field(default_factory=list)
     failures: list[RequestFailed] = msgspec.field(default_factory=list)
@@ -328,26 +332,46 @@ OutputRows = F32 | SparseRows
 
 
 def decode_rows(msg: Outputs, frames: Sequence[Buffer]) -> list[OutputRows]:
-    """Each output's rows, as read-only views of its data frames (no copy); ProtocolError when they do not fit."""
-    expected = sum(1 if out.nonzeros is None else 2 for out in msg.outputs)
+    """Each output's rows, as read-only views of the message's data frames (no copy); ProtocolError when they do
+    not fit the headers."""
+    outputs = msg.outputs
+    sparse_count = sum(out.nonzeros is not None for out in outputs)
+    has_dense, has_sparse = sparse_count < len(outputs), sparse_count > 0
+    expected = int(has_dense) + 2 * int(has_sparse)
     if len(frames) != expected:
-        raise ProtocolError(f"{len(msg.outputs)} output(s) need {expected} data frame(s), came with {len(frames)}")
+        raise ProtocolError(f"{len(outputs)} output(s) need {expected} data frame(s), came with {len(frames)}")
+    try:
+        dense = np.frombuffer(frames[0], dtype=OUTPUT_DTYPE) if has_dense else _NO_VALUES
+        indices = np.frombuffer(frames[-2], dtype=TOKEN_DTYPE) if has_sparse else _NO_INDICES
+        values = np.frombuffer(frames[-1], dtype=OUTPUT_DTYPE) if has_sparse else _NO_VALUES
+    except ValueError:
+        raise ProtocolError("a data frame does not hold whole 4-byte values") from None
+    if indices.size != values.size:
+        raise ProtocolError(f"the sparse frames hold {indices.size} indices and {values.size} values")
     rows: list[OutputRows] = []
-    at = 0
-    for out in msg.outputs:
-        if out.nonzeros is None:
-            frame = frames[at]
-            at += 1
-            if out.rows < 0 or out.dim < 0 or memoryview(frame).nbytes != out.rows * out.dim * OUTPUT_ITEMSIZE:
-                raise ProtocolError(f"output {out.id}'s frame does not hold {out.rows}x{out.dim} float32 values")
-            rows.append(np.frombuffer(frame, dtype=OUTPUT_DTYPE).reshape(out.rows, out.dim))
+    dense_at = sparse_at = 0
+    for out in outputs:
+        if out.nonzeros is not None:
+            sparse, sparse_at = decode_sparse(out, indices, values, sparse_at)
+            rows.append(sparse)
             continue
-        rows.append(decode_sparse(out, frames[at], frames[at + 1]))
-        at += 2
+        end = dense_at + out.rows * out.dim
+        if out.rows < 0 or out.dim < 0 or end > dense.size:
+            raise ProtocolError(f"output {out.id}'s rows of {out.rows}x{out.dim} float32 values are not in its frame")
+        rows.append(dense[dense_at:end].reshape(out.rows, out.dim))
+        dense_at = end
+    if dense_at != dense.size or sparse_at != indices.size:
+        raise ProtocolError("the data frames hold more than the outputs count")
     return rows
 
 
-def decode_sparse(out: PooledOutput, index_frame: Buffer, value_frame: Buffer) -> SparseRows:
+_NO_VALUES: Final[F32] = np.zeros(0, dtype=OUTPUT_DTYPE)
+_NO_INDICES: Final[I32] = np.zeros(0, dtype=TOKEN_DTYPE)
+
+
+def decode_sparse(out: PooledOutput, indices: I32, values: F32, at: int) -> tuple[SparseRows, int]:
+    """The sparse output's rows, its entries from `at` on in the message's sparse frames, and where the next
+    output's entries start."""
     assert out.nonzeros is not None
     if out.dim < 0 or len(out.nonzeros) != out.rows:
         raise ProtocolError(f"output {out.id} counts the non-zeros of {len(out.nonzeros)} rows, not {out.rows}")
@@ -357,21 +381,18 @@ def decode_sparse(out: PooledOutput, index_frame: Buffer, value_frame: Buffer) -
         raise ProtocolError(f"output {out.id}'s non-zero counts must be within 0..{out.dim}") from None
     if nonzeros.size and (nonzeros.min() < 0 or nonzeros.max() > out.dim):
         raise ProtocolError(f"output {out.id}'s non-zero counts must be within 0..{out.dim}")
-    total = int(nonzeros.sum())
-    if (
-        memoryview(index_frame).nbytes != total * TOKEN_ITEMSIZE
-        or memoryview(value_frame).nbytes != total * OUTPUT_ITEMSIZE
-    ):
-        raise ProtocolError(f"output {out.id}'s frames do not hold {total} int32 indices and {total} float32 values")
-    indices = np.frombuffer(index_frame, dtype=TOKEN_DTYPE)
-    if total and (indices.min() < 0 or indices.max() >= out.dim):
+    end = at + int(nonzeros.sum())
+    if end > indices.size:
+        raise ProtocolError(f"output {out.id}'s {end - at} int32 indices and float32 values are not in its frames")
+    own = indices[at:end]
+    if own.size and (own.min() < 0 or own.max() >= out.dim):
         raise ProtocolError(f"output {out.id}'s indices must be within 0..{out.dim - 1}")
     # Within a row the indices ascend: a step that does not is a row's first entry, or a broken frame.
     row_starts = np.cumsum(nonzeros)[:-1]
-    steps_down = np.flatnonzero(np.diff(indices) <= 0) + 1
+    steps_down = np.flatnonzero(np.diff(own) <= 0) + 1
     if not np.isin(steps_down, row_starts).all():
         raise ProtocolError(f"output {out.id}'s indices do not ascend within each row")
-    return SparseRows(nonzeros, indices, np.frombuffer(value_frame, dtype=OUTPUT_DTYPE), out.dim)
+    return SparseRows(nonzeros, own, values[at:end], out.dim), end
 
 
 def byte_view(array: npt.NDArray[np.generic]) -> memoryview:
@@ -435,18 +456,31 @@ class EngineWire:
     def encode_outputs(
         self, outputs: Sequence[tuple[PooledOutput, OutputRows]], failures: Sequence[RequestFailed] = ()
     ) -> list[Frame]:
-        """Finished requests with their rows (each `out.rows` x `out.dim`, dense or sparse), and failed ones."""
-        frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]
+        """Finished requests with their rows (each `out.rows` x `out.dim`, dense or sparse), and failed ones, as one
+        message (see Outputs)."""
+        dense: list[F32] = []
+        indices: list[I32] = []
+        values: list[F32] = []
         for out, rows in outputs:
             if isinstance(rows, SparseRows):
                 if out.nonzeros is None or rows.nonzeros.tolist() != out.nonzeros or rows.dim != out.dim:
                     raise ValueError(f"output {out.id}'s header does not count its sparse rows")
-                frames.append(byte_view(np.ascontiguousarray(rows.indices, dtype=TOKEN_DTYPE)))
-                frames.append(byte_view(np.ascontiguousarray(rows.values, dtype=OUTPUT_DTYPE)))
+                indices.append(rows.indices)
+                values.append(rows.values)
                 continue
             if out.nonzeros is not None or rows.shape != (out.rows, out.dim):
                 raise ValueError(f"output {out.id} has rows of shape {rows.shape}, not {out.rows}x{out.dim}")
-            frames.append(byte_view(np.ascontiguousarray(rows, dtype=OUTPUT_DTYPE)))
+            dense.append(rows)
+        frames: list[Frame] = [self._encoder.encode(Outputs([out for out, _ in outputs], list(failures)))]
+        # One copy of every output's rows, flattened and cast where they need it, in one numpy call; a lone output's
+        # rows go as they are when they are float32 and contiguous already.
+        if len(dense) == 1:
+            frames.append(byte_view(np.ascontiguousarray(dense[0], dtype=OUTPUT_DTYPE).reshape(-1)))
+        elif dense:
+            frames.append(byte_view(np.concatenate(dense, axis=None, dtype=OUTPUT_DTYPE)))
+        if indices:
+            frames.append(byte_view(np.concatenate(indices, axis=None, dtype=TOKEN_DTYPE)))
+            frames.append(byte_view(np.concatenate(values, axis=None, dtype=OUTPUT_DTYPE)))
         return frames
 
     def decode(self, frames: Sequence[Buffer]) -> ToEngine:

@@ -193,6 +193,22 @@ def test_a_window_whose_padding_costs_about_a_pass_is_cut_as_cheaply_as_any_cut(
         assert len(batches) == 1
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_a_window_within_the_caps_is_cut_at_length_changes_as_cheaply_as_any_cut(seed: int) -> None:
+    """A window no cap can bind, of few distinct lengths (single sentences), is planned over its runs of equal
+    lengths only (Scheduler._cut_at_run_ends): still the cheapest cut of all, runs split or not."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(1, 40, size=int(rng.integers(1, 5)))
+    lengths = sorted(int(n) for n in rng.choice(values, size=int(rng.integers(2, 12))))
+    overhead = float(rng.choice([0.0, 1.0, 5.0, 20.0, 60.0]))
+    scheduler = Scheduler(max_batch_tokens=10_000, max_batch_size=64, batch_overhead_tokens=overhead)
+    scheduler.add(make_request(0, lengths))
+    batches = scheduler.next_batches()
+    assert sorted(item.length for b in batches for item in b) == lengths
+    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
+    assert cost == pytest.approx(brute_force_cost(lengths, overhead, 64, 10_000))
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_a_pass_worth_a_whole_batch_gets_the_fewest_batches_within_the_caps(seed: int) -> None:
     """Where a pass costs at least a batch's token budget (a GPU bound by its launches), the window

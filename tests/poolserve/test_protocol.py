@@ -134,20 +134,26 @@ def test_header_only_messages_from_the_engine_round_trip(message: Ready | Pong) 
     assert ClientWire().decode(received(EngineWire().encode(message))) == message
 
 
-def test_outputs_round_trip_with_one_float32_frame_per_finished_request() -> None:
+def test_outputs_round_trip_with_one_float32_frame_for_every_finished_request() -> None:
     first = np.arange(6, dtype=np.float32).reshape(2, 3)
     second = np.ones((1, 384), dtype=np.float32)
-    outputs = [(PooledOutput(1, 2, 3, queue_time=0.5), first), (PooledOutput(2, 1, 384, inference_time=0.1), second)]
+    third = np.full((1, 3), 7, dtype=np.float32)
+    outputs = [
+        (PooledOutput(1, 2, 3, queue_time=0.5), first),
+        (PooledOutput(2, 1, 384, inference_time=0.1), second),
+        (PooledOutput(5, 1, 3), third),
+    ]
     failures = [RequestFailed(3, "model_error", "boom"), RequestFailed(4, "overloaded", "full")]
     frames = received(EngineWire().encode_outputs(outputs, failures))
-    assert len(frames) == 3  # failures take no frame
+    assert len(frames) == 2  # one frame of rows; failures take none
+    assert len(frames[1]) == (6 + 384 + 3) * 4
     msg = ClientWire().decode(frames)
     assert msg == Outputs([out for out, _ in outputs], failures)
     assert isinstance(msg, Outputs)
     rows = decode_rows(msg, frames[1:])
-    for got, want, frame in zip(rows, (first, second), frames[1:], strict=True):
+    for got, want in zip(rows, (first, second, third), strict=True):
         np.testing.assert_array_equal(got, want)
-        assert got.dtype == np.float32 and np.shares_memory(got, np.frombuffer(frame, dtype=np.uint8))
+        assert got.dtype == np.float32 and np.shares_memory(got, np.frombuffer(frames[1], dtype=np.uint8))
 
 
 def test_rows_of_another_dtype_or_layout_are_sent_as_contiguous_float32() -> None:
@@ -269,6 +275,9 @@ def test_frames_that_do_not_match_their_header_are_a_clear_protocol_error(messag
         ([PooledOutput(1, 1, 2)], [], "1 output"),
         ([PooledOutput(1, 1, 2)], [b"\0" * 4], "1x2 float32"),
         ([PooledOutput(1, -1, -2)], [b"\0" * 8], "float32"),
+        ([PooledOutput(1, 1, 1)], [b"\0" * 8], "more than the outputs"),
+        ([PooledOutput(1, 1, 1)], [b"\0" * 3], "whole 4-byte values"),
+        ([PooledOutput(1, 1, 2), PooledOutput(2, 1, 2)], [b"\0" * 12], "output 2's rows of 1x2"),
     ],
 )
 def test_reply_frames_that_do_not_match_their_outputs_are_a_clear_protocol_error(
@@ -289,23 +298,27 @@ def sparse(rows: list[list[float]]) -> SparseRows:
 
 def test_sparse_rows_travel_as_an_index_frame_and_a_value_frame_beside_dense_ones() -> None:
     rows = sparse([[0, 1.5, 0, 0, 2], [0, 0, 0, 0, 0], [3, 0, 0, 0.25, 0]])
+    more = sparse([[0, 0, 0, 9, 0]])
     dense = np.ones((1, 3), dtype=np.float32)
     outputs: list[tuple[PooledOutput, OutputRows]] = [
         (PooledOutput(1, 3, 5, nonzeros=[2, 0, 2]), rows),
         (PooledOutput(2, 1, 3), dense),
+        (PooledOutput(3, 1, 5, nonzeros=[1]), more),
     ]
     frames = received(EngineWire().encode_outputs(outputs))
-    assert len(frames) == 4  # the header, two frames for the sparse output, one for the dense
-    assert np.frombuffer(frames[1], dtype="<i4").tolist() == [1, 4, 0, 3]
-    assert np.frombuffer(frames[2], dtype="<f4").tolist() == [1.5, 2, 3, 0.25]
+    assert len(frames) == 4  # the header, the dense rows, then every sparse output's indices and values
+    np.testing.assert_array_equal(np.frombuffer(frames[1], dtype="<f4"), dense.reshape(-1))
+    assert np.frombuffer(frames[2], dtype="<i4").tolist() == [1, 4, 0, 3, 3]
+    assert np.frombuffer(frames[3], dtype="<f4").tolist() == [1.5, 2, 3, 0.25, 9]
     msg = ClientWire().decode(frames)
     assert isinstance(msg, Outputs) and msg.outputs == [out for out, _ in outputs]
-    got_sparse, got_dense = decode_rows(msg, frames[1:])
-    assert isinstance(got_sparse, SparseRows)
+    got_sparse, got_dense, got_more = decode_rows(msg, frames[1:])
+    assert isinstance(got_sparse, SparseRows) and isinstance(got_more, SparseRows)
     np.testing.assert_array_equal(got_sparse.to_dense(), rows.to_dense())
+    np.testing.assert_array_equal(got_more.to_dense(), more.to_dense())
     np.testing.assert_array_equal(got_sparse.dense_rows([2, 0]), rows.to_dense()[[2, 0]])
     assert got_sparse.row(1)[0].size == 0 and got_sparse.row(2)[0].tolist() == [0, 3]
-    assert np.shares_memory(got_sparse.values, np.frombuffer(frames[2], dtype=np.uint8))
+    assert np.shares_memory(got_sparse.values, np.frombuffer(frames[3], dtype=np.uint8))
     np.testing.assert_array_equal(got_dense, dense)
 
 
@@ -332,8 +345,9 @@ def values(count: int) -> bytes:
         (PooledOutput(1, 1, 4, nonzeros=[-1]), [b"", b""], "within 0..4"),
         (PooledOutput(1, 1, 4, nonzeros=[5]), [indices(*range(5)), values(5)], "within 0..4"),
         (PooledOutput(1, 1, 4, nonzeros=[2**64 - 1]), [b"", b""], "within 0..4"),
-        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0), values(2)], "2 int32 indices"),
-        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 1), values(3)], "2 float32 values"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0), values(1)], "2 int32 indices"),
+        (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 1), values(3)], "2 indices and 3 values"),
+        (PooledOutput(1, 1, 4, nonzeros=[1]), [indices(0, 1), values(2)], "more than the outputs"),
         (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(0, 4), values(2)], "indices must be within 0..3"),
         (PooledOutput(1, 1, 4, nonzeros=[1]), [indices(-1), values(1)], "indices must be within 0..3"),
         (PooledOutput(1, 1, 4, nonzeros=[2]), [indices(2, 1), values(2)], "do not ascend"),
