@@ -222,7 +222,9 @@ class EngineCore:
     def _forward(self, batch: list[WorkItem], padded: int) -> F32 | list[F32] | list[F32 | SparseRow]:
         """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts.
         `padded`: the batch's tokens, padding included, which sets the pass's torch threads."""
-        self.threads.apply(padded, is_urgent=any(item.request.priority < 0 for item in batch))
+        self.threads.apply(
+            padded, is_urgent=any(item.request.priority < 0 for item in batch), is_alone=len(self._requests) == 1
+        )
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
         rows = [item.request.input_ids(item.index) for item in batch]

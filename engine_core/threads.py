@@ -1,12 +1,14 @@
-"""How many torch threads a forward pass gets on a CPU: one for a small batch, every engine thread for a large one.
+"""How many torch threads a forward pass gets on a CPU: one for a small batch, every engine thread for a large one
+or for a request alone in the engine.
 
-A single short input runs on two threads only 1.3x faster than on one (17 against 26 ms for a
-MiniLM sentence on this project's 2-core machine), while both cores spin and wait for each other;
-at one client the engine then used 1.85 cores where one thread uses 0.9 (docs/benchmarks.md, "CPU
-engine"). A large batch divides well across threads: at 32 clients two threads served 110
-requests/s where one served 72-78. So the thread count follows the batch's padded tokens, except
-that a batch holding urgent work (a request with priority < 0: someone waits for it) gets every
-thread, whatever its size.
+A few short inputs run on two threads only a little faster than on one while both cores spin and wait for each
+other, and on a loaded 2-core host a two-thread pass stalls whenever the API servers take its second core
+(docs/benchmarks.md, "CPU engine"). A large batch divides well across threads: at 32 clients two threads served 110
+requests/s where one served 72-78. So the thread count follows the batch's padded tokens, except that a batch
+holding urgent work (a request with priority < 0: someone waits for it) gets every thread, and so does the one
+request the engine holds when it holds no other: nothing else waits, the API servers are idle until it is answered,
+and with weights packed once (engine_core/packed_linear.py) two threads answer a lone MiniLM sentence in 0.8 of one
+thread's time (docs/benchmarks.md, "Weights packed once"), which is what a single client's latency is made of.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ class ThreadPlan:
         self.full = threads if device == "cpu" else 0
         self.current = threads
 
-    def threads_for(self, padded_tokens: int, *, is_urgent: bool = False) -> int:
-        return 1 if padded_tokens <= SMALL_BATCH_TOKENS and not is_urgent else self.full
+    def threads_for(self, padded_tokens: int, *, is_urgent: bool = False, is_alone: bool = False) -> int:
+        return 1 if padded_tokens <= SMALL_BATCH_TOKENS and not is_urgent and not is_alone else self.full
 
-    def apply(self, padded_tokens: int, *, is_urgent: bool = False) -> None:
+    def apply(self, padded_tokens: int, *, is_urgent: bool = False, is_alone: bool = False) -> None:
+        """`is_alone`: the batch is the one request the engine holds."""
         if self.full <= 1:
             return
-        wanted = self.threads_for(padded_tokens, is_urgent=is_urgent)
+        wanted = self.threads_for(padded_tokens, is_urgent=is_urgent, is_alone=is_alone)
         if wanted != self.current:
             torch.set_num_threads(wanted)
             self.current = wanted

@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
+import torch
 from prometheus_client import REGISTRY
 
 from engine_core.admission import AdmissionLimit
@@ -23,6 +24,7 @@ from engine_core.metrics import set_engine_index
 from engine_core.postprocess import l2_normalize
 from engine_core.request_state import InvalidRequest, check_request
 from engine_core.scheduler import PriorityPolicy
+from engine_core.threads import ThreadPlan
 from poolserve.config import Config
 from poolserve.protocol import EngineRequest, PooledOutput
 from tests.engine_core.pending import pool_request
@@ -321,3 +323,21 @@ def test_every_engine_series_carries_its_engine_and_its_model(loaded: LoadedMode
         assert read("poolserve_cache_bytes") > 0
     finally:
         set_engine_index(0, "")
+
+
+def test_a_lone_short_request_gets_every_thread_and_two_together_get_one(core: EngineCore) -> None:
+    """engine_core/threads.py: a few short inputs run on one torch thread, unless they are the one request the
+    engine holds (nothing else waits; a single client's latency)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        core.threads = ThreadPlan("cpu", 2)
+        submit(core, b"api-0", 1, pool_request([HELLO]))
+        run_until_idle(core)
+        assert torch.get_num_threads() == 2
+        submit(core, b"api-0", 2, pool_request([HELLO]))
+        submit(core, b"api-1", 2, pool_request([HELLO]))
+        run_until_idle(core)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

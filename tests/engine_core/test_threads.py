@@ -28,6 +28,10 @@ def test_a_small_batch_runs_on_one_thread_and_a_large_one_on_all(restore_threads
     assert torch.get_num_threads() == 1
     plan.apply(8, is_urgent=True)  # a priority < 0 request: someone waits for it
     assert torch.get_num_threads() == 2
+    plan.apply(SMALL_BATCH_TOKENS)
+    assert torch.get_num_threads() == 1
+    plan.apply(8, is_alone=True)  # the one request the engine holds: nothing else wants the cores
+    assert torch.get_num_threads() == 2
 
 
 def test_one_configured_thread_and_cuda_are_left_alone(restore_threads: None) -> None:
