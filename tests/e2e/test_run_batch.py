@@ -162,20 +162,6 @@ def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server
     )
 
 
-def test_output_of_another_input_is_refused(tmp_path: Path) -> None:
-    source = write_lines(tmp_path / "texts.jsonl", [json.dumps("one"), json.dumps("two")])
-    output = write_lines(tmp_path / "out.jsonl", [json.dumps({"custom_id": "x", "response": None})])
-    done = subprocess.run(
-        run_batch_argv("--input", str(source), "--output", str(output)),
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert done.returncode == 2
-    assert "does not continue this input" in done.stderr
-
-
 def lines_in(path: Path) -> int:
     try:
         return path.read_bytes().count(b"\n")
