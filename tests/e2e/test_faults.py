@@ -261,12 +261,17 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
     """Also the start and the stop of a fresh server (ready within 20 s; its runtime folder gone after SIGTERM).
     20 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
     bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
-    machine, where CI once saw 10.3 s in all."""
-    with launched("--api-server-count", "2") as server:
+    machine, where CI once saw 10.3 s in all.
+
+    It logs JSON with the access log on (no flag here changes a start or a stop): every process's lines are JSON
+    objects, one a line, the supervisor's shutdown included."""
+    with launched("--api-server-count", "2", "--log-format", "json", "--access-log") as server:
         children = server.children()
         assert len(children) == 3
         runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
         assert len(runtime_dirs) == 1
+        with server.client() as client:
+            client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
         body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(16)]}
         # A request whose body stops half way holds the drain open (until --body-timeout, or until it is closed).
         held = socket.create_connection(("127.0.0.1", server.port))
@@ -288,6 +293,12 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
         assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
         assert not any(Path(d).exists() for d in runtime_dirs)
+    records = [json.loads(line) for line in server.stderr().splitlines() if line.startswith("{")]
+    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
+    access = [r for r in records if r["logger"] == "poolserve.access"]
+    assert any("request_id=json-7" in r["message"] for r in access), access
+    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
+    assert any(r["process"] == "supervisor" and "shutting down" in r["message"] for r in records), records[-5:]
     # Last, so that a slow start on a busy host leaves the stop tested.
     assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
 
