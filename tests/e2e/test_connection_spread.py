@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import os
 import re
@@ -39,6 +40,10 @@ def scale_up(server: PoolserveProcess, to: int) -> None:
         ready_line_time(server, f"api-{index}", 0, 60, since=mark)
 
 
+def has_fewer_api_servers(server: PoolserveProcess, than: int) -> bool:
+    return len(server.child_pid("apiserver")) < than
+
+
 @contextlib.contextmanager
 def scaled_back(server: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """The session's server (tests/conftest.py: 2 API servers, the default connection settings), which the test may
@@ -48,9 +53,10 @@ def scaled_back(server: PoolserveProcess) -> Iterator[PoolserveProcess]:
     try:
         yield server
     finally:
-        for _ in range(len(server.child_pid("apiserver")) - 2):
+        # One SIGTTOU at a time, each waited out: two sent at once can arrive as one (signals of a kind do not queue).
+        for count in range(len(server.child_pid("apiserver")), 2, -1):
             server.proc.send_signal(signal.SIGTTOU)
-        assert wait_until(lambda: len(server.child_pid("apiserver")) == 2, 30), server.tail()
+            assert wait_until(functools.partial(has_fewer_api_servers, server, count), 30), server.tail()
         assert wait_until(lambda: open_connections_reported(server.url) <= 1, 10)
 
 
