@@ -293,7 +293,8 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
         assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
         assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
         assert not any(Path(d).exists() for d in runtime_dirs)
-    records = [json.loads(line) for line in server.stderr().splitlines() if line.startswith("{")]
+        log = server.stderr()  # read before `launched` stops it: the stop removes its log files
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
     access = [r for r in records if r["logger"] == "poolserve.access"]
     assert any("request_id=json-7" in r["message"] for r in access), access
