@@ -36,7 +36,8 @@ def server() -> Iterator[PoolserveProcess]:
     at cosine >= 0.9999 and 1e-5, which float16 on a GPU (`--device auto` there) and bfloat16 on a CPU
     that has it (`--dtype auto`) do not promise; those have their own tests (tests/engine_core/test_cuda.py,
     test_embeddings' CUDA server, tests/engine_core/test_cpu_precision.py)."""
-    launched = PoolserveProcess("--api-server-count", "2", *FLOAT32_CPU)
+    # Up to 4 API servers whatever the host's cores: tests/e2e/test_connection_spread.py scales it up (SIGTTIN).
+    launched = PoolserveProcess("--api-server-count", "2", "--max-api-server-count", "4", *FLOAT32_CPU)
     try:
         yield launched.wait_ready_and_ask_health()
     finally:
@@ -122,7 +123,9 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # A server behind an API key (from the environment, as operators are told to pass it), with CORS for one
-# origin and lowered limits: tests/e2e/test_security.py and the schemathesis run share it.
+# origin and lowered limits: tests/e2e/test_security.py's (the schemathesis run's is in-process:
+# tests/in_process/conftest.py). The launch also protects /metrics with the key (--protect-metrics), which the
+# in-process one leaves open: each shows one of the two.
 API_KEY = "ps-test-key-7f3a9c"
 CORS_ORIGIN = "https://app.example.com"
 GUARDED_BODY_LIMIT = 8_000_000
@@ -138,7 +141,7 @@ def guarded_server() -> Iterator[PoolserveProcess]:
         "--api-server-count", "1", "--cors-allowed-origins", CORS_ORIGIN,
         "--max-request-bytes", str(GUARDED_BODY_LIMIT), "--max-tokens-per-request", str(GUARDED_TOKEN_LIMIT),
         "--max-body-bytes-in-flight", str(GUARDED_BODIES_IN_FLIGHT), "--cache-bytes", str(GUARDED_CACHE_BYTES),
-        "--cache-hits-header",
+        "--cache-hits-header", "--protect-metrics",
         # Its cache test holds a row computed again, in another batch, to the first at 1e-6: float32's
         # promise, not bfloat16's (FLOAT32_CPU).
         *FLOAT32_CPU,
@@ -150,7 +153,8 @@ def guarded_server() -> Iterator[PoolserveProcess]:
         launched.stop()
 
 
-# The example plugin (tests/plugins/): served by tests/in_process/test_plugins.py, named by tests/e2e/test_plugins.py.
+# The example plugin (tests/plugins/): served by tests/in_process/test_plugins.py, named by
+# tests/supervisor/test_cli.py.
 PLUGIN_SOURCE = Path(__file__).parent / "plugins" / "poolserve_example_plugin"
 
 

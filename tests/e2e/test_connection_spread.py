@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import os
 import re
@@ -24,15 +25,6 @@ from tests.utils import api_server_pids, ready_line_time
 BODY = msgspec.json.encode({"input": "a short query about keep-alive connections"})
 
 
-@contextlib.contextmanager
-def launched(*args: str) -> Iterator[PoolserveProcess]:
-    server = PoolserveProcess(*args)
-    try:
-        yield server.wait_ready(timeout=120)
-    finally:
-        server.stop()
-
-
 def metric_values(url: str, name: str) -> dict[str, float]:
     """`name`'s samples by their label set, from /metrics."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
@@ -40,21 +32,40 @@ def metric_values(url: str, name: str) -> dict[str, float]:
     return {labels: float(value) for labels, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE)}
 
 
+def scale_up(server: PoolserveProcess, to: int) -> None:
+    """SIGTTIN until `to` API servers run, each new one ready (a new API server starts in a second or two: no torch)."""
+    for index in range(len(server.child_pid("apiserver")), to):
+        mark = len(server.stderr())
+        server.proc.send_signal(signal.SIGTTIN)
+        ready_line_time(server, f"api-{index}", 0, 60, since=mark)
+
+
+def has_fewer_api_servers(server: PoolserveProcess, than: int) -> bool:
+    return len(server.child_pid("apiserver")) < than
+
+
 @contextlib.contextmanager
-def with_api_servers(api_servers: int, request: pytest.FixtureRequest) -> Iterator[PoolserveProcess]:
-    """2: the session's server (tests/conftest.py: 2 API servers, the default connection settings); 4: a `launch`."""
-    if api_servers == 2:
-        yield request.getfixturevalue("server")
-    else:
-        with launched("--api-server-count", str(api_servers)) as server:
-            yield server
+def scaled_back(server: PoolserveProcess) -> Iterator[PoolserveProcess]:
+    """The session's server (tests/conftest.py: 2 API servers, the default connection settings), which the test may
+    scale up (SIGTTIN) and restart API servers of: scaled back down to 2 (SIGTTOU) after, and checked to be so, for the
+    tests that share it next. A scaled-up server spreads as one started with that many: a new API server holds
+    nothing, as a fresh one does, and the gate weighs the live set (the SIGTTIN test below)."""
+    try:
+        yield server
+    finally:
+        # One SIGTTOU at a time, each waited out: two sent at once can arrive as one (signals of a kind do not queue).
+        for count in range(len(server.child_pid("apiserver")), 2, -1):
+            server.proc.send_signal(signal.SIGTTOU)
+            assert wait_until(functools.partial(has_fewer_api_servers, server, count), 30), server.tail()
+        assert wait_until(lambda: open_connections_reported(server.url) <= 1, 10)
 
 
 @pytest.mark.parametrize("api_servers", [2, 4])
 def test_32_keepalive_connections_opened_at_once_spread_evenly_in_every_run(
-    api_servers: int, request: pytest.FixtureRequest
+    api_servers: int, server: PoolserveProcess
 ) -> None:
-    with with_api_servers(api_servers, request) as server:
+    with scaled_back(server):
+        scale_up(server, api_servers)
         paused_before = sum(metric_values(server.url, "poolserve_accept_pauses_total").values())
         runs = measure_spread(server.url, connections=32, requests=10, runs=10)
         report = "\n".join(describe(run, api_servers) for run in runs)
@@ -191,8 +202,10 @@ async def hold(url: str, count: int) -> tuple[list[RawConnection], Counter[str]]
     return connections, Counter(reply.server for reply in replies)
 
 
-def test_a_server_added_or_restarted_gets_the_new_connections_until_it_holds_its_share() -> None:
-    with launched("--api-server-count", "2") as server:
+def test_a_server_added_or_restarted_gets_the_new_connections_until_it_holds_its_share(
+    server: PoolserveProcess,
+) -> None:
+    with scaled_back(server):
 
         async def scenario() -> None:
             first, held = await hold(server.url, 16)
@@ -202,16 +215,18 @@ def test_a_server_added_or_restarted_gets_the_new_connections_until_it_holds_its
             assert sum(gauge.values()) == 17, gauge
             assert gauge['server="0"'] >= held["0"] and gauge['server="1"'] >= held["1"], (gauge, held)
             # SIGTTIN: a third server starts with nothing; of 12 new connections it takes most.
+            mark = len(server.stderr())  # the shared server's log has ready lines of earlier scalings
             server.proc.send_signal(signal.SIGTTIN)
-            await asyncio.to_thread(ready_line_time, server, "api-2", 0, 60)
+            await asyncio.to_thread(ready_line_time, server, "api-2", 0, 60, mark)
             second, held = await hold(server.url, 12)
             assert held["2"] >= 8, held
             # api-0 is killed with its connections; its replacement starts at 0 and takes the new ones
             # (the dead process's count is not left behind on the board).
             victim = api_server_pids(server)["0"]
             server_children_before = len(server.child_pid("apiserver"))
+            mark = len(server.stderr())
             os.kill(victim, signal.SIGKILL)
-            await asyncio.to_thread(ready_line_time, server, "api-0", victim, 60)
+            await asyncio.to_thread(ready_line_time, server, "api-0", victim, 60, mark)
             assert len(server.child_pid("apiserver")) == server_children_before
             third, held = await hold(server.url, 9)
             assert held["0"] >= 7, held

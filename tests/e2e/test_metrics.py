@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -10,7 +9,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +18,7 @@ from bench.harness.scrape import scrape, value
 from bench.harness.server_process import PoolserveProcess, wait_until
 from bench.harness.steady_load import SteadyLoad
 from poolserve.config import BUNDLED_MODEL_NAME
+from tests.utils import ready_line_time
 
 EMBEDDINGS_200 = ("poolserve_requests_total", {"endpoint": "/v1/embeddings", "status": "200"})
 
@@ -123,27 +122,19 @@ def test_timing_headers_request_ids_and_the_access_log(metered: PoolserveProcess
     assert re.search(r"request_id=trace-42 .* tokens=3 user=\"alice\"", metered.stderr())
 
 
-@pytest.fixture(scope="module")
-def json_logged() -> Iterator[PoolserveProcess]:
-    """A second server of its own, logging JSON: the restart test kills its engine first, then the
-    JSON-log test reads every process's lines and stops it (one start for both: ~10 s on 2 cores)."""
-    server = PoolserveProcess("--api-server-count", "1", "--log-format", "json", "--access-log").wait_ready()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_logged: PoolserveProcess) -> None:
-    server = json_logged
+def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(server: PoolserveProcess) -> None:
+    """On the session's server (tests/conftest.py), whose counts are the whole session's: what the kill adds."""
+    before = scrape(server.url)
     (engine,) = server.child_pid("engine_core")
+    mark = len(server.stderr())
     os.kill(engine, signal.SIGKILL)
-    assert wait_until(lambda: server.stderr().count("engine (pid") >= 2 and "is ready" in server.stderr(), 60)
+    ready_line_time(server, "engine", engine, timeout=60, since=mark)
     with server.client() as client:
         assert wait_until(lambda: client.get("/health").status_code == 200, 30)
     samples = scrape(server.url)
-    assert value(samples, "poolserve_restarts_total", process="engine") == 1
-    assert value(samples, "poolserve_restarts_total", process="api_server") == 0
+    for process, added in (("engine", 1), ("api_server", 0)):
+        restarts = value(samples, "poolserve_restarts_total", process=process)
+        assert restarts - value(before, "poolserve_restarts_total", process=process) == added, process
     waiting = [key for key in samples if key[0] == "poolserve_engine_requests_waiting"]
     assert waiting == [("poolserve_engine_requests_waiting", (("engine", "0"), ("model", BUNDLED_MODEL_NAME)))]
     assert len([key for key in samples if key[0] == "poolserve_model_info"]) == 1
@@ -154,23 +145,7 @@ def test_restarts_are_counted_and_a_dead_process_leaves_no_gauge_series(json_log
     assert (folder / "counter_archive.db").exists()
 
 
-def test_json_logs_are_one_object_per_line(json_logged: PoolserveProcess) -> None:
-    server = json_logged
-    try:
-        with server.client() as client:
-            client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
-        assert wait_until(lambda: "json-7" in server.stderr(), 5)
-        server.proc.send_signal(signal.SIGTERM)  # the supervisor logs its shutdown
-        assert server.wait_exit(30) == 0
-        log = server.stderr()
-    finally:
-        server.stop()
-    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
-    access = [r for r in records if r["logger"] == "poolserve.access"]
-    # The restart test's /health polls are logged too.
-    assert any("request_id=json-7" in r["message"] for r in access), access
-    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
+# JSON logs, one object per line from every process: tests/e2e/test_faults.py's SIGTERM test, on its own launch.
 
 
 def free_port() -> int:

@@ -27,7 +27,7 @@ import zmq
 
 from apiserver.connection.auth import OPEN_PATHS
 from bench.harness.server_process import PoolserveProcess, cmdline, memory_mb, wait_until
-from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME
+from poolserve.config import BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams
 from tests.conftest import (
     API_KEY,
@@ -56,35 +56,25 @@ def bearer(key: str = KEY) -> dict[str, str]:
 # API key ---------------------------------------------------------------------------------------------
 
 
-def test_probes_and_metrics_stay_open_without_a_key(guarded: PoolserveProcess) -> None:
-    # Kubernetes' liveness and readiness probes carry no credentials: a 401 there restarts a healthy pod.
+def test_probes_stay_open_without_a_key_and_protected_metrics_need_it(guarded: PoolserveProcess) -> None:
+    # Kubernetes' liveness and readiness probes carry no credentials: a 401 there restarts a healthy pod. The
+    # server runs with --protect-metrics beside its key (tests/conftest.py): the engine's keyless copy of the
+    # config once kept --protect-metrics and failed to validate, so that it started at all is half the test.
+    # /metrics open without --protect-metrics: tests/in_process/test_security.py.
     assert {"/health", "/health/ready", "/health/live", "/ping"} <= OPEN_PATHS
     with guarded.client() as client:
         for path in OPEN_PATHS:
             response = client.get(path)
             assert response.status_code == 200, (path, response.text)
             assert response.json()["status"] == "ok", path
-        metrics = client.get("/metrics")
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=bearer("wrong")).status_code == 401
+        metrics = client.get("/metrics", headers=bearer())
         assert metrics.status_code == 200
-    # Open to anyone, so it names the model as clients do, not by the folder it was loaded from.
+        assert "# TYPE poolserve_" in metrics.text
+    # It names the model as clients do, not by the folder it was loaded from (it is open to anyone by default).
     (info,) = [line for line in metrics.text.splitlines() if line.startswith("poolserve_model_info{")]
     assert f'model_name="{BUNDLED_MODEL_NAME}"' in info and "path=" not in info and '"/' not in info
-
-
-def test_a_key_and_protect_metrics_start_together_and_metrics_then_needs_the_key() -> None:
-    # The engine's keyless copy of the config once kept --protect-metrics and failed to validate.
-    launched = PoolserveProcess("--api-server-count", "1", "--protect-metrics", env={API_KEY_ENV: KEY})
-    try:
-        launched.wait_ready()
-        with launched.client() as client:
-            assert client.get("/metrics").status_code == 401
-            assert client.get("/metrics", headers=bearer("wrong")).status_code == 401
-            response = client.get("/metrics", headers=bearer())
-            assert response.status_code == 200
-            assert "# TYPE poolserve_" in response.text
-            assert client.get("/health").status_code == 200
-    finally:
-        launched.stop()
 
 
 def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: PoolserveProcess) -> None:
@@ -179,7 +169,7 @@ def test_held_uploads_fill_the_bodies_in_flight_and_the_next_gets_503_before_its
         assert grown < GUARDED_BODIES_IN_FLIGHT / 1e6 + 40, grown  # what was let in, not what was refused
         with guarded.client() as client:
             assert client.post("/v1/embeddings", json=NORMAL, headers=bearer()).headers["retry-after"] == "1"
-            metrics = client.get("/metrics").text
+            metrics = client.get("/metrics", headers=bearer()).text
         assert re.search(r'poolserve_request_bodies_refused_total\{server="0"\} ([6-9]|\d\d)', metrics), metrics
     finally:
         for conn in held:

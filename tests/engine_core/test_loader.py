@@ -10,7 +10,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from engine_core.load_model import load_model
 from engine_core.loader import LoadError, measure_batch_overhead, resolve_model_folder
+from poolserve.config import Config
 
 
 class TimedRunner:
@@ -98,3 +100,17 @@ def test_a_revision_for_a_local_folder_is_refused_by_name(tmp_path: Path) -> Non
         resolve_model_folder(str(tmp_path), "v1")
     with pytest.raises(LoadError, match="the bundled model has one version"):
         resolve_model_folder("", "v1")
+
+
+def test_a_model_that_is_no_folder_and_not_on_the_hub_is_refused_in_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's side of `launch --model <missing>`: a LoadError, which its process reports at boot as every
+    refusal is, and `launch` prints as one line and exits with (tests/fidelity/test_refused.py's launch)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(LoadError) as refused:
+        load_model(Config(model=str(missing), device="cpu", dtype="float32"))
+    message = str(refused.value)
+    assert f"--model {str(missing)!r} is not a folder and could not be fetched from the hub" in message
+    assert "\n" not in message

@@ -27,7 +27,8 @@ def test_the_layout_is_refused_at_start_with_its_documented_sentence(layout: Ref
 @pytest.mark.e2e
 def test_launch_exits_at_start_naming_what_it_refuses(tmp_path: Path) -> None:
     """The engine's refusal reaches the operator as `launch`'s one line, whatever the layout (the path from
-    LoadError to the exit is the same for all of them)."""
+    LoadError to the exit is the same for all of them, and for a --model that is no folder at all:
+    tests/engine_core/test_loader.py)."""
     layout = next(case for case in REFUSED if case.id == "causal-lm-without-st-files")
     folder = tmp_path / layout.id
     layout.build(folder)
@@ -36,6 +37,7 @@ def test_launch_exits_at_start_naming_what_it_refuses(tmp_path: Path) -> None:
         assert launched.wait_exit(60) == EXIT_BOOT_ERROR, launched.log()
         lines = [line for line in launched.stderr().splitlines() if line.startswith("poolserve: could not start")]
         assert len(lines) == 1 and layout.message in lines[0], launched.log()
+        assert "ready" not in launched.stdout()
     finally:
         launched.stop()
 

@@ -1,5 +1,5 @@
 """A plugin package from tests/plugins/, installed the way a user would, served with --plugin by the API server and
-engine of `launch` (stack_server.py). `launch` refusing an unknown plugin: tests/e2e/test_plugins.py."""
+engine of `launch` (stack_server.py). `launch` refusing an unknown plugin: tests/supervisor/test_cli.py."""
 
 from __future__ import annotations
 

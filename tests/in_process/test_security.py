@@ -100,6 +100,19 @@ def test_every_model_endpoint_refuses_a_missing_or_wrong_key_and_accepts_the_rig
         assert client.get("/no-such-path").status_code == 401
 
 
+def test_probes_and_metrics_stay_open_without_a_key(guarded: InProcessServer) -> None:
+    # Kubernetes' probes and Prometheus' scrapers are usually set up without credentials: without --protect-metrics,
+    # /metrics is open beside the probes (behind a key with it: tests/e2e/test_security.py, on a launch).
+    with guarded.client() as client:
+        for path in OPEN_PATHS:
+            response = client.get(path)
+            assert response.status_code == 200, (path, response.text)
+            assert response.json()["status"] == "ok", path
+        metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert "# TYPE poolserve_" in metrics.text
+
+
 def test_too_many_tokens_in_one_request_is_a_400_naming_the_limit(guarded: InProcessServer) -> None:
     with guarded.client(headers=bearer()) as client:
         over = client.post("/v1/embeddings", json={"input": ["word " * 60] * 40})

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import re
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,44 @@ def test_sigterm_stops_the_api_servers_then_the_engine_and_exits_0(stubs: Run) -
     assert terms[-1].name == "engine"  # after both API servers had stopped: their drain needs it
     assert "received SIGTERM; shutting down" in stubs.log()
     assert [path.name for path in stubs.folder.parent.iterdir() if path.name.startswith("poolserve-")] == []
+
+
+def test_a_start_removes_only_the_folders_of_dead_supervisors_and_sigint_stops_as_sigterm_does(
+    stubs: Run, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start's side of a supervisor killed with SIGKILL (its children gone, its folder left: tests/e2e/
+    test_process_model.py, on a launch): the next start removes that folder, by the PID in its name, and no folder of
+    a process that runs or of no PID at all (what is removed: tests/supervisor/test_runtime_dir.py). Then SIGINT, as
+    Ctrl-C in a terminal sends it, stops the server as cleanly as SIGTERM."""
+    parent = stubs.folder.parent  # the stubs' TMPDIR: where runtime folders go
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = parent / f"poolserve-{dead.pid}-abc123"
+    (stale / "metrics").mkdir(parents=True, mode=0o700)
+    alive = parent / f"poolserve-{os.getppid()}-abc123"  # pytest's parent: a running process
+    alive.mkdir(mode=0o700)
+    unnamed = parent / "poolserve-abc123"  # no PID in the name: not known to be stale
+    unnamed.mkdir(mode=0o700)
+
+    def scenario(run: Run) -> None:
+        run.wait_started()
+        assert not stale.exists() and alive.is_dir() and unnamed.is_dir()
+        mine = [path for path in parent.iterdir() if path.name.startswith(f"poolserve-{os.getpid()}-")]
+        assert len(mine) == 1 and mine[0].is_dir()  # its own, made after the stale ones went
+        os.kill(os.getpid(), signal.SIGINT)
+        run.wait_stopped()
+
+    caplog.set_level(logging.INFO, logger="supervisor.runtime_dir")
+    stubs.supervise(Config(api_server_count=1, port=0))
+    assert stubs.run(scenario) == EXIT_OK, stubs.log()
+    removed = [record.getMessage() for record in caplog.records if record.name == "supervisor.runtime_dir"]
+    assert removed == [f"removed {stale}, left by a supervisor (pid {dead.pid}) that no longer runs"]
+    assert "received SIGINT; shutting down" in stubs.log()
+    assert sorted(event.name for event in stubs.events() if event.what == "term") == ["api-0", "engine"]
+    assert not [event.pid for event in stubs.events() if is_stub(event.pid)]
+    assert sorted(path.name for path in parent.iterdir() if path.name.startswith("poolserve-")) == sorted(
+        [alive.name, unnamed.name]
+    )
 
 
 def test_an_api_server_that_stops_answering_is_replaced_and_its_sibling_serves_on(stubs: Run) -> None:

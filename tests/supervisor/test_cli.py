@@ -10,7 +10,7 @@ import pytest
 from apiserver.requests.limits import IMAGE_MODEL_BODY_BYTES
 from poolserve.config import API_KEY_ENV, BUNDLED_MODEL_NAME, Config, default_api_server_count
 from supervisor.arbiter import ready_line
-from supervisor.cli import build_parser, parse_config
+from supervisor.cli import build_parser, main, parse_config
 
 OTEL_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
 # The fields whose flag's default is an environment variable's.
@@ -103,6 +103,18 @@ def test_a_bad_value_fails_with_one_sentence_naming_the_flag(
     err = capsys.readouterr().err
     assert flag in err
     assert argv[1].strip() in err or argv[1] == " "
+
+
+def test_an_unknown_plugin_stops_launch_naming_it_and_the_installed_ones(
+    plugin_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`launch`'s own main, as its console script runs it: it stops before it starts a process (the plugin served:
+    tests/in_process/test_plugins.py). The example plugin is found where `launch` finds one, on the import path."""
+    monkeypatch.syspath_prepend(plugin_path)
+    with pytest.raises(SystemExit) as caught:
+        main(["--plugin", "nope"])
+    assert caught.value.code == 2
+    assert "--plugin has value 'nope', which is not an installed plugin; installed: example." in capsys.readouterr().err
 
 
 def test_help_explains_every_flag() -> None:
