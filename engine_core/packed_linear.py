@@ -92,13 +92,15 @@ def pack_linears(model: torch.nn.Module, run: Callable[[], npt.NDArray[np.float3
     if not layers:
         return 0
     before = run()
-    for parent, name, linear in layers:
-        setattr(parent, name, PackedLinear(linear))
     try:
+        # oneDNN may refuse a precision this CPU lacks (bfloat16 forced without AVX512), or the model's own code
+        # may use a layer's weight itself
+        for parent, name, linear in layers:
+            setattr(parent, name, PackedLinear(linear))
         after = run()
         cosine = min_cosine(before, after)
         reason = None if cosine >= MIN_COSINE else f"its vectors moved (min cosine {cosine:.6f})"
-    except Exception as exc:  # the model's own code may use a layer's weight itself
+    except Exception as exc:
         reason = f"a packed layer failed ({type(exc).__name__}: {exc})"
     if reason is not None:
         for parent, name, linear in layers:

@@ -108,3 +108,17 @@ def test_a_weight_of_its_own_memory_is_left_to_be_freed() -> None:
     weight = torch.ones(1 << 20)
     release_file_pages([weight])
     assert float(weight.sum()) == 1 << 20
+
+
+def test_packing_is_undone_where_onednn_refuses_a_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a CPU without AVX512, where oneDNN packs no bfloat16 weight: the model serves plain."""
+    model = Tied().eval()
+    before = answers_of(model)
+
+    def refuse(weight: torch.Tensor, rows: int) -> torch.Tensor:
+        raise RuntimeError("this CPU does not support bf16")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    assert pack_linears(model, lambda: answers_of(model)) == 0
+    assert type(model.hidden) is torch.nn.Linear
+    np.testing.assert_array_equal(answers_of(model), before)
