@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import numpy as np
@@ -100,6 +101,21 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.005)
+
+
+T = TypeVar("T")
+
+
+async def answered(work: asyncio.Future[T], engines: list[FakeEngine], timeout: float = 5.0) -> T:
+    """`work`'s result once answered, answering whatever the engines hold until then: a resubmitted request may reach
+    an engine after the first answers went out (waiting for it forever was a 300 s hang of the suite)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not work.done():
+        assert asyncio.get_running_loop().time() < deadline, "the request was never answered"
+        for engine in engines:
+            await engine.answer_all()
+        await asyncio.sleep(0.005)
+    return work.result()
 
 
 def job(inputs: int = 1) -> EngineRequest:

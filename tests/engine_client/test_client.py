@@ -9,7 +9,7 @@ import zmq.asyncio
 from engine_client import EngineClient, EngineOverloaded, PoisonPill
 from poolserve.protocol import EngineRequest, Pong
 from tests.cards import CARD
-from tests.engine_client.fake_engine import FakeEngine, connected_client, job, shut_down, two_engines, until
+from tests.engine_client.fake_engine import FakeEngine, answered, connected_client, job, shut_down, two_engines, until
 
 
 def test_requests_spread_over_the_engines_and_a_dead_engine_s_work_moves_to_the_other_at_once(tmp_path: Path) -> None:
@@ -87,10 +87,7 @@ def test_a_request_in_two_dying_forward_passes_of_two_engines_is_failed_and_its_
         engines.append(FakeEngine(context, endpoints[1], 1, suspects=[pill.id]))
         await until(work[pill.id].done)
         assert isinstance(work[pill.id].exception(), PoisonPill)
-        await until(lambda: sum(len(engine.held) for engine in engines) >= 1)
-        for engine in engines:
-            await engine.answer_all()
-        innocent = await work[1 - pill.id]
+        innocent = await answered(work[1 - pill.id], engines)
         assert innocent.vectors.shape == (1, CARD.output_size)
         await shut_down(client, engines, context)
 
