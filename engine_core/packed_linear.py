@@ -24,6 +24,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from engine_core.cpu_precision import unit_rows
+
 logger = logging.getLogger(__name__)
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -142,8 +144,7 @@ def file_mappings() -> list[tuple[int, int]]:
 
 
 def min_cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
-    wide_a, wide_b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
-    norms = np.linalg.norm(wide_a, axis=1) * np.linalg.norm(wide_b, axis=1)
-    same = np.all(wide_a == wide_b, axis=1)
-    cosines = np.where(same, 1.0, np.sum(wide_a * wide_b, axis=1) / np.maximum(norms, 1e-30))
-    return float(np.min(cosines))
+    """The lowest cosine between matching rows, a row the same in both counting 1 (a zero row has no direction)."""
+    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+    cosines = np.sum(unit_rows(a) * unit_rows(b), axis=1)
+    return float(np.min(np.where(np.all(a == b, axis=1), 1.0, cosines)))
