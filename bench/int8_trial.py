@@ -17,12 +17,18 @@ import argparse
 import functools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from engine_core.loader import LoadedModel
 
 SHAPES = ((384, 384, False), (384, 1536, True))
 ROWS = (16, 512, 640)
@@ -95,27 +101,33 @@ def time_layer(rows: int, inputs: int, outputs: int, is_gelu: bool, rounds: int)
 def time_model(rounds: int) -> None:
     from tokenizers import Tokenizer
 
-    from bench.harness.corpus import make_sentence
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
     models = {name: load_model(Config(device="cpu", dtype=name)) for name in ("auto", "int8", "float32")}
-    backend = Tokenizer.from_str(models["auto"].card.tokenizer_json)
-    rng = random.Random(0)
-    ids = [np.asarray(backend.encode(make_sentence(rng)).ids, dtype=np.int32) for _ in range(48)]
+    ids = corpus_ids(Tokenizer.from_str(models["auto"].card.tokenizer_json))
     batches = {
         "1 x 16 tokens": [ids[0][:16]],
         "32 x 16": [row[:16] for row in ids[:32]],
         "16 x 40": [np.resize(row, 40) for row in ids[32:48]],
     }
-
-    def runs(batch: list[npt.NDArray[np.int32]]) -> dict[str, Callable[[], object]]:
-        return {name: functools.partial(model.runner.run_texts, batch, None) for name, model in models.items()}
-
     for label, batch in batches.items():
-        best = race(runs(batch), rounds, calls=3)
+        best = race(runs_of(models, batch), rounds, calls=3)
         line = ", ".join(f"{name} {ms:.2f}" for name, ms in best.items())
         print(f"{label}: {line} ms; int8 / bf16 {best['int8'] / best['auto']:.2f}", flush=True)
+
+
+def corpus_ids(backend: Tokenizer) -> list[npt.NDArray[np.int32]]:
+    """48 bench corpus sentences' token ids, the same every run: the batches the model timings are cut from."""
+    from bench.harness.corpus import make_sentence
+
+    rng = random.Random(0)
+    return [np.asarray(backend.encode(make_sentence(rng)).ids, dtype=np.int32) for _ in range(48)]
+
+
+def runs_of(models: Mapping[str, LoadedModel], batch: list[npt.NDArray[np.int32]]) -> dict[str, Callable[[], object]]:
+    """Each model's runner on `batch`, as race() takes candidates."""
+    return {name: functools.partial(model.runner.run_texts, batch, None) for name, model in models.items()}
 
 
 def main() -> None:

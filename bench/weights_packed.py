@@ -12,16 +12,13 @@ within one run. docs/benchmarks.md, "Weights packed once", holds the figures.
 from __future__ import annotations
 
 import argparse
-import functools
-import random
-from collections.abc import Callable
 from unittest import mock
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from bench.int8_trial import race
+from bench.int8_trial import corpus_ids, race, runs_of
 
 
 def main() -> None:
@@ -33,7 +30,6 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
-    from bench.harness.corpus import make_sentence
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
@@ -42,9 +38,7 @@ def main() -> None:
         with mock.patch("engine_core.loader.can_pack", return_value=False):  # the model as it was served before
             models[f"{dtype} plain"] = load_model(Config(device="cpu", dtype=dtype))
         models[f"{dtype} packed"] = load_model(Config(device="cpu", dtype=dtype))
-    backend = Tokenizer.from_str(models["auto packed"].card.tokenizer_json)
-    rng = random.Random(0)
-    ids = [np.asarray(backend.encode(make_sentence(rng)).ids, dtype=np.int32) for _ in range(48)]
+    ids = corpus_ids(Tokenizer.from_str(models["auto packed"].card.tokenizer_json))
     batches: dict[str, list[npt.NDArray[np.int32]]] = {
         "1 x 16 tokens": [ids[0][:16]],
         "1 x 30": [np.resize(ids[1], 30)],
@@ -52,12 +46,9 @@ def main() -> None:
         "16 x 40": [np.resize(row, 40) for row in ids[32:48]],
     }
 
-    def runs(batch: list[npt.NDArray[np.int32]]) -> dict[str, Callable[[], object]]:
-        return {name: functools.partial(model.runner.run_texts, batch, None) for name, model in models.items()}
-
     with torch.inference_mode():
         for label, batch in batches.items():
-            best = race(runs(batch), args.rounds, calls=3)
+            best = race(runs_of(models, batch), args.rounds, calls=3)
             ratios = ", ".join(
                 f"{dtype} packed / plain {best[f'{dtype} packed'] / best[f'{dtype} plain']:.2f}"
                 for dtype in ("float32", "auto")
