@@ -1,7 +1,7 @@
 """Server variants alternated under one load: what each does to throughput, tail and batching.
 
     python -m bench.variants --variant "" --variant "--token-packing off" [--clients 32] [--workload a]
-        [--seconds 10] [--rounds 4] [--out FILE]
+        [--seconds 10] [--rounds 4] [--generator loadgen|wrk_load] [--out FILE]
 
 A variant may start with `cwd=DIR`: its server runs the code of that checkout (a `git worktree` of an
 earlier commit), so two commits are compared under one alternated load:
@@ -34,7 +34,7 @@ def cpu_ticks() -> list[int]:
         return [int(field) for field in stat.readline().split()[1:]]
 
 
-def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, object]:
+def run(variant: str, clients: int, workload: str, seconds: float, generator: str = "loadgen") -> dict[str, object]:
     flags = shlex.split(variant)
     cwd = Path(flags.pop(0).removeprefix("cwd=")) if flags and flags[0].startswith("cwd=") else None
     server = PoolserveProcess("--api-server-count", "2", "--preprocess-workers", "1", *flags, cwd=cwd or REPO)
@@ -42,7 +42,7 @@ def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, 
         server.wait_ready(120)
         before = cpu_ticks()
         done = subprocess.run(
-            [sys.executable, "-m", "bench.loadgen", "--url", server.url, "--workload", workload,
+            [sys.executable, "-m", f"bench.{generator}", "--url", server.url, "--workload", workload,
              "--concurrency", str(clients), "--duration", str(seconds), "--warmup", "2"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
@@ -59,7 +59,7 @@ def run(variant: str, clients: int, workload: str, seconds: float) -> dict[str, 
         "requests_per_s": round(result["requests_per_s"], 1),
         "errors": sum(result["errors"].values()),
         "p50_ms": round(latency["p50"], 1),
-        "p90_ms": round(latency["p90"], 1),
+        "p90_ms": round(latency["p90"], 1) if "p90" in latency else None,  # wrk_load reports p50 and p99
         "p99_ms": round(latency["p99"], 1),
         "inputs_per_pass": round(total(samples, "poolserve_batch_inputs_sum") / passes, 1),
         "padded_tokens_per_pass": round(total(samples, "poolserve_batch_tokens_sum") / passes),
@@ -76,12 +76,18 @@ def main() -> None:
     parser.add_argument("--workload", default="a")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--generator",
+        choices=["loadgen", "wrk_load"],
+        default="loadgen",
+        help="the load: bench.loadgen (Python, ~150 µs a request of its own) or bench.wrk_load (Debian's wrk)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     runs = []
     for _ in range(args.rounds):
         for variant in args.variant:
-            runs.append(run(variant, args.clients, args.workload, args.seconds))
+            runs.append(run(variant, args.clients, args.workload, args.seconds, args.generator))
             print(json.dumps(runs[-1]), flush=True)
     means = {
         variant: {

@@ -9,6 +9,11 @@
 #   sdpa      float16's cost per new batch shape, with torch's cuDNN attention on and off (sdpa_trial.py)
 #   probe     one served load (a, 256 clients, 1 and 8 API servers) and the server's own histograms
 #   overhead  the engine's work around the forward pass, and padding, on the GPU (bench.engine_overhead)
+#   served[=W[:N,...]] bench.variants under wrk (carried by prepare.sh), 256 clients, workload W (default a):
+#             N API servers (default 1,2,4,8), and the last N with token packing on, one round each;
+#             throughput, p99, inputs per pass
+#   cpu       bench.request_cpu on the GPU (float16): CPU per request of each process, one API server, wrk,
+#             64 clients, one sentence and 16 sentences, beside the bare frontend's floor
 #   serve[=W] bench.sweep on the GPU: workloads W (default a,b,c), 1/2/4/8 API servers, 64 and 256
 #             clients, /health probed throughout; the load generator on the same machine
 # Results land in $OUT (fetched back) as JSON and logs; a short summary of each stage is printed.
@@ -29,6 +34,10 @@ info.mkdir(exist_ok=True)
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: poolserve\nVersion: {version}\n")
 PYTHON
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PATH=$PWD/.device/bin:$PATH LD_LIBRARY_PATH=$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# DEADLINE (seconds from now): each stage gets what is left, so that a call ends inside its limit.
+end=$((SECONDS + ${DEADLINE:-100000}))
+left() { echo $((end - SECONDS > 5 ? end - SECONDS : 5)); }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   nproc
@@ -53,7 +62,7 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case "$stage" in
   tests)
-    timeout 210 python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 tests/engine_core/test_cuda.py \
+    timeout "$(left)" python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 tests/engine_core/test_cuda.py \
       tests/engine_core/test_pixels.py tests/e2e/test_embeddings.py >"$OUT/tests.log" 2>&1 || status=1
     grep -E "passed|failed|error|SKIPPED|FAILED" "$OUT/tests.log" | tail -15
     ;;
@@ -61,8 +70,8 @@ for stage in "$@"; do
     for run in ${OFFLINE_RUNS:-a:float16 b:float16 c:float16 b:float32}; do
       workload=${run%%:*} dtype=${run##*:}
       file="$OUT/offline-$workload-$dtype.json"
-      python3 -m bench.offline --workload "$workload" --device cuda --dtype "$dtype" \
-        --batch-sizes 1,8,32,64,128,256,512 --seconds 2 --threads 4 --out "$file" \
+      timeout "$(left)" python3 -m bench.offline --workload "$workload" --device cuda --dtype "$dtype" \
+        --batch-sizes "${OFFLINE_BATCHES:-1,8,32,64,128,256,512}" --seconds 2 --threads 4 --out "$file" \
         2>>"$OUT/offline.log" >/dev/null && offline_summary "$file" || status=1
     done
     ;;
@@ -92,6 +101,24 @@ print('sentence-transformers', r['dtype'], ' '.join(f\"b{x['batch_size']}={x['se
       >"$OUT/overhead.json" 2>>"$OUT/overhead.log" || status=1
     tail -c 1500 "$OUT/overhead.json"
     ;;
+  served | served=*)
+    spec=a:1,2,4,8
+    [[ $stage == served=* ]] && spec=${stage#served=}
+    workload=${spec%%:*} counts=1,2,4,8
+    [[ $spec == *:* ]] && counts=${spec#*:}
+    cuda="--device cuda --dtype float16"
+    variants=()
+    for n in ${counts//,/ }; do variants+=(--variant "$cuda --api-server-count $n"); done
+    variants+=(--variant "$cuda --api-server-count ${counts##*,} --token-packing on")
+    timeout "$(left)" python3 -m bench.variants --generator wrk_load --clients 256 --workload "$workload" \
+      --seconds 6 --rounds 1 "${variants[@]}" --out "$OUT/served-$workload.json" 2>>"$OUT/served.log" |
+      tee -a "$OUT/served.jsonl" || status=1
+    ;;
+  cpu)
+    timeout "$(left)" python3 -m bench.request_cpu --model bundled --generator wrk_load --clients 64 --seconds 6 \
+      --workloads short,batch16 --server-flags "--device cuda --dtype float16" --out "$OUT/request-cpu.json" \
+      2>>"$OUT/cpu.log" | tee -a "$OUT/request-cpu.jsonl" || status=1
+    ;;
   serve | serve=*)
     workloads=a,b,c
     [[ $stage == serve=* ]] && workloads=${stage#serve=}
@@ -103,7 +130,7 @@ print('sentence-transformers', r['dtype'], ' '.join(f\"b{x['batch_size']}={x['se
     cp bench/results/*"$label".* "$OUT/" 2>/dev/null
     ;;
   *)
-    echo "unknown stage $stage (tests, offline, peer, overhead, serve[=W])" >&2
+    echo "unknown stage $stage (tests, offline, peer, sdpa, probe, overhead, served[=W], cpu, serve[=W])" >&2
     status=2
     ;;
   esac
