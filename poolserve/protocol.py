@@ -11,8 +11,10 @@ run this same module and no field has to stay readable by an older peer. Each en
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
@@ -167,9 +169,21 @@ class Ping(msgspec.Struct, tag="ping", array_like=True, frozen=True):
 
 ToEngine = Hello | EngineRequest | Abort | Ping
 
-# The dtype each array field of a request travels in, by its annotation.
-ARRAY_DTYPES: Final[dict[object, str]] = {I32: TOKEN_DTYPE, U8: "u1"}
+# The dtype each array field of a request travels in, by its annotation's scalar type.
+SCALAR_DTYPES: Final[dict[object, str]] = {np.int32: TOKEN_DTYPE, np.uint8: "u1"}
 ARRAY_ITEMSIZES: Final = {TOKEN_DTYPE: TOKEN_ITEMSIZE, "u1": 1}
+
+
+@functools.cache
+def array_dtype(kind: object) -> str | None:
+    """The wire dtype of an array field, from its annotation as msgspec hands it to the decode hook: `NDArray[np.int32]`
+    as written, or expanded to `ndarray[tuple[Any, ...], dtype[np.int32]]` (numpy 2.5 declares `NDArray` a `type`
+    alias, which msgspec expands, so the annotation's own object never arrives); None for anything else."""
+    args = typing.get_args(kind)
+    for arg in args:
+        if arg in SCALAR_DTYPES:
+            return SCALAR_DTYPES[arg]
+    return next((dtype for dtype in map(array_dtype, args) if dtype is not None), None)
 
 
 def check_layout(request: EngineRequest) -> EngineRequest:
@@ -499,7 +513,7 @@ class EngineWire:
 
     def _get_array(self, kind: type, obj: object) -> npt.NDArray[np.generic]:
         """The array a header names by `[frame, *shape]`: frames are taken in order, each once."""
-        dtype = ARRAY_DTYPES.get(kind)
+        dtype = array_dtype(kind)
         if dtype is None or not isinstance(obj, list) or not all(type(n) is int and n >= 0 for n in obj):
             raise ValueError(f"expected an array as [frame, *shape], got {obj!r}")
         self._taken += 1

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 import pytest
+from typing_extensions import TypeAliasType
 
 from poolserve.model_card import LateInteraction
 from poolserve.protocol import (
@@ -27,6 +28,7 @@ from poolserve.protocol import (
     Ready,
     RequestFailed,
     SparseRows,
+    array_dtype,
     decode_rows,
 )
 from tests.cards import CARD, CLIP_CARD
@@ -383,3 +385,15 @@ def test_bge_m3s_first_token_gives_no_vector_as_a_query_or_a_document() -> None:
     ids = np.asarray([0, 7, 8, 2], dtype=np.int32)
     assert late.vector_count(ids, is_query=True) == late.vector_count(ids, is_query=False) == 3
     assert late.vector_count(ids[:1], is_query=False) == 0
+
+
+def test_an_array_fields_dtype_is_read_however_numpy_spells_its_annotation() -> None:
+    """numpy 2.5 declares NDArray a `type` alias, which msgspec expands before its decode hook sees it: every request
+    failed on the GPU machine (numpy 2.5.2) while the annotation's own object was the hook's key."""
+    scalar = TypeVar("scalar", bound=np.generic)
+    alias = TypeAliasType("NDArray", np.ndarray[tuple[Any, ...], np.dtype[scalar]], type_params=(scalar,))
+    for spelled in (npt.NDArray[np.int32], np.ndarray[tuple[Any, ...], np.dtype[np.int32]], alias[np.int32]):
+        assert array_dtype(spelled) == "<i4"
+    assert array_dtype(np.ndarray[tuple[Any, ...], np.dtype[np.uint8]]) == "u1"
+    for other in (npt.NDArray[np.float32], int, list[int], alias[np.float64]):
+        assert array_dtype(other) is None
