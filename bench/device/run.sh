@@ -10,8 +10,8 @@
 #   probe     one served load (a, 256 clients, 1 and 8 API servers) and the server's own histograms
 #   overhead  the engine's work around the forward pass, and padding, on the GPU (bench.engine_overhead)
 #   served[=W[:N,...]] bench.variants under wrk (carried by prepare.sh), 256 clients, workload W (default a):
-#             N API servers (default 1,2,4,8), and the last N with token packing on, one round each;
-#             throughput, p99, inputs per pass
+#             N API servers (default 1,2,4,8), then the last N with each flag set of SERVED_EXTRA (';'-separated;
+#             default "--token-packing on"), one round each; throughput, p99, inputs per pass, ms per pass
 #   cpu       bench.request_cpu on the GPU (float16): CPU per request of each process, one API server, wrk,
 #             64 clients, one sentence and 16 sentences, beside the bare frontend's floor
 #   serve[=W] bench.sweep on the GPU: workloads W (default a,b,c), 1/2/4/8 API servers, 64 and 256
@@ -109,7 +109,8 @@ print('sentence-transformers', r['dtype'], ' '.join(f\"b{x['batch_size']}={x['se
     cuda="--device cuda --dtype float16"
     variants=()
     for n in ${counts//,/ }; do variants+=(--variant "$cuda --api-server-count $n"); done
-    variants+=(--variant "$cuda --api-server-count ${counts##*,} --token-packing on")
+    IFS=';' read -ra extras <<<"${SERVED_EXTRA---token-packing on}"
+    for extra in "${extras[@]}"; do variants+=(--variant "$cuda --api-server-count ${counts##*,} $extra"); done
     timeout "$(left)" python3 -m bench.variants --generator wrk_load --clients 256 --workload "$workload" \
       --seconds 6 --rounds 1 "${variants[@]}" --out "$OUT/served-$workload.json" 2>>"$OUT/served.log" |
       tee -a "$OUT/served.jsonl" || status=1
