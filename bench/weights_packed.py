@@ -2,11 +2,12 @@
 
     python -m bench.weights_packed [--rounds 6] [--threads 1]
 
-The bundled model through the engine's runner, loaded as the engine loads it (weights packed) and with packing
-left out, in float32 and in `--dtype auto` (bfloat16 where the CPU has it), on a lone sentence of 16 and of 30
-tokens, 32 sentences of 16 and 16 inputs of 40. Each figure is the lowest mean ms over `--rounds` rounds, the
-candidates alternating within a round (bench.int8_trial's race), so that a noisy neighbour hits them all; compare
-within one run. docs/benchmarks.md, "Weights packed once", holds the figures.
+The bundled model through the engine's runner, loaded as the engine loads it (weights packed, and in float32 a
+layer's GELU and residual adds done inside them: engine_core/fused_layers.py), with packing left out, and (float32)
+packed without the fusing ("unfused"), in float32 and in `--dtype auto` (bfloat16 where the CPU has it), on a lone
+sentence of 16 and of 30 tokens, 32 sentences of 16 and 16 inputs of 40. Each figure is the lowest mean ms over
+`--rounds` rounds, the candidates alternating within a round (bench.int8_trial's race), so that a noisy neighbour
+hits them all; compare within one run. docs/benchmarks.md, "Weights packed once", holds the figures.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> None:
         with mock.patch("engine_core.loader.can_pack", return_value=False):  # the model as it was served before
             models[f"{dtype} plain"] = load_model(Config(device="cpu", dtype=dtype))
         models[f"{dtype} packed"] = load_model(Config(device="cpu", dtype=dtype))
+    with mock.patch("engine_core.loader.fuse_layers_checked", return_value=0):  # packed, GELU and adds apart
+        models["float32 unfused"] = load_model(Config(device="cpu", dtype="float32"))
     ids = corpus_ids(Tokenizer.from_str(models["auto packed"].card.tokenizer_json))
     batches: dict[str, list[npt.NDArray[np.int32]]] = {
         "1 x 16 tokens": [ids[0][:16]],
@@ -53,6 +56,7 @@ def main() -> None:
                 f"{dtype} packed / plain {best[f'{dtype} packed'] / best[f'{dtype} plain']:.2f}"
                 for dtype in ("float32", "auto")
             )
+            ratios += f", float32 packed / unfused {best['float32 packed'] / best['float32 unfused']:.2f}"
             figures = ", ".join(f"{name} {ms:.2f}" for name, ms in best.items())
             print(f"{label}: {figures} ms; {ratios}", flush=True)
 

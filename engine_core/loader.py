@@ -66,6 +66,7 @@ from engine_core.folder_choices import (
     text_config_of,
     vision_tokens,
 )
+from engine_core.fused_layers import fuse_layers_checked
 from engine_core.image_config import ImageConfigError, read_image_processing
 from engine_core.int8_linear import int8_refusal, quantize_linears, record_inputs
 from engine_core.multi_vector import (
@@ -579,7 +580,8 @@ def pack_weights(
     image: ImageProcessing | None,
 ) -> None:
     """Step 9: on a CPU, the linear layers' weights packed once in oneDNN's layout (engine_core/packed_linear.py),
-    held to the unpacked model's answers on a few sentences (and a blank image). Not for a sparse model or bge-m3:
+    and a BERT layer's GELU and residual adds done inside them (engine_core/fused_layers.py), each held to the
+    unpacked model's answers on a few sentences (and a blank image). Not for a sparse model or bge-m3:
     which entries are non-zero is their answer, and float32's other rounding is not held to that."""
     if not can_pack(device) or choice.kind == SPARSE or choice.m3:
         return
@@ -590,9 +592,15 @@ def pack_weights(
             return texts
         return np.vstack([texts, runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))])
 
-    packed = pack_linears(model, answers)
+    before = answers()
+    packed = pack_linears(model, answers, before)
     if packed:
-        logger.info("%d linear layers' weights packed for this CPU (oneDNN's layout)", packed)
+        fused = fuse_layers_checked(model, answers, before)
+        logger.info(
+            "%d linear layers' weights packed for this CPU (oneDNN's layout)%s",
+            packed,
+            f"; {fused} GELUs and residual adds done inside them" if fused else "",
+        )
 
 
 def onnx_runner(

@@ -157,8 +157,10 @@ def run_bert(
     for layer in model.encoder.layer:
         attention = layer.attention.self
         context = grid.attend(attention.query(x), attention.key(x), attention.value(x), grid.keys, attention.scaling)
-        x = layer.attention.output.LayerNorm(layer.attention.output.dense(context) + x)
-        x = layer.output.LayerNorm(layer.output.dense(layer.intermediate(x)) + x)
+        # the modules' own forwards (LayerNorm of dense + input; dropout is nothing in eval), which
+        # engine_core/fused_layers.py may have fused
+        x = layer.attention.output(context, x)
+        x = layer.output(layer.intermediate(x), x)
     return x
 
 
@@ -178,7 +180,7 @@ def run_mpnet(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Tensor:
         scale = attention.attention_head_size**-0.5
         context = grid.attend(attention.q(x), attention.k(x), attention.v(x), mask, scale)
         x = layer.attention.LayerNorm(attention.o(context) + x)
-        x = layer.output.LayerNorm(layer.output.dense(layer.intermediate(x)) + x)
+        x = layer.output(layer.intermediate(x), x)
     return x
 
 

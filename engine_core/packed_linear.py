@@ -55,14 +55,26 @@ class PackedLinear(torch.nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
         self.weight = torch.empty(weight.shape, dtype=weight.dtype, device="meta")
+        # An element-wise function oneDNN applies to the product as it writes it (engine_core/fused_layers.py):
+        # "none", or "gelu" (the exact, erf GELU).
+        self.post = "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        algorithm = "none" if self.post == "gelu" else ""  # oneDNN's name for the erf GELU
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, self.post, [], algorithm)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """`self(x) + other` in one oneDNN call: `other` added as the product is written."""
+        rows = x.reshape(-1, self.in_features)
+        added = other.reshape(-1, self.out_features)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise.binary(rows, added, self.packed, self.bias, "add")
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        post = f", post={self.post}" if self.post != "none" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{post}"
 
 
 def can_pack(device: torch.device) -> bool:
@@ -87,13 +99,18 @@ def plain_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, to
     return found
 
 
-def pack_linears(model: torch.nn.Module, run: Callable[[], npt.NDArray[np.float32]]) -> int:
+def pack_linears(
+    model: torch.nn.Module,
+    run: Callable[[], npt.NDArray[np.float32]],
+    before: npt.NDArray[np.float32] | None = None,
+) -> int:
     """Pack `model`'s linear layers in place where `run` (the model's answer to a few sentences) agrees before and
-    after; the number packed (0 where it was undone)."""
+    after; the number packed (0 where it was undone). `before`: `run`'s answer before, where the caller has it."""
     layers = plain_linears(model)
     if not layers:
         return 0
-    before = run()
+    if before is None:
+        before = run()
     try:
         # oneDNN may refuse a precision this CPU lacks (bfloat16 forced without AVX512), or the model's own code
         # may use a layer's weight itself
