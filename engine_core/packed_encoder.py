@@ -99,7 +99,9 @@ class Grid:
     def take(self, grid: torch.Tensor) -> torch.Tensor:
         """The real tokens' values of a [inputs, longest, ...] grid, packed: [tokens, ...]."""
         flat = grid.reshape(self.count * self.width, *grid.shape[2:])
-        return flat if self.is_full else flat[self.where]
+        # index_select copies whole rows: 87 against 486 µs for indexing (`flat[self.where]`), which computes each
+        # element's place, for 1,500 of 2,160 rows of 12 x 32 (one thread)
+        return flat if self.is_full else flat.index_select(0, self.where)
 
     def on_grid(self, states: torch.Tensor) -> torch.Tensor:
         """Packed [tokens, ...] states back on the padded grid [inputs, longest, ...], zeros at the padding."""
