@@ -12,7 +12,7 @@ exclude="$(git rev-parse --git-dir)/info/exclude"
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >>"$exclude"
 rm -rf .device && mkdir -p .device/wheels
-packages="uvicorn starlette pyzmq msgspec orjson httptools websockets watchfiles python-dotenv openai distro jiter
+packages="py-spy uvicorn starlette pyzmq msgspec orjson httptools websockets watchfiles python-dotenv openai distro jiter
   pydantic pydantic-core annotated-types typing-inspection sniffio httpx2 httpcore2 truststore typing-extensions anyio"
 pins=$($PY - $packages <<'PYTHON'
 import importlib.metadata, sys
@@ -29,7 +29,8 @@ PYTHON
 # shellcheck disable=SC2086
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
+  --platform manylinux1_x86_64 \
   -d .device/wheels $pins
 $PY bench/device/model_carry.py pack .device/model
 # Debian's wrk, the native load generator (bench/wrk_load.py), and the LuaJIT it links (the machine has libssl).

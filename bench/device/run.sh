@@ -14,6 +14,9 @@
 #             default "--token-packing on"), one round each; throughput, p99, inputs per pass, ms per pass
 #   cpu       bench.request_cpu on the GPU (float16): CPU per request of each process, one API server, wrk,
 #             64 clients, one sentence and 16 sentences, beside the bare frontend's floor
+#   profile[=N:C] py-spy (carried) on the engine (wall and --gil) and an API server of a `--device cuda` server with
+#             N API servers under C wrk clients of (a) (bench/device/profile.py; default 8:256); raw stacks in
+#             $OUT/profile/, each one's top functions printed
 #   serve[=W] bench.sweep on the GPU: workloads W (default a,b,c), 1/2/4/8 API servers, 64 and 256
 #             clients, /health probed throughout; the load generator on the same machine
 # Results land in $OUT (fetched back) as JSON and logs; a short summary of each stage is printed.
@@ -34,7 +37,7 @@ info.mkdir(exist_ok=True)
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: poolserve\nVersion: {version}\n")
 PYTHON
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export PATH=$PWD/.device/bin:$PATH LD_LIBRARY_PATH=$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=$PWD/.device/bin:/tmp/site/bin:$PATH LD_LIBRARY_PATH=$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # DEADLINE (seconds from now): each stage gets what is left, so that a call ends inside its limit.
 end=$((SECONDS + ${DEADLINE:-100000}))
 left() { echo $((end - SECONDS > 5 ? end - SECONDS : 5)); }
@@ -119,6 +122,12 @@ print('sentence-transformers', r['dtype'], ' '.join(f\"b{x['batch_size']}={x['se
     timeout "$(left)" python3 -m bench.request_cpu --model bundled --generator wrk_load --clients 64 --seconds 6 \
       --workloads short,batch16 --server-flags "--device cuda --dtype float16" --out "$OUT/request-cpu.json" \
       2>>"$OUT/cpu.log" | tee -a "$OUT/request-cpu.jsonl" || status=1
+    ;;
+  profile | profile=*)
+    spec=8:256
+    [[ $stage == profile=* ]] && spec=${stage#profile=}
+    timeout "$(left)" python3 bench/device/profile.py "$OUT/profile" --device cuda --api-servers "${spec%%:*}" \
+      --clients "${spec##*:}" 2>>"$OUT/profile.log" || status=1
     ;;
   serve | serve=*)
     workloads=a,b,c
