@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,7 +25,7 @@ import pytest
 
 from bench.harness.models import CRASH_TOKEN, HANG_TOKEN, remote_code_env
 from bench.harness.prober import Prober
-from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.server_process import PoolserveProcess, child_pids, wait_until
 from bench.harness.steady_load import SteadyLoad
 from tests.utils import api_server_pids, is_alive, ready_line_time, runtime_dirs_of
 
@@ -448,25 +449,33 @@ ANSWERED_BODIES: dict[str, dict[str, object]] = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs of its own (it needs root, or CAP_SYS_ADMIN), always unmounted after."""
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
+@dataclass
+class TmpdirServer:
+    server: PoolserveProcess
+    tmpdir: Path
+    is_small_tmpfs: bool
+
+
+@pytest.fixture(scope="module")
+def tmpdir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TmpdirServer]:
+    """One API server whose TMPDIR is a 2 MiB tmpfs of its own (mounting one needs root, or CAP_SYS_ADMIN; without,
+    a plain folder), always unmounted after. Two tests share it, in file order: the full-TMPDIR test fills the tmpfs,
+    then the supervisor is killed (the launch of each was `--api-server-count 1` with a TMPDIR of its own)."""
+    mount_point = tmp_path_factory.mktemp("tmpfs")
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
         check=False,
         capture_output=True,
         text=True,
     )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip() or mounted.returncode}")
     try:
-        yield mount_point
+        with launched("--api-server-count", "1", env={"TMPDIR": str(mount_point)}) as server:
+            yield TmpdirServer(server, mount_point, is_small_tmpfs=mounted.returncode == 0)
     finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
-        if os.path.ismount(mount_point):
-            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        if mounted.returncode == 0:
+            subprocess.run(["umount", str(mount_point)], check=False)
+            if os.path.ismount(mount_point):
+                subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(folder: Path, leave: int) -> None:
@@ -477,29 +486,48 @@ def fill(folder: Path, leave: int) -> None:
         f.write(b"\0" * size)  # written, not fallocated: a tmpfs gives its pages as they are written
 
 
-def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(small_tmpfs: Path) -> None:
+def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(tmpdir_server: TmpdirServer) -> None:
     # Issue 16: mapped metric files on a full tmpfs raised SIGBUS; the crash loop took the server down in 11 s.
-    with launched("--api-server-count", "1", env={"TMPDIR": str(small_tmpfs)}) as server:
-        (runtime,) = [p for p in small_tmpfs.iterdir() if p.name.startswith("poolserve-")]
-        # 2 MiB is less than the supervisor asks for 3 processes: it says so, and starts.
-        assert "KiB free, less than 3072 KiB for 3 processes' metrics" in server.stderr(), server.tail()
-        children = sorted(server.children())
-        fill(small_tmpfs, leave=8192)
-        # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
-        with server.client() as client:
-            for path, body in ANSWERED_BODIES.items():
-                response = client.post(path, json=body)
-                assert response.status_code == 200, (path, response.text)
-                # TEI's /embed answers a body of the wrong type as TEI does: 422.
-                assert client.post(path, json={"wrong": 1}).status_code == (422 if path == "/embed" else 400)
-                assert client.get(path).status_code == 405
-            metrics = client.get("/metrics")
-        assert metrics.status_code == 200
-        assert sorted(server.children()) == children, server.tail()
-        assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
-        assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
-        dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
-        assert dropped and float(dropped[1]) > 0, metrics.text
-        assert server.stderr().count("new series are kept in memory") == 1, server.tail()
-        for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
-            assert path.stat().st_blocks * 512 >= path.stat().st_size, path
+    if not tmpdir_server.is_small_tmpfs:
+        pytest.skip("cannot mount a tmpfs to fill")
+    server, small_tmpfs = tmpdir_server.server, tmpdir_server.tmpdir
+    (runtime,) = [p for p in small_tmpfs.iterdir() if p.name.startswith("poolserve-")]
+    # 2 MiB is less than the supervisor asks for 3 processes: it says so, and starts.
+    assert "KiB free, less than 3072 KiB for 3 processes' metrics" in server.stderr(), server.tail()
+    children = sorted(server.children())
+    fill(small_tmpfs, leave=8192)
+    # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
+    with server.client() as client:
+        for path, body in ANSWERED_BODIES.items():
+            response = client.post(path, json=body)
+            assert response.status_code == 200, (path, response.text)
+            # TEI's /embed answers a body of the wrong type as TEI does: 422.
+            assert client.post(path, json={"wrong": 1}).status_code == (422 if path == "/embed" else 400)
+            assert client.get(path).status_code == 405
+        metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert sorted(server.children()) == children, server.tail()
+    assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
+    assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
+    dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
+    assert dropped and float(dropped[1]) > 0, metrics.text
+    assert server.stderr().count("new series are kept in memory") == 1, server.tail()
+    for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
+        assert path.stat().st_blocks * 512 >= path.stat().st_size, path
+
+
+def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_waits_for_the_next_start(
+    tmpdir_server: TmpdirServer,
+) -> None:
+    """Last on its server: it ends it. Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics
+    files) behind for good. Its children go by themselves (only real processes show it); its folder, named for its
+    PID, stays until a start removes it: tests/supervisor/test_arbiter.py's stub run, which also stops a server with
+    SIGINT."""
+    killed = tmpdir_server.server
+    children = child_pids(killed.pid)
+    (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.proc.wait(5)
+    assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
+    assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
+    assert Path(left).parent == tmpdir_server.tmpdir
