@@ -23,11 +23,17 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from bench.harness.models import CRASH_TOKEN, HANG_TOKEN, remote_code_env
+from bench.harness.models import HANG_TOKEN, remote_code_env
 from bench.harness.prober import Prober
 from bench.harness.server_process import PoolserveProcess, child_pids, wait_until
 from bench.harness.steady_load import SteadyLoad
-from tests.utils import api_server_pids, is_alive, ready_line_time, runtime_dirs_of
+from tests.utils import (
+    api_server_pids,
+    is_alive,
+    pill_is_failed_and_its_neighbours_served,
+    ready_line_time,
+    runtime_dirs_of,
+)
 
 
 @contextlib.contextmanager
@@ -126,58 +132,11 @@ def faulty_server(shared_faulty_server: PoolserveProcess) -> Iterator[PoolserveP
         yield server
 
 
-def pill_is_failed_and_its_neighbours_served(server: PoolserveProcess) -> None:
-    """The crashing input sent beside 4 innocent requests: it gets 500 poison_pill, they get 200, and the
-    server serves the next request."""
-    with server.client() as client:
-        bystanders: list[int] = []
-
-        def innocent() -> None:
-            with server.client() as other:
-                bystanders.append(other.post("/v1/embeddings", json={"input": ["harmless"] * 8}).status_code)
-
-        threads = [threading.Thread(target=innocent) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        poisoned = client.post("/v1/embeddings", json={"input": [[101, CRASH_TOKEN, 102]]})
-        for thread in threads:
-            thread.join(60)
-        assert poisoned.status_code == 500, poisoned.text
-        assert poisoned.json()["error"]["code"] == "poison_pill"
-        assert "likely cause" in poisoned.json()["error"]["message"]
-        assert bystanders == [200] * 4
-        assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
-
-
 def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: PoolserveProcess) -> None:
     server = faulty_server
     mark = len(server.stderr())
     pill_is_failed_and_its_neighbours_served(server)
     assert server.stderr()[mark:].count("engine (pid") >= 2
-
-
-def test_with_two_engines_a_poison_pill_kills_only_its_own_engine_and_the_other_serves_throughout(
-    faulty_model: Path,
-) -> None:
-    """Blamed at its first crash (the API server reads the dead engine's flight record), the pill is never sent to
-    the other engine: it waits for its own engine's restart, runs alone there, and the second crash fails it. The
-    other engine never dies and answers a steady load all along; the requests sent beside the pill get their rows."""
-    with launched(
-        *faulty(faulty_model), "--api-server-count", "1", "--engine-count", "2", "--torch-threads", "1",
-        env=remote_code_env(faulty_model),
-    ) as server:  # fmt: skip
-        with SteadyLoad(server.url, clients=2) as load:
-            load.wait_for(10)
-            mark = len(server.stderr())
-            pill_is_failed_and_its_neighbours_served(server)
-            served = sum(load.statuses.values())
-            load.wait_for(served + 10)
-        log = server.stderr()[mark:]
-        killed = re.findall(r"(engine-\d) \(pid \d+\) was killed by SIGSEGV", log)
-        assert len(killed) == 2 and len(set(killed)) == 1, log
-        assert "suspect(s) (in its forward pass) wait for its restart" in log, log
-        assert load.failures == [] and set(load.statuses) == {200}, load.statuses
-        print(f"steady load: {sum(load.statuses.values())} answered, slowest {max(load.latencies):.2f}s")
 
 
 def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: PoolserveProcess) -> None:
