@@ -169,16 +169,22 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: Poolserve
 
 @pytest.fixture(scope="module")
 def shared_small_queue() -> Iterator[PoolserveProcess]:
-    with launched("--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5") as server:
+    """Also the SIGTERM test's launch, which it ends (last of its tests): JSON logs with the access log on."""
+    with launched(
+        "--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5",
+        "--log-format", "json", "--access-log",
+    ) as server:  # fmt: skip
         yield server
 
 
 @pytest.fixture
 def small_queue(shared_small_queue: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """Two API servers in front of an engine whose queue holds 32 inputs (the overload tests), that wait at most 0.5 s
-    for an engine that is gone (--engine-wait-timeout: the restart test, which kills its engine). One launch for the
-    three: each flag matters to its own tests alone (the queue's limit while the engine runs, the wait while it is
-    gone), and the server is settled between them. --request-timeout's 504: tests/in_process/test_request_timeout.py."""
+    for an engine that is gone (--engine-wait-timeout: the restart test, which kills its engine), logging JSON with the
+    access log on (the SIGTERM test's). One launch for the four: each flag matters to its own tests alone (the queue's
+    limit while the engine runs, the wait while it is gone, the logs' format to the SIGTERM test, which also reads its
+    start and its stop), and the server is settled between them. --request-timeout's 504:
+    tests/in_process/test_request_timeout.py."""
     with settled(shared_small_queue, api_servers=2) as server:
         yield server
 
@@ -202,66 +208,6 @@ def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(small
         ready_line_time(server, "engine", engine, timeout=60, since=mark)
         assert wait_until(lambda: client.get("/health").status_code == 200, 10)
         assert client.post("/v1/embeddings", json={"input": "after the restart"}).status_code == 200
-
-
-def is_refused(port: int) -> bool:
-    """Whether a new connection is refused (or reset) at once, rather than answered or left waiting in a
-    queue that nobody accepts from."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: poolserve\r\nConnection: close\r\n\r\n")
-            return sock.recv(1) == b""
-    except (ConnectionRefusedError, ConnectionResetError):
-        return True
-    except TimeoutError:
-        return False
-
-
-def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0() -> None:
-    """Also the start and the stop of a fresh server (ready within 20 s; its runtime folder gone after SIGTERM).
-    20 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
-    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
-    machine, where CI once saw 10.3 s in all.
-
-    It logs JSON with the access log on (no flag here changes a start or a stop): every process's lines are JSON
-    objects, one a line, the supervisor's shutdown included."""
-    with launched("--api-server-count", "2", "--log-format", "json", "--access-log") as server:
-        children = server.children()
-        assert len(children) == 3
-        runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
-        assert len(runtime_dirs) == 1
-        with server.client() as client:
-            client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
-        body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(16)]}
-        # A request whose body stops half way holds the drain open (until --body-timeout, or until it is closed).
-        held = socket.create_connection(("127.0.0.1", server.port))
-        held.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: poolserve\r\ncontent-type: application/json\r\n"
-            b'content-length: 100\r\n\r\n{"input": '
-        )
-        with SteadyLoad(server.url, clients=6, body=body) as load:
-            load.wait_for(12)
-            server.proc.send_signal(signal.SIGTERM)
-            # While it drains, a new connection is refused at once (a balancer sends it elsewhere), not queued
-            # by the kernel for servers that no longer accept.
-            assert wait_until(lambda: is_refused(server.port), 5), server.log()
-            assert server.proc.poll() is None, "it should still be draining the held request"
-            held.close()
-            assert server.wait_exit(60) == 0, server.log()
-        # Whatever got an answer got a 200; what failed never reached a server (refused or closed idle).
-        assert set(load.statuses) == {200}, load.statuses
-        assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
-        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
-        assert not any(Path(d).exists() for d in runtime_dirs)
-        log = server.stderr()  # read before `launched` stops it: the stop removes its log files
-    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
-    access = [r for r in records if r["logger"] == "poolserve.access"]
-    assert any("request_id=json-7" in r["message"] for r in access), access
-    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
-    assert any(r["process"] == "supervisor" and "shutting down" in r["message"] for r in records), records[-5:]
-    # Last, so that a slow start on a busy host leaves the stop tested.
-    assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
 
 
 class PacedConnection(threading.Thread):
@@ -374,6 +320,70 @@ def test_429s_come_back_at_once_with_retry_after(small_queue: PoolserveProcess) 
     assert refused.json()["error"]["type"] == "rate_limit_error"
     assert elapsed < 0.5
     assert [a.status_code for a in answers] == [200]
+
+
+def is_refused(port: int) -> bool:
+    """Whether a new connection is refused (or reset) at once, rather than answered or left waiting in a
+    queue that nobody accepts from."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: poolserve\r\nConnection: close\r\n\r\n")
+            return sock.recv(1) == b""
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0(
+    shared_small_queue: PoolserveProcess,
+) -> None:
+    """Last on its server: it ends it. Also the start and the stop of a server (ready within 20 s; its runtime folder
+    gone after SIGTERM).
+    20 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
+    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
+    machine, where CI once saw 10.3 s in all.
+
+    It logs JSON with the access log on (no flag of its launch changes a start or a stop): every process's lines are
+    JSON objects, one a line, the supervisor's shutdown included. Its load keeps under the queue's 32 inputs."""
+    server = shared_small_queue
+    assert wait_until(lambda: is_settled(server, api_servers=2), 60), f"not settled before the test\n{server.log()}"
+    children = server.children()
+    assert len(children) == 3
+    runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
+    assert len(runtime_dirs) == 1
+    with server.client() as client:
+        client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
+    body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(4)]}
+    # A request whose body stops half way holds the drain open (until --body-timeout, or until it is closed).
+    held = socket.create_connection(("127.0.0.1", server.port))
+    held.sendall(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: poolserve\r\ncontent-type: application/json\r\n"
+        b'content-length: 100\r\n\r\n{"input": '
+    )
+    with SteadyLoad(server.url, clients=6, body=body) as load:
+        load.wait_for(12)
+        server.proc.send_signal(signal.SIGTERM)
+        # While it drains, a new connection is refused at once (a balancer sends it elsewhere), not queued
+        # by the kernel for servers that no longer accept.
+        assert wait_until(lambda: is_refused(server.port), 5), server.log()
+        assert server.proc.poll() is None, "it should still be draining the held request"
+        held.close()
+        assert server.wait_exit(60) == 0, server.log()
+    # Whatever got an answer got a 200; what failed never reached a server (refused or closed idle).
+    assert set(load.statuses) == {200}, load.statuses
+    assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
+    assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
+    assert not any(Path(d).exists() for d in runtime_dirs)
+    log = server.stderr()  # read before its fixture stops it: the stop removes its log files
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
+    access = [r for r in records if r["logger"] == "poolserve.access"]
+    assert any("request_id=json-7" in r["message"] for r in access), access
+    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
+    assert any(r["process"] == "supervisor" and "shutting down" in r["message"] for r in records), records[-5:]
+    # Last, so that a slow start on a busy host leaves the stop tested.
+    assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
 
 
 def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: PoolserveProcess) -> None:
