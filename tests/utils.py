@@ -5,7 +5,7 @@ Each `launch` is 10-20 s of the suite on a 2-core host (torch imported by its en
 requests uses a server already started (tests/conftest.py's session `server` and `guarded_server`,
 tests/e2e/conftest.py's `recycling_server`, a module's shared one) or tests/in_process/stack_server.py, and a new
 place that starts one is for what needs processes of its own (signals, crashes, start-up and stop, flags no shared
-server can have). The places, counted (issue 29; a helper's own body counts beside its callers): 24, from 36
+server can have). The places, counted (issue 29; a helper's own body counts beside its callers): 15, from 36
 (docs/architecture.md, "Tests moved off their own `launch`"):
 
     grep -rnE 'PoolserveProcess\(|"-m", "supervisor"|launched(_faulty)?\(|run_batch(_argv)?\(|yield from serve\(' \
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness.models import CRASH_TOKEN
 from bench.harness.server_process import PoolserveProcess, wait_until
 from poolserve.model_card import CLASSIFIER, TASK_SCORE, ModelCard
 
@@ -63,6 +65,30 @@ def ready_line_time(server: PoolserveProcess, name: str, pid_not: int, timeout: 
     )
     assert found, f"{name} not back within {timeout}s\n{server.log()}"
     return time.monotonic() - started
+
+
+def pill_is_failed_and_its_neighbours_served(server: PoolserveProcess, model: str = "") -> None:
+    """The crashing input (bench/harness/models.py's faulty BERT; `model`: its name on a server of several) sent beside
+    4 innocent requests: it gets 500 poison_pill, they get 200, and the server serves the next request."""
+    named = {"model": model} if model else {}
+    with server.client() as client:
+        bystanders: list[int] = []
+
+        def innocent() -> None:
+            with server.client() as other:
+                bystanders.append(other.post("/v1/embeddings", json={"input": ["harmless"] * 8, **named}).status_code)
+
+        threads = [threading.Thread(target=innocent) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        poisoned = client.post("/v1/embeddings", json={"input": [[101, CRASH_TOKEN, 102]], **named})
+        for thread in threads:
+            thread.join(60)
+        assert poisoned.status_code == 500, poisoned.text
+        assert poisoned.json()["error"]["code"] == "poison_pill"
+        assert "likely cause" in poisoned.json()["error"]["message"]
+        assert bystanders == [200] * 4
+        assert client.post("/v1/embeddings", json={"input": "the next request", **named}).status_code == 200
 
 
 def mapped_libraries(pid: int) -> str:

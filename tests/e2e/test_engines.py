@@ -1,12 +1,12 @@
-"""--engine-count 2 on the CPU: Sentence-Transformers' answers, work on both engines, a killed one costs nothing.
-
-A poison pill across two engines is tested in tests/e2e/test_faults.py (two restarts of the engine it
-kills, the other serving throughout) and, case by case, on fake engines (tests/engine_client/); an engine that
-crash-loops beside another, taken out of service, on stub children (tests/supervisor/test_arbiter.py)."""
+"""--engine-count 2 on the CPU: Sentence-Transformers' answers, work on both engines, a killed one costs nothing, and
+a poison pill kills only its own engine (two restarts of it, the other serving throughout; case by case on fake
+engines: tests/engine_client/). An engine that crash-loops beside another, taken out of service, on stub children
+(tests/supervisor/test_arbiter.py)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,18 +18,40 @@ import numpy.typing as npt
 import pytest
 from sentence_transformers import SentenceTransformer
 
+from bench.harness.models import remote_code_env
 from bench.harness.scrape import scrape, value
 from bench.harness.server_process import PoolserveProcess, wait_until
 from bench.harness.steady_load import SteadyLoad
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, engine_pids, ready_line_time
+from tests.utils import FLOAT32_CPU, engine_pids, pill_is_failed_and_its_neighbours_served, ready_line_time
 
 MIN_COSINE = 0.9999
 
 
+# The bundled model (the default, engines 0 and 1) and the fault tests' BERT that crashes its engine on a marker
+# token (engines 2 and 3, one torch thread each), two engines each.
+MODELS_TOML = """
+[[models]]
+engine_count = 2
+
+[[models]]
+model = "{faulty}"
+served_model_name = ["faulty"]
+trust_remote_code = true
+engine_count = 2
+torch_threads = 1
+"""
+
+
 @pytest.fixture(scope="module")
-def two_engines() -> Iterator[PoolserveProcess]:
-    server = PoolserveProcess("--api-server-count", "2", "--engine-count", "2", *FLOAT32_CPU).wait_ready()
+def two_engines(faulty_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolserveProcess]:
+    """Two engines for each of two models, from a --config file, behind 2 API servers: one launch for the tests of the
+    bundled model and the poison pill's (each was a launch of --engine-count 2; a model's engines are its own)."""
+    file = tmp_path_factory.mktemp("models") / "models.toml"
+    file.write_text(MODELS_TOML.format(faulty=faulty_model))
+    server = PoolserveProcess(
+        "--config", str(file), "--api-server-count", "2", *FLOAT32_CPU, env=remote_code_env(faulty_model)
+    ).wait_ready(180)
     try:
         yield server
     finally:
@@ -82,3 +104,24 @@ def test_a_killed_engine_s_requests_move_to_the_other_and_it_comes_back(two_engi
     assert load.failures == [], load.failures
     assert set(load.statuses) == {200}, load.statuses
     assert "lost engine 1; moving its" in server.stderr()
+
+
+def test_with_two_engines_a_poison_pill_kills_only_its_own_engine_and_the_other_serves_throughout(
+    two_engines: PoolserveProcess,
+) -> None:
+    """Blamed at its first crash (the API server reads the dead engine's flight record), the pill is never sent to
+    the other engine: it waits for its own engine's restart, runs alone there, and the second crash fails it. The
+    other engine never dies and answers a steady load all along; the requests sent beside the pill get their rows."""
+    server = two_engines
+    with SteadyLoad(server.url, clients=2, body={"input": "a steady request", "model": "faulty"}) as load:
+        load.wait_for(10)
+        mark = len(server.stderr())
+        pill_is_failed_and_its_neighbours_served(server, model="faulty")
+        served = sum(load.statuses.values())
+        load.wait_for(served + 10)
+    log = server.stderr()[mark:]
+    killed = re.findall(r"(engine-\d) \(pid \d+\) was killed by SIGSEGV", log)
+    assert len(killed) == 2 and len(set(killed)) == 1 and killed[0] in ("engine-2", "engine-3"), log
+    assert "suspect(s) (in its forward pass) wait for its restart" in log, log
+    assert load.failures == [] and set(load.statuses) == {200}, load.statuses
+    print(f"steady load: {sum(load.statuses.values())} answered, slowest {max(load.latencies):.2f}s")

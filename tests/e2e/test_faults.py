@@ -16,17 +16,24 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from bench.harness.models import CRASH_TOKEN, HANG_TOKEN, remote_code_env
+from bench.harness.models import HANG_TOKEN, remote_code_env
 from bench.harness.prober import Prober
-from bench.harness.server_process import PoolserveProcess, wait_until
+from bench.harness.server_process import PoolserveProcess, child_pids, wait_until
 from bench.harness.steady_load import SteadyLoad
-from tests.utils import api_server_pids, is_alive, ready_line_time, runtime_dirs_of
+from tests.utils import (
+    api_server_pids,
+    is_alive,
+    pill_is_failed_and_its_neighbours_served,
+    ready_line_time,
+    runtime_dirs_of,
+)
 
 
 @contextlib.contextmanager
@@ -125,58 +132,11 @@ def faulty_server(shared_faulty_server: PoolserveProcess) -> Iterator[PoolserveP
         yield server
 
 
-def pill_is_failed_and_its_neighbours_served(server: PoolserveProcess) -> None:
-    """The crashing input sent beside 4 innocent requests: it gets 500 poison_pill, they get 200, and the
-    server serves the next request."""
-    with server.client() as client:
-        bystanders: list[int] = []
-
-        def innocent() -> None:
-            with server.client() as other:
-                bystanders.append(other.post("/v1/embeddings", json={"input": ["harmless"] * 8}).status_code)
-
-        threads = [threading.Thread(target=innocent) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        poisoned = client.post("/v1/embeddings", json={"input": [[101, CRASH_TOKEN, 102]]})
-        for thread in threads:
-            thread.join(60)
-        assert poisoned.status_code == 500, poisoned.text
-        assert poisoned.json()["error"]["code"] == "poison_pill"
-        assert "likely cause" in poisoned.json()["error"]["message"]
-        assert bystanders == [200] * 4
-        assert client.post("/v1/embeddings", json={"input": "the next request"}).status_code == 200
-
-
 def test_a_poison_pill_is_failed_after_two_crashes_and_the_server_serves_on(faulty_server: PoolserveProcess) -> None:
     server = faulty_server
     mark = len(server.stderr())
     pill_is_failed_and_its_neighbours_served(server)
     assert server.stderr()[mark:].count("engine (pid") >= 2
-
-
-def test_with_two_engines_a_poison_pill_kills_only_its_own_engine_and_the_other_serves_throughout(
-    faulty_model: Path,
-) -> None:
-    """Blamed at its first crash (the API server reads the dead engine's flight record), the pill is never sent to
-    the other engine: it waits for its own engine's restart, runs alone there, and the second crash fails it. The
-    other engine never dies and answers a steady load all along; the requests sent beside the pill get their rows."""
-    with launched(
-        *faulty(faulty_model), "--api-server-count", "1", "--engine-count", "2", "--torch-threads", "1",
-        env=remote_code_env(faulty_model),
-    ) as server:  # fmt: skip
-        with SteadyLoad(server.url, clients=2) as load:
-            load.wait_for(10)
-            mark = len(server.stderr())
-            pill_is_failed_and_its_neighbours_served(server)
-            served = sum(load.statuses.values())
-            load.wait_for(served + 10)
-        log = server.stderr()[mark:]
-        killed = re.findall(r"(engine-\d) \(pid \d+\) was killed by SIGSEGV", log)
-        assert len(killed) == 2 and len(set(killed)) == 1, log
-        assert "suspect(s) (in its forward pass) wait for its restart" in log, log
-        assert load.failures == [] and set(load.statuses) == {200}, load.statuses
-        print(f"steady load: {sum(load.statuses.values())} answered, slowest {max(load.latencies):.2f}s")
 
 
 def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: PoolserveProcess) -> None:
@@ -209,16 +169,22 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: Poolserve
 
 @pytest.fixture(scope="module")
 def shared_small_queue() -> Iterator[PoolserveProcess]:
-    with launched("--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5") as server:
+    """Also the SIGTERM test's launch, which it ends (last of its tests): JSON logs with the access log on."""
+    with launched(
+        "--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5",
+        "--log-format", "json", "--access-log",
+    ) as server:  # fmt: skip
         yield server
 
 
 @pytest.fixture
 def small_queue(shared_small_queue: PoolserveProcess) -> Iterator[PoolserveProcess]:
     """Two API servers in front of an engine whose queue holds 32 inputs (the overload tests), that wait at most 0.5 s
-    for an engine that is gone (--engine-wait-timeout: the restart test, which kills its engine). One launch for the
-    three: each flag matters to its own tests alone (the queue's limit while the engine runs, the wait while it is
-    gone), and the server is settled between them. --request-timeout's 504: tests/in_process/test_request_timeout.py."""
+    for an engine that is gone (--engine-wait-timeout: the restart test, which kills its engine), logging JSON with the
+    access log on (the SIGTERM test's). One launch for the four: each flag matters to its own tests alone (the queue's
+    limit while the engine runs, the wait while it is gone, the logs' format to the SIGTERM test, which also reads its
+    start and its stop), and the server is settled between them. --request-timeout's 504:
+    tests/in_process/test_request_timeout.py."""
     with settled(shared_small_queue, api_servers=2) as server:
         yield server
 
@@ -242,66 +208,6 @@ def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(small
         ready_line_time(server, "engine", engine, timeout=60, since=mark)
         assert wait_until(lambda: client.get("/health").status_code == 200, 10)
         assert client.post("/v1/embeddings", json={"input": "after the restart"}).status_code == 200
-
-
-def is_refused(port: int) -> bool:
-    """Whether a new connection is refused (or reset) at once, rather than answered or left waiting in a
-    queue that nobody accepts from."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: poolserve\r\nConnection: close\r\n\r\n")
-            return sock.recv(1) == b""
-    except (ConnectionRefusedError, ConnectionResetError):
-        return True
-    except TimeoutError:
-        return False
-
-
-def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0() -> None:
-    """Also the start and the stop of a fresh server (ready within 20 s; its runtime folder gone after SIGTERM).
-    20 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
-    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
-    machine, where CI once saw 10.3 s in all.
-
-    It logs JSON with the access log on (no flag here changes a start or a stop): every process's lines are JSON
-    objects, one a line, the supervisor's shutdown included."""
-    with launched("--api-server-count", "2", "--log-format", "json", "--access-log") as server:
-        children = server.children()
-        assert len(children) == 3
-        runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
-        assert len(runtime_dirs) == 1
-        with server.client() as client:
-            client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
-        body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(16)]}
-        # A request whose body stops half way holds the drain open (until --body-timeout, or until it is closed).
-        held = socket.create_connection(("127.0.0.1", server.port))
-        held.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: poolserve\r\ncontent-type: application/json\r\n"
-            b'content-length: 100\r\n\r\n{"input": '
-        )
-        with SteadyLoad(server.url, clients=6, body=body) as load:
-            load.wait_for(12)
-            server.proc.send_signal(signal.SIGTERM)
-            # While it drains, a new connection is refused at once (a balancer sends it elsewhere), not queued
-            # by the kernel for servers that no longer accept.
-            assert wait_until(lambda: is_refused(server.port), 5), server.log()
-            assert server.proc.poll() is None, "it should still be draining the held request"
-            held.close()
-            assert server.wait_exit(60) == 0, server.log()
-        # Whatever got an answer got a 200; what failed never reached a server (refused or closed idle).
-        assert set(load.statuses) == {200}, load.statuses
-        assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
-        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
-        assert not any(Path(d).exists() for d in runtime_dirs)
-        log = server.stderr()  # read before `launched` stops it: the stop removes its log files
-    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
-    access = [r for r in records if r["logger"] == "poolserve.access"]
-    assert any("request_id=json-7" in r["message"] for r in access), access
-    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
-    assert any(r["process"] == "supervisor" and "shutting down" in r["message"] for r in records), records[-5:]
-    # Last, so that a slow start on a busy host leaves the stop tested.
-    assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
 
 
 class PacedConnection(threading.Thread):
@@ -416,6 +322,70 @@ def test_429s_come_back_at_once_with_retry_after(small_queue: PoolserveProcess) 
     assert [a.status_code for a in answers] == [200]
 
 
+def is_refused(port: int) -> bool:
+    """Whether a new connection is refused (or reset) at once, rather than answered or left waiting in a
+    queue that nobody accepts from."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: poolserve\r\nConnection: close\r\n\r\n")
+            return sock.recv(1) == b""
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0(
+    shared_small_queue: PoolserveProcess,
+) -> None:
+    """Last on its server: it ends it. Also the start and the stop of a server (ready within 20 s; its runtime folder
+    gone after SIGTERM).
+    20 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
+    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
+    machine, where CI once saw 10.3 s in all.
+
+    It logs JSON with the access log on (no flag of its launch changes a start or a stop): every process's lines are
+    JSON objects, one a line, the supervisor's shutdown included. Its load keeps under the queue's 32 inputs."""
+    server = shared_small_queue
+    assert wait_until(lambda: is_settled(server, api_servers=2), 60), f"not settled before the test\n{server.log()}"
+    children = server.children()
+    assert len(children) == 3
+    runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
+    assert len(runtime_dirs) == 1
+    with server.client() as client:
+        client.post("/v1/embeddings", json={"input": "logged"}, headers={"x-request-id": "json-7"})
+    body = {"input": [f"sentence {i} for a graceful shutdown" for i in range(4)]}
+    # A request whose body stops half way holds the drain open (until --body-timeout, or until it is closed).
+    held = socket.create_connection(("127.0.0.1", server.port))
+    held.sendall(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: poolserve\r\ncontent-type: application/json\r\n"
+        b'content-length: 100\r\n\r\n{"input": '
+    )
+    with SteadyLoad(server.url, clients=6, body=body) as load:
+        load.wait_for(12)
+        server.proc.send_signal(signal.SIGTERM)
+        # While it drains, a new connection is refused at once (a balancer sends it elsewhere), not queued
+        # by the kernel for servers that no longer accept.
+        assert wait_until(lambda: is_refused(server.port), 5), server.log()
+        assert server.proc.poll() is None, "it should still be draining the held request"
+        held.close()
+        assert server.wait_exit(60) == 0, server.log()
+    # Whatever got an answer got a 200; what failed never reached a server (refused or closed idle).
+    assert set(load.statuses) == {200}, load.statuses
+    assert all(kind in ("ConnectError", "RemoteProtocolError", "ReadError") for _, kind in load.failures)
+    assert wait_until(lambda: not any(is_alive(pid) for pid in children), 5)
+    assert not any(Path(d).exists() for d in runtime_dirs)
+    log = server.stderr()  # read before its fixture stops it: the stop removes its log files
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert records and {"time", "level", "process", "pid", "logger", "message"} <= set(records[0])
+    access = [r for r in records if r["logger"] == "poolserve.access"]
+    assert any("request_id=json-7" in r["message"] for r in access), access
+    assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
+    assert any(r["process"] == "supervisor" and "shutting down" in r["message"] for r in records), records[-5:]
+    # Last, so that a slow start on a busy host leaves the stop tested.
+    assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
+
+
 def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: PoolserveProcess) -> None:
     server = two_api_servers
     big = {"input": [f"a long sentence about embeddings number {i} " * 8 for i in range(1500)]}
@@ -448,25 +418,33 @@ ANSWERED_BODIES: dict[str, dict[str, object]] = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs of its own (it needs root, or CAP_SYS_ADMIN), always unmounted after."""
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
+@dataclass
+class TmpdirServer:
+    server: PoolserveProcess
+    tmpdir: Path
+    is_small_tmpfs: bool
+
+
+@pytest.fixture(scope="module")
+def tmpdir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TmpdirServer]:
+    """One API server whose TMPDIR is a 2 MiB tmpfs of its own (mounting one needs root, or CAP_SYS_ADMIN; without,
+    a plain folder), always unmounted after. Two tests share it, in file order: the full-TMPDIR test fills the tmpfs,
+    then the supervisor is killed (the launch of each was `--api-server-count 1` with a TMPDIR of its own)."""
+    mount_point = tmp_path_factory.mktemp("tmpfs")
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
         check=False,
         capture_output=True,
         text=True,
     )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip() or mounted.returncode}")
     try:
-        yield mount_point
+        with launched("--api-server-count", "1", env={"TMPDIR": str(mount_point)}) as server:
+            yield TmpdirServer(server, mount_point, is_small_tmpfs=mounted.returncode == 0)
     finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
-        if os.path.ismount(mount_point):
-            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        if mounted.returncode == 0:
+            subprocess.run(["umount", str(mount_point)], check=False)
+            if os.path.ismount(mount_point):
+                subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(folder: Path, leave: int) -> None:
@@ -477,29 +455,48 @@ def fill(folder: Path, leave: int) -> None:
         f.write(b"\0" * size)  # written, not fallocated: a tmpfs gives its pages as they are written
 
 
-def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(small_tmpfs: Path) -> None:
+def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(tmpdir_server: TmpdirServer) -> None:
     # Issue 16: mapped metric files on a full tmpfs raised SIGBUS; the crash loop took the server down in 11 s.
-    with launched("--api-server-count", "1", env={"TMPDIR": str(small_tmpfs)}) as server:
-        (runtime,) = [p for p in small_tmpfs.iterdir() if p.name.startswith("poolserve-")]
-        # 2 MiB is less than the supervisor asks for 3 processes: it says so, and starts.
-        assert "KiB free, less than 3072 KiB for 3 processes' metrics" in server.stderr(), server.tail()
-        children = sorted(server.children())
-        fill(small_tmpfs, leave=8192)
-        # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
-        with server.client() as client:
-            for path, body in ANSWERED_BODIES.items():
-                response = client.post(path, json=body)
-                assert response.status_code == 200, (path, response.text)
-                # TEI's /embed answers a body of the wrong type as TEI does: 422.
-                assert client.post(path, json={"wrong": 1}).status_code == (422 if path == "/embed" else 400)
-                assert client.get(path).status_code == 405
-            metrics = client.get("/metrics")
-        assert metrics.status_code == 200
-        assert sorted(server.children()) == children, server.tail()
-        assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
-        assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
-        dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
-        assert dropped and float(dropped[1]) > 0, metrics.text
-        assert server.stderr().count("new series are kept in memory") == 1, server.tail()
-        for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
-            assert path.stat().st_blocks * 512 >= path.stat().st_size, path
+    if not tmpdir_server.is_small_tmpfs:
+        pytest.skip("cannot mount a tmpfs to fill")
+    server, small_tmpfs = tmpdir_server.server, tmpdir_server.tmpdir
+    (runtime,) = [p for p in small_tmpfs.iterdir() if p.name.startswith("poolserve-")]
+    # 2 MiB is less than the supervisor asks for 3 processes: it says so, and starts.
+    assert "KiB free, less than 3072 KiB for 3 processes' metrics" in server.stderr(), server.tail()
+    children = sorted(server.children())
+    fill(small_tmpfs, leave=8192)
+    # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
+    with server.client() as client:
+        for path, body in ANSWERED_BODIES.items():
+            response = client.post(path, json=body)
+            assert response.status_code == 200, (path, response.text)
+            # TEI's /embed answers a body of the wrong type as TEI does: 422.
+            assert client.post(path, json={"wrong": 1}).status_code == (422 if path == "/embed" else 400)
+            assert client.get(path).status_code == 405
+        metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert sorted(server.children()) == children, server.tail()
+    assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
+    assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
+    dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
+    assert dropped and float(dropped[1]) > 0, metrics.text
+    assert server.stderr().count("new series are kept in memory") == 1, server.tail()
+    for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
+        assert path.stat().st_blocks * 512 >= path.stat().st_size, path
+
+
+def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_waits_for_the_next_start(
+    tmpdir_server: TmpdirServer,
+) -> None:
+    """Last on its server: it ends it. Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics
+    files) behind for good. Its children go by themselves (only real processes show it); its folder, named for its
+    PID, stays until a start removes it: tests/supervisor/test_arbiter.py's stub run, which also stops a server with
+    SIGINT."""
+    killed = tmpdir_server.server
+    children = child_pids(killed.pid)
+    (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.proc.wait(5)
+    assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
+    assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
+    assert Path(left).parent == tmpdir_server.tmpdir

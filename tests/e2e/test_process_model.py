@@ -1,6 +1,7 @@
 """The process model itself: torch only in the engine, a clean stop, no hangs. (A fresh
 server ready within 20 s, and SIGTERM leaving nothing behind: tests/e2e/test_faults.py's SIGTERM test, on its own
-launch. A model that cannot load: tests/fidelity/test_refused.py's launch, and tests/engine_core/test_loader.py.)
+launch; a SIGKILLed supervisor's children leaving by themselves: test_faults.py, on the full-TMPDIR test's launch. A
+model that cannot load: tests/fidelity/test_refused.py's launch, and tests/engine_core/test_loader.py.)
 
 The supervisor's decisions on their own (a port in use, a crash loop that makes it give up, boot failures,
 restarts, scaling) are tested on stub children in tests/supervisor/test_arbiter.py."""
@@ -8,14 +9,12 @@ restarts, scaling) are tested on stub children in tests/supervisor/test_arbiter.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness.server_process import PoolserveProcess, child_pids, wait_until
-from tests.utils import is_alive, mapped_libraries, runtime_dirs_of
+from bench.harness.server_process import PoolserveProcess
+from tests.utils import mapped_libraries
 
 HEAVY_MODULES = ("torch", "transformers")
 # Imports every module an API server or the supervisor can load, in a fresh interpreter, and prints
@@ -65,23 +64,3 @@ def test_on_the_cpu_every_engine_thread_yields_to_the_api_servers(server: Poolse
     (engine,) = server.child_pid("engine_core")
     assert niceness(engine) == {5}
     assert all(niceness(pid) == {0} for pid in server.child_pid("apiserver"))
-
-
-def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_waits_for_the_next_start(
-    tmp_path: Path,
-) -> None:
-    # Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics files) behind for good. Its
-    # children go by themselves (only real processes show it); its folder, named for its PID, stays until a start
-    # removes it: tests/supervisor/test_arbiter.py's stub run, which also stops a server with SIGINT.
-    killed = PoolserveProcess("--api-server-count", "1", env={"TMPDIR": str(tmp_path)})
-    try:
-        killed.wait_ready()
-        children = child_pids(killed.pid)
-        (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
-        os.kill(killed.pid, signal.SIGKILL)
-        killed.proc.wait(5)
-        assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
-        assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
-        assert Path(left).parent == tmp_path
-    finally:
-        killed.stop()  # its children go with its process group

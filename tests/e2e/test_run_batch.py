@@ -1,4 +1,6 @@
-"""`launch run-batch` through the real command: the HTTP endpoint's answers, bad lines, a killed job resumed."""
+"""`launch run-batch` killed, its private `launch` gone with it, and resumed. (An OpenAI batch file answered as the
+HTTP endpoint answers, and every job but the killed one: `launch`'s own `main` in the test's process,
+tests/run_batch/.)"""
 
 from __future__ import annotations
 
@@ -8,129 +10,54 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from bench.harness.server_process import REPO, PoolserveProcess
+from tests.in_process.stack_server import InProcessServer, served
+from tests.run_batch.in_process_job import assert_same_answer, run_job, write_lines
 from tests.sentences import SENTENCES
 from tests.utils import FLOAT32_CPU, is_alive
 
 pytestmark = pytest.mark.timeout(600)
-JOB_FLAGS = ("--api-server-count", "1", *FLOAT32_CPU)
 
 
-def run_batch_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "supervisor", "run-batch", *args, *JOB_FLAGS]
+@pytest.fixture(scope="module")
+def in_process() -> Iterator[InProcessServer]:
+    """The server the resumed and the uninterrupted jobs run against, in this process."""
+    with served(*FLOAT32_CPU) as started:
+        yield started
 
 
-def run_batch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        run_batch_argv(*args, "--no-progress"), check=False, capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
-    assert done.returncode == 0, done.stderr
-    return done
-
-
-def batch_line(custom_id: str, body: Any, url: str = "/v1/embeddings") -> str:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
-
-
-def write_lines(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines))
-    return path
-
-
-def assert_same_answer(ours: Any, http: Any) -> None:
-    """Equal JSON, vectors within float32 rounding: the job's batches are not the HTTP request's batches."""
-    if isinstance(http, dict):
-        assert isinstance(ours, dict) and ours.keys() == http.keys()
-        for key in http:
-            if key == "embedding" and isinstance(http[key], list):
-                np.testing.assert_allclose(ours[key], http[key], rtol=0, atol=2e-6)
-            else:
-                assert_same_answer(ours[key], http[key])
-    elif isinstance(http, list):
-        assert isinstance(ours, list) and len(ours) == len(http)
-        for a, b in zip(ours, http, strict=True):
-            assert_same_answer(a, b)
-    else:
-        assert ours == http
-
-
-def test_openai_batch_file_answers_as_the_http_endpoint(tmp_path: Path, server: PoolserveProcess) -> None:
-    bodies: list[Any] = [
-        {"input": SENTENCES[0]},
-        {"input": SENTENCES[1:4], "encoding_format": "base64"},
-        {"input": SENTENCES[4], "dimensions": 64},
-        {"input": 5},  # the endpoint's 400
-        {"input": SENTENCES[5], "model": "no-such-model"},  # its 404
-        {"input": SENTENCES[6:9]},
-    ]
-    lines = [batch_line(f"req-{i}", body) for i, body in enumerate(bodies)]
-    lines.insert(3, "{not json")
-    lines.insert(5, json.dumps({"custom_id": "get", "method": "GET", "url": "/v1/embeddings", "body": {}}))
-    source = write_lines(tmp_path / "requests.jsonl", lines)
-    output = tmp_path / "answers.jsonl"
-
-    run_batch("--input", str(source), "--output", str(output))
-
-    answers = [json.loads(line) for line in output.read_text().splitlines()]
-    assert [a["custom_id"] for a in answers] == ["req-0", "req-1", "req-2", None, "req-3", "get", "req-4", "req-5"]
-    assert len({a["id"] for a in answers}) == len(answers)
-    assert "line 4" in answers[3]["error"]["message"] and answers[3]["response"] is None
-    assert "GET" in answers[5]["error"]["message"] and answers[5]["response"] is None
-    # The bad lines alone, beside the output, with their line numbers in the input file.
-    errors = [json.loads(line) for line in (tmp_path / "answers.errors.jsonl").read_text().splitlines()]
-    assert [(e["line"], e["index"], e["custom_id"]) for e in errors] == [
-        (4, 3, None), (5, 4, "req-3"), (6, 5, "get"), (7, 6, "req-4"),
-    ]  # fmt: skip
-    assert [e["error"].get("status_code") for e in errors] == [None, 400, None, 404]
-    assert errors[1]["error"]["message"] == answers[4]["error"]["message"]
-    served = [a for a in answers if a["response"] is not None]
-    with server.client() as client:
-        for answer, body in zip(served, bodies, strict=True):
-            http = client.post("/v1/embeddings", json=body)
-            assert answer["response"]["status_code"] == http.status_code
-            assert answer["response"]["request_id"]
-            assert_same_answer(answer["response"]["body"], http.json())
-            if http.status_code == 200:
-                assert answer["error"] is None
-            else:  # an answer the endpoint refused: its body as the endpoint wrote it, its message as the error
-                assert answer["response"]["body"] == http.json()
-                assert answer["error"]["message"] == http.json()["error"]["message"]
-
-
-def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server: PoolserveProcess) -> None:
+def test_killed_job_resumed_writes_the_uninterrupted_file(
+    tmp_path: Path,
+    server: PoolserveProcess,
+    in_process: InProcessServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The job killed is the real command, whose private `launch` must go with it; the resumed and the uninterrupted
+    jobs are the same command's `main` in this process (tests/run_batch/in_process_job.py): resuming is the job's work,
+    not its server's, and the rows of all three are held to the session's `launch` (float32 on the CPU each)."""
     texts = [f"{SENTENCES[i % len(SENTENCES)]} (passage {i})" for i in range(600)]
     rows: list[Any] = [{"text": text, "doc": f"d{i}"} for i, text in enumerate(texts)]
     rows[300] = {"doc": "d300"}  # no text: an error line, and the job goes on
     source = write_lines(tmp_path / "texts.jsonl", [json.dumps(row) for row in rows])
     job = ("--input", str(source), "--id-column", "doc", "--texts-per-request", "16")
 
-    # The uninterrupted job runs beside the one to be killed: most of each is its server's start (torch imported),
-    # which two can share the host's cores for.
-    whole = tmp_path / "whole.jsonl"
-    with (tmp_path / "whole.err").open("w") as log:
-        uninterrupted = subprocess.Popen(
-            run_batch_argv(*job, "--output", str(whole), "--no-progress"),
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            cwd=REPO,
-        )
+    resumed = tmp_path / "resumed.jsonl"
+    errors = tmp_path / "errors" / "bad.jsonl"
+    errors.parent.mkdir()
+    with (tmp_path / "killed.err").open("w") as log:
+        killed = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "run-batch", *job, "--output", str(resumed), "--errors", str(errors),
+             "--api-server-count", "1", *FLOAT32_CPU],
+            stdout=subprocess.DEVNULL, stderr=log, cwd=REPO,
+        )  # fmt: skip
     try:
-        resumed = tmp_path / "resumed.jsonl"
-        errors = tmp_path / "errors" / "bad.jsonl"
-        errors.parent.mkdir()
-        with (tmp_path / "killed.err").open("w") as log:
-            killed = subprocess.Popen(
-                run_batch_argv(*job, "--output", str(resumed), "--errors", str(errors)),
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                cwd=REPO,
-            )
         deadline = time.monotonic() + 240
         while lines_in(resumed) < 100:
             assert killed.poll() is None, (tmp_path / "killed.err").read_text()
@@ -139,40 +66,45 @@ def test_killed_job_resumed_writes_the_uninterrupted_file(tmp_path: Path, server
         supervisors = children_of(killed.pid)
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(10)
-        written = lines_in(resumed)
-        assert 100 <= written < len(rows)
-        with resumed.open("ab") as f:  # as a write cut short would leave it
-            f.write(b'{"index":' + str(written).encode() + b',"id":"d')
-        deadline = time.monotonic() + 60
-        while any(is_alive(pid) for pid in supervisors):  # the job's server goes with it
-            assert time.monotonic() < deadline, "the killed job's server is still running"
-            time.sleep(0.1)
-
-        assert uninterrupted.wait(240) == 0, (tmp_path / "whole.err").read_text()
-        done = run_batch(*job, "--output", str(resumed), "--errors", str(errors))
-
-        assert f"resuming after the {written} lines" in done.stderr
-        ours = [json.loads(line) for line in resumed.read_text().splitlines()]
-        reference = [json.loads(line) for line in whole.read_text().splitlines()]
-        assert [(a["index"], a["id"]) for a in ours] == [(i, f"d{i}") for i in range(len(rows))]
-        assert_same_answer(ours, reference)
-        assert ours[300]["error"]["line"] == 301 and "'text' is missing" in ours[300]["error"]["message"]
-        # The bad line listed once, whichever run met it; the uninterrupted job lists it beside its output.
-        listed = [json.loads(line) for line in errors.read_text().splitlines()]
-        assert listed == [json.loads(line) for line in (tmp_path / "whole.errors.jsonl").read_text().splitlines()]
-        assert [(e["line"], e["index"], e["id"]) for e in listed] == [(301, 300, "d300")]
-        assert "'text' is missing" in listed[0]["error"]["message"]
-        if written <= 300:
-            assert f"1 with an error (listed in {errors})" in done.stderr
-        with server.client() as client:
-            http = client.post("/v1/embeddings", json={"input": texts[500:516]}).json()["data"]
-        assert_same_answer(
-            [{"embedding": a["embedding"]} for a in ours[500:516]], [{"embedding": d["embedding"]} for d in http]
-        )
     finally:
-        if uninterrupted.poll() is None:  # the test failed first: its server goes with it, as the killed one's did
-            uninterrupted.kill()
-            uninterrupted.wait(10)
+        if killed.poll() is None:  # the test failed first
+            killed.kill()
+            killed.wait(10)
+    written = lines_in(resumed)
+    assert 100 <= written < len(rows)
+    with resumed.open("ab") as f:  # as a write cut short would leave it
+        f.write(b'{"index":' + str(written).encode() + b',"id":"d')
+    deadline = time.monotonic() + 60
+    while any(is_alive(pid) for pid in supervisors):  # the job's server goes with it
+        assert time.monotonic() < deadline, "the killed job's server is still running"
+        time.sleep(0.1)
+
+    whole = tmp_path / "whole.jsonl"
+    assert run_job(in_process, monkeypatch, *job, "--output", str(whole)) == 0
+    capsys.readouterr()
+    assert run_job(in_process, monkeypatch, *job, "--output", str(resumed), "--errors", str(errors)) == 0
+    said = capsys.readouterr().err
+
+    assert f"resuming after the {written} lines" in said
+    ours = [json.loads(line) for line in resumed.read_text().splitlines()]
+    reference = [json.loads(line) for line in whole.read_text().splitlines()]
+    assert [(a["index"], a["id"]) for a in ours] == [(i, f"d{i}") for i in range(len(rows))]
+    assert_same_answer(ours, reference)
+    assert ours[300]["error"]["line"] == 301 and "'text' is missing" in ours[300]["error"]["message"]
+    # The bad line listed once, whichever run met it; the uninterrupted job lists it beside its output.
+    listed = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert listed == [json.loads(line) for line in (tmp_path / "whole.errors.jsonl").read_text().splitlines()]
+    assert [(e["line"], e["index"], e["id"]) for e in listed] == [(301, 300, "d300")]
+    assert "'text' is missing" in listed[0]["error"]["message"]
+    if written <= 300:
+        assert f"1 with an error (listed in {errors})" in said
+    with server.client() as client:
+        for first in (0, 500):  # a row the killed job's server wrote, and one the resumed job's
+            http = client.post("/v1/embeddings", json={"input": texts[first : first + 16]}).json()["data"]
+            assert_same_answer(
+                [{"embedding": a["embedding"]} for a in ours[first : first + 16]],
+                [{"embedding": d["embedding"]} for d in http],
+            )
 
 
 def lines_in(path: Path) -> int:

@@ -1,6 +1,7 @@
 """Each client address's share of an API server's connections (--max-connections-per-client), on the API server of
 `launch` (stack_server.py: its GatedServer and connection policy, counting by peer address at accept). What needs
-several API servers behind the shared socket: tests/e2e/test_slow_clients.py, tests/e2e/test_connection_spread.py."""
+several API servers behind the shared socket: tests/apiserver/connection/test_fair_accept.py,
+tests/e2e/test_connection_spread.py."""
 
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ def test_a_start_removes_only_the_folders_of_dead_supervisors_and_sigint_stops_a
     stubs: Run, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The start's side of a supervisor killed with SIGKILL (its children gone, its folder left: tests/e2e/
-    test_process_model.py, on a launch): the next start removes that folder, by the PID in its name, and no folder of
+    test_faults.py, on a launch): the next start removes that folder, by the PID in its name, and no folder of
     a process that runs or of no PID at all (what is removed: tests/supervisor/test_runtime_dir.py). Then SIGINT, as
     Ctrl-C in a terminal sends it, stops the server as cleanly as SIGTERM."""
     parent = stubs.folder.parent  # the stubs' TMPDIR: where runtime folders go
