@@ -4,8 +4,9 @@ Eager, a BERT layer runs its feed-forward GELU and its two residual adds as pass
 a parallel region of its own on the engine's threads. With the weights packed (engine_core/packed_linear.py) oneDNN
 applies them as the product is written, as torch's inductor does for a frozen CPU graph: the GELU on the
 intermediate product (a post-op), the residual added to each output product before its LayerNorm (a binary
-post-op). In float32 the answers were the same bits on the bundled MiniLM, and a batch of 16-40 tokens per input
-took 0.87-0.88 of the unfused time on one thread (docs/benchmarks.md, "GELU and residual adds inside the products").
+post-op). In float32 the answers were the same bits on the bundled MiniLM, and a batch took 0.85-0.98 of the
+unfused time in-process (0.85 without padding, 0.94-0.98 for corpus sentences; served, within the noise:
+docs/benchmarks.md, "GELU and residual adds inside the products").
 Not in bfloat16: there oneDNN rounds the product-plus-input once where eager rounds the product and then the sum,
 which moves the vectors ~4e-5 (1 - cos) from the plain bfloat16 model's (a little closer to float32's) for no gain
 shown on this host; the start-up check would refuse it every time.
