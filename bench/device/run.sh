@@ -14,8 +14,10 @@
 #             default "--token-packing on"), one round each; throughput, p99, inputs per pass, ms per pass
 #   cpu       bench.request_cpu on the GPU (float16): CPU per request of each process, one API server, wrk,
 #             64 clients, one sentence and 16 sentences, beside the bare frontend's floor
+#   graphs    MiniLM's float16 forward eager against a CUDA graph's replay, per (batch, length), beside the runner
+#             (bench/device/graphs_trial.py): what CUDA graphs would take off the launch-bound pass
 #   profile[=N:C] py-spy (carried) on the engine (wall and --gil) and an API server of a `--device cuda` server with
-#             N API servers under C wrk clients of (a) (bench/device/profile.py; default 8:256); raw stacks in
+#             N API servers under C wrk clients of (a) (bench/device/engine_profile.py; default 8:256); raw stacks in
 #             $OUT/profile/, each one's top functions printed
 #   serve[=W] bench.sweep on the GPU: workloads W (default a,b,c), 1/2/4/8 API servers, 64 and 256
 #             clients, /health probed throughout; the load generator on the same machine
@@ -123,10 +125,13 @@ print('sentence-transformers', r['dtype'], ' '.join(f\"b{x['batch_size']}={x['se
       --workloads short,batch16 --server-flags "--device cuda --dtype float16" --out "$OUT/request-cpu.json" \
       2>>"$OUT/cpu.log" | tee -a "$OUT/request-cpu.jsonl" || status=1
     ;;
+  graphs)
+    timeout "$(left)" python3 bench/device/graphs_trial.py 2>>"$OUT/graphs.log" | tee -a "$OUT/graphs.jsonl" || status=1
+    ;;
   profile | profile=*)
     spec=8:256
     [[ $stage == profile=* ]] && spec=${stage#profile=}
-    timeout "$(left)" python3 bench/device/profile.py "$OUT/profile" --device cuda --api-servers "${spec%%:*}" \
+    timeout "$(left)" python3 bench/device/engine_profile.py "$OUT/profile" --device cuda --api-servers "${spec%%:*}" \
       --clients "${spec##*:}" 2>>"$OUT/profile.log" || status=1
     ;;
   serve | serve=*)

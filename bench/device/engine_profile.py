@@ -1,14 +1,14 @@
 """Where the engine's time goes under a served load: py-spy on the engine (and one API server) of one server.
 
-    python3 bench/device/profile.py OUT_DIR [--device cuda] [--api-servers 8] [--clients 256] [--workload short]
+    python3 bench/device/engine_profile.py OUT_DIR [--device cuda] [--api-servers 8] [--clients 256] [--workload short]
 
 Starts `launch --device D --api-server-count N`, drives it with bench.wrk_load for the whole run, and records
 py-spy (carried by bench/device/prepare.sh) for 8 s each: the engine's threads as sampled (wall time of every
 thread not idle), the engine holding the GIL only (`--gil`: its Python CPU), and the first API server. Raw
 collapsed stacks land in OUT_DIR as engine-wall.txt, engine-gil.txt and apiserver.txt, with the load's summary in
-load.json; `python3 bench/device/profile.py --summary FILE` prints a profile's top functions, self and cumulative.
-Made for the GPU question of docs/benchmarks.md ("Served on the GPU after the batching fix"): why a served pass takes
-2-3 x the offline one.
+load.json; `python3 bench/device/engine_profile.py --summary FILE` prints a profile's top functions, self and
+cumulative. Made for the GPU question of docs/benchmarks.md ("Served on the GPU after the batching fix"): why a
+served pass takes 2-3 x the offline one.
 """
 
 from __future__ import annotations
