@@ -31,7 +31,7 @@ from transformers import (
 
 from bench.harness.models import TINY, save_with_tokenizer
 from engine_core.load_model import load_model
-from engine_core.packed_encoder import packable, packed_last_hidden_state, packed_logits
+from engine_core.packed_encoder import Grid, length_groups, packable, packed_last_hidden_state, packed_logits
 from engine_core.runner import ClassifierRunner, EmbeddingRunner, TextBatch
 from engine_core.scheduler import Scheduler, WorkItem
 from poolserve.config import Config
@@ -240,3 +240,23 @@ def test_a_packed_runner_s_window_is_filled_to_the_caps_not_cut_by_length() -> N
 
     assert [len(batch) for batch in batches(packed=False)] == [3, 1]
     assert [len(batch) for batch in batches(packed=True)] == [4]
+
+
+def test_inputs_of_unlike_lengths_attend_on_grids_of_their_own_width() -> None:
+    lengths = [12, 3, 47, 20, 33, 9, 61, 28]
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+    grid = Grid(mask, hidden=8, heads=2)
+    groups = length_groups(grid)
+    assert len(groups) > 1
+    rows = torch.cat([rows for rows, _ in groups])
+    assert sorted(rows.tolist()) == list(range(sum(lengths))), "every token in exactly one group"
+    starts = np.cumsum([0, *lengths])
+    for rows, own in groups:
+        members = [i for i in range(len(lengths)) if starts[i] in rows.tolist()]
+        assert own.width == max(lengths[i] for i in members) and own.count == len(members)
+        assert len(rows) == sum(lengths[i] for i in members)
+    # Like lengths share one grid: a second grid would cost more than the padding it saves.
+    alike = torch.arange(30)[None, :] < torch.tensor([30, 29, 28, 30, 27, 30])[:, None]
+    assert len(length_groups(Grid(alike, hidden=8, heads=2))) == 1
+    full = torch.ones(4, 9, dtype=torch.bool)
+    assert len(length_groups(Grid(full, hidden=8, heads=2))) == 1
