@@ -4,7 +4,8 @@ A padded batch of inputs of different lengths spends the linear layers' work (ne
 encoder's compute at embedding lengths) on its padding too. Here every linear layer, layer norm
 and embedding sees the batch's tokens packed end to end, [tokens, hidden]; only attention, which
 must keep each input to its own tokens, runs on the padded grid [inputs, heads, longest, head size]
-with the padding masked out, as the eager model does. Positions are each input's own, computed as
+with the padding masked out, as the eager model does (for BERT-family encoders on a CPU, on a few grids of
+inputs of like lengths: `length_groups`). Positions are each input's own, computed as
 the model computes them on the padded batch: BERT's from 0, RoBERTa's and MPNet's from the padding
 id + 1, MPNet's relative attention bias and ModernBERT's rotary angles and local window on the grid's
 places, which are each input's own. The result is the eager model's last hidden state, padded again
