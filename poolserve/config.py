@@ -607,8 +607,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "Run a BERT model (an embedder, or a cross-encoder/classifier over BERT) on its inputs' real tokens: "
             "its linear layers skip the padding, and batches are filled to their caps instead of cut by length. "
             "auto: on the CPU (32 sentences as they arrive: 0.67 x the padded pass's time, equal outputs; "
-            "docs/benchmarks.md); on: on CUDA too (not measured there); off: the model's own padded forward. "
-            "Other architectures, and late-interaction (ColBERT) models, always run padded.",
+            "docs/benchmarks.md); on: on CUDA too (one H100 run: not yet a default there); off: the model's own "
+            "padded forward. Other architectures, and late-interaction (ColBERT) models, always run padded.",
             per_model=True,
         ),
     ] = "auto"
