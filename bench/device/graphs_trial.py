@@ -51,7 +51,7 @@ def sync(device: torch.device) -> None:
 def captured(model: Any, inputs: dict[str, torch.Tensor]) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
     """The forward captured in a CUDA graph over copies of `inputs`: (replay with these ids, "") or raises."""
     static = {name: tensor.clone() for name, tensor in inputs.items()}
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the default stream, as torch's own recipe for capture says
         for _ in range(3):
