@@ -32,7 +32,7 @@ import torch
 from transformers.activations import GELUActivation
 from transformers.models.bert.modeling_bert import BertIntermediate, BertOutput
 
-from engine_core.packed_linear import MIN_COSINE, PackedLinear, min_cosine
+from engine_core.packed_linear import PackedLinear, why_moved
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +91,7 @@ def fuse_layers_checked(
     undo = fuse_layers(model)
     if not undo:
         return 0
-    try:
-        cosine = min_cosine(before, run())
-        reason = None if cosine >= MIN_COSINE else f"its vectors moved (min cosine {cosine:.6f})"
-    except Exception as exc:
-        reason = f"a fused layer failed ({type(exc).__name__}: {exc})"
+    reason = why_moved(run, before, "a fused layer")
     if reason is None:
         return len(undo)
     for step in undo:

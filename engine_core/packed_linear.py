@@ -100,27 +100,22 @@ def plain_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, to
 
 
 def pack_linears(
-    model: torch.nn.Module,
-    run: Callable[[], npt.NDArray[np.float32]],
-    before: npt.NDArray[np.float32] | None = None,
+    model: torch.nn.Module, run: Callable[[], npt.NDArray[np.float32]], before: npt.NDArray[np.float32]
 ) -> int:
-    """Pack `model`'s linear layers in place where `run` (the model's answer to a few sentences) agrees before and
-    after; the number packed (0 where it was undone). `before`: `run`'s answer before, where the caller has it."""
+    """Pack `model`'s linear layers in place where `run` (the model's answer to a few sentences) still agrees with
+    `before` (its answer unpacked); the number packed (0 where it was undone)."""
     layers = plain_linears(model)
     if not layers:
         return 0
-    if before is None:
-        before = run()
     try:
-        # oneDNN may refuse a precision this CPU lacks (bfloat16 forced without AVX512), or the model's own code
-        # may use a layer's weight itself
+        # oneDNN may refuse a precision this CPU lacks (bfloat16 forced without AVX512)
         for parent, name, linear in layers:
             setattr(parent, name, PackedLinear(linear))
-        after = run()
-        cosine = min_cosine(before, after)
-        reason = None if cosine >= MIN_COSINE else f"its vectors moved (min cosine {cosine:.6f})"
     except Exception as exc:
-        reason = f"a packed layer failed ({type(exc).__name__}: {exc})"
+        reason: str | None = f"a packed layer failed ({type(exc).__name__}: {exc})"
+    else:
+        # or the model's own code may use a layer's weight itself
+        reason = why_moved(run, before, "a packed layer")
     if reason is not None:
         for parent, name, linear in layers:
             setattr(parent, name, linear)
@@ -128,6 +123,16 @@ def pack_linears(
         return 0
     release_file_pages([linear.weight for _, _, linear in layers])
     return len(layers)
+
+
+def why_moved(run: Callable[[], npt.NDArray[np.float32]], before: npt.NDArray[np.float32], changed: str) -> str | None:
+    """None where `run`'s answer agrees with `before` to float32's rounding (MIN_COSINE); else why not. `changed`:
+    what was changed, named where running it failed."""
+    try:
+        cosine = min_cosine(before, run())
+    except Exception as exc:
+        return f"{changed} failed ({type(exc).__name__}: {exc})"
+    return None if cosine >= MIN_COSINE else f"its vectors moved (min cosine {cosine:.6f})"
 
 
 def release_file_pages(weights: list[torch.Tensor]) -> None:

@@ -47,7 +47,7 @@ def packed_model(architecture: str, **extra: object) -> tuple[Any, int]:
     build, pad = ENCODERS[architecture]
     torch.manual_seed(5)
     model = build(**extra).eval()
-    assert pack_linears(model, lambda: np.zeros((1, 1), dtype=np.float32)) > 0
+    assert pack_linears(model, lambda: np.zeros((1, 1), dtype=np.float32), np.zeros((1, 1), dtype=np.float32)) > 0
     return model, pad
 
 
@@ -98,7 +98,7 @@ def test_nothing_is_fused_on_plain_linear_layers_or_in_bfloat16() -> None:
     assert fuse_layers(model) == []
     assert not any(isinstance(module, PackedLinear) for module in model.modules())
     model = build().eval().to(torch.bfloat16)
-    assert pack_linears(model, lambda: np.zeros((1, 1), dtype=np.float32)) > 0
+    assert pack_linears(model, lambda: np.zeros((1, 1), dtype=np.float32), np.zeros((1, 1), dtype=np.float32)) > 0
     assert fuse_layers(model) == []
 
 

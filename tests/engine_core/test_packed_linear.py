@@ -54,7 +54,7 @@ def test_packing_keeps_the_answers_and_counts_the_layers() -> None:
     torch.manual_seed(0)
     model = Tied().eval()
     before = answers_of(model)
-    assert pack_linears(model, lambda: answers_of(model)) == 1
+    assert pack_linears(model, lambda: answers_of(model), before) == 1
     assert isinstance(model.hidden, PackedLinear) and type(model.decoder) is torch.nn.Linear
     np.testing.assert_allclose(answers_of(model), before, atol=1e-6)
 
@@ -68,7 +68,7 @@ class ReadsItsWeight(Tied):
 def test_packing_is_undone_where_a_layer_is_read_directly() -> None:
     model = ReadsItsWeight().eval()
     before = answers_of(model)
-    assert pack_linears(model, lambda: answers_of(model)) == 0
+    assert pack_linears(model, lambda: answers_of(model), before) == 0
     assert type(model.hidden) is torch.nn.Linear
     np.testing.assert_array_equal(answers_of(model), before)
 
@@ -76,7 +76,7 @@ def test_packing_is_undone_where_a_layer_is_read_directly() -> None:
 def test_packing_is_undone_where_the_answers_move() -> None:
     model = Tied().eval()
     calls = iter([np.ones((2, 4), np.float32), np.array([[1, 0, 0, 0], [1, 1, 1, 1]], np.float32)])
-    assert pack_linears(model, lambda: next(calls)) == 0
+    assert pack_linears(model, lambda: next(calls), next(calls)) == 0
     assert type(model.hidden) is torch.nn.Linear
 
 
@@ -119,6 +119,6 @@ def test_packing_is_undone_where_onednn_refuses_a_layer(monkeypatch: pytest.Monk
         raise RuntimeError("this CPU does not support bf16")
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
-    assert pack_linears(model, lambda: answers_of(model)) == 0
+    assert pack_linears(model, lambda: answers_of(model), before) == 0
     assert type(model.hidden) is torch.nn.Linear
     np.testing.assert_array_equal(answers_of(model), before)

@@ -163,16 +163,24 @@ def brute_force_cost(lengths: list[int], overhead: float, max_size: int, max_tok
     return best
 
 
+def cheapest_cut(lengths: list[int], overhead: float, max_size: int, max_tokens: int) -> list[list[WorkItem]]:
+    """The scheduler's batches for one request of these sorted lengths, held to take every input once and to cost
+    what the cheapest cut costs (brute_force_cost)."""
+    scheduler = Scheduler(max_batch_tokens=max_tokens, max_batch_size=max_size, batch_overhead_tokens=overhead)
+    scheduler.add(make_request(0, lengths))
+    batches = scheduler.next_batches()
+    assert sorted(item.length for b in batches for item in b) == lengths
+    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
+    assert cost == pytest.approx(brute_force_cost(lengths, overhead, max_size, max_tokens))
+    return batches
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_batches_are_the_cheapest_cut_of_the_window(seed: int) -> None:
     rng = np.random.default_rng(seed)
     lengths = sorted(int(n) for n in rng.integers(1, 60, size=int(rng.integers(1, 11))))
     overhead = float(rng.choice([0.0, 10.0, 40.0, 120.0]))
-    scheduler = Scheduler(max_batch_tokens=150, max_batch_size=4, batch_overhead_tokens=overhead)
-    scheduler.add(make_request(0, lengths))
-    batches = scheduler.next_batches()
-    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
-    assert cost == pytest.approx(brute_force_cost(lengths, overhead, 4, 150))
+    cheapest_cut(lengths, overhead, 4, 150)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -183,12 +191,7 @@ def test_a_window_whose_padding_costs_about_a_pass_is_cut_as_cheaply_as_any_cut(
     rng = np.random.default_rng(seed)
     lengths = sorted(int(n) for n in rng.integers(1, 30, size=int(rng.integers(2, 9))))
     overhead = len(lengths) * lengths[-1] - sum(lengths) + margin
-    scheduler = Scheduler(max_batch_tokens=400, max_batch_size=8, batch_overhead_tokens=overhead)
-    scheduler.add(make_request(0, lengths))
-    batches = scheduler.next_batches()
-    assert sorted(item.length for b in batches for item in b) == lengths
-    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
-    assert cost == pytest.approx(brute_force_cost(lengths, overhead, 8, 400))
+    batches = cheapest_cut(lengths, overhead, 8, 400)
     if margin > 0:
         assert len(batches) == 1
 
@@ -201,12 +204,7 @@ def test_a_window_within_the_caps_is_cut_at_length_changes_as_cheaply_as_any_cut
     values = rng.integers(1, 40, size=int(rng.integers(1, 5)))
     lengths = sorted(int(n) for n in rng.choice(values, size=int(rng.integers(2, 12))))
     overhead = float(rng.choice([0.0, 1.0, 5.0, 20.0, 60.0]))
-    scheduler = Scheduler(max_batch_tokens=10_000, max_batch_size=64, batch_overhead_tokens=overhead)
-    scheduler.add(make_request(0, lengths))
-    batches = scheduler.next_batches()
-    assert sorted(item.length for b in batches for item in b) == lengths
-    cost = sum(overhead + len(b) * max(item.length for item in b) for b in batches)
-    assert cost == pytest.approx(brute_force_cost(lengths, overhead, 64, 10_000))
+    cheapest_cut(lengths, overhead, 64, 10_000)
 
 
 @pytest.mark.parametrize("seed", range(10))
