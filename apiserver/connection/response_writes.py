@@ -9,11 +9,18 @@ Nothing else changes: every other write goes straight through, and a held head i
 closes (an app that fails after starting its answer sends the head, then the connection ends, as before). A streamed
 answer's head would leave with its first part rather than before it; poolserve streams none. An answer to HEAD has no
 body write to carry its head, so its cycle is not given this view (apiserver/connection/http_protocol.py).
+
+The view reads the cycle's `response_started` through a weak reference: the cycle holds the view (its `transport`),
+and a strong reference back made each request's cycle, its scope, events and buffers (~8 objects) a reference cycle
+that only the cyclic collector could free, after the request's objects had aged into its oldest generation. An API
+server then ran a full collection every ~0.5 s under load, 11-27 ms each with its event loop stopped
+(docs/benchmarks.md, "The API server, step 7"); without the cycle, each request's objects go when it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any, Protocol
 
 
@@ -32,7 +39,7 @@ class ResponseWrites(asyncio.Transport):
     def __init__(self, transport: asyncio.Transport, cycle: Cycle):
         super().__init__()
         self._transport = transport
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
         self._held: bytes | None = None
         self._is_head_seen = False
 
@@ -41,7 +48,7 @@ class ResponseWrites(asyncio.Transport):
         if held is not None:
             self._held = None
             self._transport.writelines((held, data))
-        elif not self._is_head_seen and self._cycle.response_started:
+        elif not self._is_head_seen and self._is_started():
             # uvicorn sets response_started just before it writes the head; a `100 Continue` comes before.
             self._is_head_seen = True
             self._held = bytes(data)
@@ -60,6 +67,10 @@ class ResponseWrites(asyncio.Transport):
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._transport.get_extra_info(name, default)
+
+    def _is_started(self) -> bool:
+        cycle = self._cycle()
+        return cycle is not None and cycle.response_started
 
     def _flush(self) -> None:
         if self._held is not None:
