@@ -135,8 +135,11 @@ class Grid:
         """`attend` with no mask but each input's own tokens, on grids of inputs of like lengths (`length_groups`):
         attention's work grows with the square of the grid's width, and on one grid every input pays the longest's."""
         if self._groups is None:
-            self._groups = length_groups(self)
-        if len(self._groups) == 1:
+            groups = length_groups(self)
+            # One run is this grid itself: kept as none rather than as a reference to itself, a cycle that would
+            # leave each pass's grid and its tensors to the cyclic collector.
+            self._groups = groups if len(groups) > 1 else []
+        if not self._groups:
             return self.attend(query, key, value, self.keys, scale)
         out = query.new_empty(query.shape)
         for rows, grid in self._groups:

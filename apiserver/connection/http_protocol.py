@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,16 +117,20 @@ class ConnectionPolicy:
 
 class ReadingFlowControl(FlowControl):
     """uvicorn's flow control, which also tells the protocol each time reading goes on: uvicorn's
-    receive() calls resume_reading() whenever a route asks for body, paused or not."""
+    receive() calls resume_reading() whenever a route asks for body, paused or not. The protocol's method is held
+    weakly: the protocol holds this flow control, and a strong reference back made each connection a reference cycle
+    that only the cyclic collector frees (tests/in_process/test_reference_cycles.py)."""
 
     def __init__(self, transport: asyncio.Transport, on_resume: Callable[[bool], None]):
         super().__init__(transport)
-        self.on_resume = on_resume
+        self.on_resume = weakref.WeakMethod(on_resume)
 
     def resume_reading(self) -> None:
         was_paused = self.read_paused
         super().resume_reading()
-        self.on_resume(was_paused)
+        on_resume = self.on_resume()
+        if on_resume is not None:
+            on_resume(was_paused)
 
 
 def host_problem(http_version: str, headers: list[tuple[bytes, bytes]]) -> str:
