@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import logging
 import signal
 import socket
@@ -41,6 +40,7 @@ from poolserve.boot import (
     report_boot,
     send_heartbeat,
 )
+from poolserve.collector import settle
 from poolserve.load_board import LoadBoard
 from poolserve.logs import configure_logging
 from poolserve.model_card import ModelCard
@@ -223,10 +223,7 @@ async def serve(
     while not server.started and not serving.done():
         await asyncio.sleep(0.005)
     if server.started:
-        # What start-up built (modules, the app, the tokenizer's wrappers) lives as long as the process: moved out
-        # of the collector's reach, so a full collection walks what requests made, not ~60,000 long-lived objects
-        # (~10 ms each time, a few dozen µs a request under load).
-        gc.freeze()
+        settle()  # the garbage collector (poolserve/collector.py)
         report_boot(spec, BootReport(status="ready"))
     guards = [
         asyncio.create_task(beat(spec)),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ from poolserve.boot import (
     report_boot,
     send_heartbeat,
 )
+from poolserve.collector import settle
 from poolserve.flight_record import flight_record_path
 from poolserve.logs import configure_logging
 from poolserve.metric_files import reserve_metric_files
@@ -101,12 +101,7 @@ def main() -> int:
         report_boot(spec, BootReport(status="failed", message=f"{type(exc).__name__}: {exc}"))
         return EXIT_BOOT_ERROR
 
-    # What start-up built (torch, transformers, the model's modules: ~400,000 objects) lives as long as the process.
-    # Left to the cyclic collector, each full collection walked all of it, ~0.25 s with the GIL held, so a pass and
-    # the I/O thread stopped that long whenever the requests' surviving objects set one off. Collected once here,
-    # so that no garbage of the load is kept, then moved out of the collector's reach (as the API server does).
-    gc.collect()
-    gc.freeze()
+    settle()  # the garbage collector, after the model's load (poolserve/collector.py)
 
     def handle_term(signum: int, frame: FrameType | None) -> None:
         engine.request_exit()
