@@ -70,18 +70,19 @@ def test_answered_requests_leave_no_reference_cycles(server: InProcessServer) ->
 
 
 def open_connections(server: InProcessServer) -> float:
-    """The API server's open connections, the scrape's own among them."""
+    """The API server's open connections, the scrape's own among them (its one at a time)."""
     return value(scrape(server.url), "poolserve_open_connections")
 
 
 def test_closed_connections_leave_no_reference_cycles(server: InProcessServer) -> None:
     """A client without keep-alive (a script, a proxy left at its default) opens a connection a request."""
+    before = open_connections(server)  # other tests' clients may hold some
     with cycles() as found:
         for _ in range(REQUESTS):
             with server.client() as client:
                 post(client, "/v1/embeddings", BODY, headers={"connection": "close"})
         # Closed on the server's side too before the collector looks.
-        assert wait_until(lambda: open_connections(server) == 1, 5), open_connections(server)
+        assert wait_until(lambda: open_connections(server) <= before, 5), (before, open_connections(server))
         left = found()
     assert not left, f"objects freed only by the cyclic collector, by type: {dict(left)}"
 
