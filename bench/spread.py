@@ -28,6 +28,7 @@ from bench.harness.clients import RawClient, RawConnection, prepare_request
 from bench.harness.server_process import start_poolserve
 
 OPEN_CONNECTIONS = re.compile(r"^poolserve_open_connections\{[^}]*\} (\S+)$", re.MULTILINE)
+TAKEOVERS = re.compile(r"^poolserve_accept_takeovers_total\{[^}]*\} (\S+)$", re.MULTILINE)
 DEFAULT_BODY = {"input": "a short query about keep-alive connections"}
 
 
@@ -39,6 +40,9 @@ class SpreadRun:
     requests: dict[str, int] = field(default_factory=dict)
     failures: int = 0
     seconds: float = 0.0
+    # Connections a paused server took because none was taken off the queue for HANDOFF_S
+    # (apiserver/connection/fair_accept.py): the gate choosing latency over balance.
+    takeovers: int = 0
 
     def shares(self, servers: int, of: str) -> list[float]:
         counts = self.connections if of == "connections" else self.requests
@@ -96,11 +100,16 @@ async def run_once(url: str, connections: int, requests: int, body: dict[str, ob
     return run
 
 
-def open_connections_reported(url: str) -> int:
-    """The server's own count of open connections, all API servers together (this scrape's included)."""
+def reported(url: str, samples: re.Pattern[str]) -> int:
+    """A counter or gauge of /metrics summed over its API servers (whichever answers reports them all)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return round(sum(float(match[1]) for match in OPEN_CONNECTIONS.finditer(text)))
+    return round(sum(float(match[1]) for match in samples.finditer(text)))
+
+
+def open_connections_reported(url: str) -> int:
+    """The server's own count of open connections, all API servers together (this scrape's included)."""
+    return reported(url, OPEN_CONNECTIONS)
 
 
 def wait_until_idle(url: str, timeout: float = 10.0) -> None:
@@ -115,7 +124,10 @@ def measure_spread(url: str, *, connections: int = 32, requests: int = 10, runs:
     results = []
     for _ in range(runs):
         wait_until_idle(url)
-        results.append(asyncio.run(run_once(url, connections, requests)))
+        takeovers = reported(url, TAKEOVERS)
+        run = asyncio.run(run_once(url, connections, requests))
+        run.takeovers = reported(url, TAKEOVERS) - takeovers
+        results.append(run)
     return results
 
 
@@ -185,7 +197,7 @@ def describe(run: SpreadRun, servers: int) -> str:
     requests = " / ".join(f"{share:.2f}" for share in run.shares(servers, "requests"))
     return (
         f"connections {connections}   requests {requests}   worst {run.worst_deviation(servers):+.0%}"
-        f"   failures {run.failures}   {run.seconds:.2f}s"
+        f"   takeovers {run.takeovers}   failures {run.failures}   {run.seconds:.2f}s"
     )
 
 
