@@ -13,12 +13,15 @@ from poolserve.collector import YOUNG_THRESHOLD, settle
 
 @pytest.fixture
 def restored() -> Iterator[None]:
-    """The test process's collector as it was, afterwards."""
+    """The test process's collector as it was, afterwards: frozen again if it was (tests/conftest.py settles it)."""
     threshold = gc.get_threshold()
+    was_frozen = gc.get_freeze_count() > 0
     try:
         yield
     finally:
         gc.unfreeze()
+        if was_frozen:
+            gc.freeze()
         gc.set_threshold(*threshold)
 
 
