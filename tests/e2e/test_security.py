@@ -286,7 +286,7 @@ def test_a_big_text_never_holds_the_event_loop_of_its_api_server(server: Poolser
             results: list[httpx.Response] = []
             worst = 0.0
             # The server's pauses are timed, not this process's: a collection of the suite's heap here took up to
-            # 0.8 s before tests/conftest.py settled it, and a young one with finalizers still takes up to ~0.17 s.
+            # 0.8 s before tests/conftest.py settled it, and one of what tests built since takes up to ~0.19 s.
             gc.disable()
             try:
                 sending.start()
