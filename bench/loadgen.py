@@ -176,6 +176,11 @@ async def finish(tasks: list[asyncio.Task[None]], run: Run) -> None:
     while not run.should_stop and any(not t.done() for t in tasks):
         await asyncio.sleep(min(0.05, max(0.0, run.window_end - time.monotonic())))
     _, pending = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S) if tasks else (set(), set())
+    if pending:
+        # A request with no answer DRAIN_TIMEOUT_S after the window closed is a lost one, not a slow one: counted as
+        # an error, so a run that waited it out does not read as a clean run that merely took 30 s longer.
+        run.tally.statuses["unanswered"] += len(pending)
+        print(f"loadgen: {len(pending)} unanswered {DRAIN_TIMEOUT_S:.0f} s after its window", file=sys.stderr)
     for task in pending:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

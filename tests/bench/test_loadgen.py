@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from bench import loadgen
 from bench.harness.clients import RawClient, Reply, prepare_request
 from bench.harness.workloads import build_workload
 from bench.loadgen import Run, run_warnings
@@ -49,3 +52,18 @@ def test_a_run_too_short_or_a_busy_generator_is_flagged() -> None:
     assert run_warnings(1000, 0.2) == []
     assert run_warnings(3, 0.2) == ["few replies (3): lengthen --duration"]
     assert run_warnings(1000, 0.95) == ["generator busy (0.95 of a core)"]
+
+
+def test_a_request_still_unanswered_after_the_drain_is_counted_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One answered at once, one never: the run ends after the drain with the second counted, not left out."""
+    monkeypatch.setattr(loadgen, "DRAIN_TIMEOUT_S", 0.2)
+    run = Run(build_workload("version"), [], warmup=0.0, duration=0.05, limit=0)
+
+    async def drive() -> None:
+        answered = asyncio.create_task(asyncio.sleep(0))
+        lost = asyncio.create_task(asyncio.Event().wait())
+        await loadgen.finish([answered, lost], run)
+        assert lost.cancelled()
+
+    asyncio.run(drive())
+    assert dict(run.tally.statuses) == {"unanswered": 1}
