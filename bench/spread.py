@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,10 +23,9 @@ from dataclasses import asdict, dataclass, field
 import msgspec
 
 from bench.harness.clients import RawClient, RawConnection, prepare_request
+from bench.harness.scrape import scrape, total
 from bench.harness.server_process import start_poolserve
 
-OPEN_CONNECTIONS = re.compile(r"^poolserve_open_connections\{[^}]*\} (\S+)$", re.MULTILINE)
-TAKEOVERS = re.compile(r"^poolserve_accept_takeovers_total\{[^}]*\} (\S+)$", re.MULTILINE)
 DEFAULT_BODY = {"input": "a short query about keep-alive connections"}
 
 
@@ -100,16 +97,14 @@ async def run_once(url: str, connections: int, requests: int, body: dict[str, ob
     return run
 
 
-def reported(url: str, samples: re.Pattern[str]) -> int:
-    """A counter or gauge of /metrics summed over its API servers (whichever answers reports them all)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return round(sum(float(match[1]) for match in samples.finditer(text)))
-
-
 def open_connections_reported(url: str) -> int:
     """The server's own count of open connections, all API servers together (this scrape's included)."""
-    return reported(url, OPEN_CONNECTIONS)
+    return round(total(scrape(url), "poolserve_open_connections"))
+
+
+def takeovers_reported(url: str) -> int:
+    """Connections taken by a paused server after HANDOFF_S, all API servers together, since the server started."""
+    return round(total(scrape(url), "poolserve_accept_takeovers_total"))
 
 
 def wait_until_idle(url: str, timeout: float = 10.0) -> None:
@@ -124,9 +119,9 @@ def measure_spread(url: str, *, connections: int = 32, requests: int = 10, runs:
     results = []
     for _ in range(runs):
         wait_until_idle(url)
-        takeovers = reported(url, TAKEOVERS)
+        takeovers = takeovers_reported(url)
         run = asyncio.run(run_once(url, connections, requests))
-        run.takeovers = reported(url, TAKEOVERS) - takeovers
+        run.takeovers = takeovers_reported(url) - takeovers
         results.append(run)
     return results
 
