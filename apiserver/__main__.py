@@ -10,7 +10,7 @@ from poolserve.metric_files import reserve_metric_files
 
 def main() -> int:
     spec = read_child_spec()
-    exit_with_parent(spec)
+    exit_with_parent(spec.supervisor_pid)
     reserve_metric_files()
     # Imported after: importing the server makes its metrics, which open their files.
     from apiserver.process import run

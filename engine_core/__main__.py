@@ -54,7 +54,7 @@ def yield_cpu(niceness: int) -> None:
 
 def main() -> int:
     spec = read_child_spec()
-    exit_with_parent(spec)
+    exit_with_parent(spec.supervisor_pid)
     # Ctrl-C reaches the whole process group; the supervisor decides when the engine stops,
     # after the API servers have drained.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

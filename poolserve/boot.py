@@ -143,12 +143,12 @@ def send_heartbeat(spec: ChildSpec) -> None:
         os.write(spec.boot_fd, b".")
 
 
-def exit_with_parent(spec: ChildSpec) -> None:
+def exit_with_parent(supervisor_pid: int) -> None:
     """Ask the kernel to SIGTERM this process when the supervisor dies, so no child outlives it."""
     if sys.platform == "linux":
         pr_set_pdeathsig = 1
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != spec.supervisor_pid:
+    if os.getppid() != supervisor_pid:
         # The supervisor died before the request above took effect.
         os._exit(EXIT_BOOT_ERROR)

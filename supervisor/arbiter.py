@@ -27,6 +27,7 @@ from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, Role, child_name
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard, SlotState, Word
 from supervisor.children import CHILD_PROGRAMS, CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
+from supervisor.engine_template import EngineTemplate, become_subreaper, reap_strays
 from supervisor.gpu_placement import PlacedModel, PlacementError, place_engines
 from supervisor.restart_policy import GiveUp, Others, RestartPolicy, TakeOutOfService
 from supervisor.runtime_dir import create_runtime_dir, remove_stale_runtime_dirs, room_shortfall
@@ -100,6 +101,9 @@ class Supervisor:
         self.runtime_dir = ""
         # Each engine's CUDA_VISIBLE_DEVICES (None: the supervisor's), decided at start (supervisor/gpu_placement.py).
         self.engine_gpus: list[str | None] = [None] * self.layout.total
+        self.visible_gpus: list[str] = []
+        # Where engines on the CPU are forked from (supervisor/engine_template.py); None: every engine starts fresh.
+        self.template: EngineTemplate | None = None
         self._announced: set[int] = set()
         self.metrics: ModuleType
         self._signals: deque[int] = deque()
@@ -145,8 +149,9 @@ class Supervisor:
             PlacedModel(model.model_names[0], model.device_kind, model.gpu_indexes, model.engine_count)
             for model in self.models
         ]
+        self.visible_gpus = gpu_names(os.environ.get(CUDA_DEVICES_ENV))
         try:
-            placement = place_engines(placed, gpu_names(os.environ.get(CUDA_DEVICES_ENV)))
+            placement = place_engines(placed, self.visible_gpus)
         except PlacementError as exc:
             raise StartFailed(str(exc)) from None
         self.engine_gpus = placement.gpus
@@ -172,9 +177,10 @@ class Supervisor:
         except OSError as exc:
             raise StartFailed(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from exc
         self.board = LoadBoard.create()
+        self._start_template()
         # All at once: each loads its own copy of the model, and start-up waits for the slowest.
         for index in range(self.layout.total):
-            self.engines[index] = self._spawn("engine", index)
+            self.engines[index] = self._spawn("engine", index, template_wait=config.engine_start_timeout)
         self._await_ready(list(self.engines.values()), config.engine_start_timeout)
         for index in range(self.api_server_count):
             self.api_servers[index] = self._spawn("api", index)
@@ -188,6 +194,23 @@ class Supervisor:
             reports.append(first.message if first else "")
         seconds = time.perf_counter() - started
         print(ready_line(config, bound_port(self.listener), seconds, reports[0], self._others(reports)), flush=True)
+
+    def _runs_on_cpu(self, engine_index: int) -> bool:
+        device = self._model_of(engine_index).device_kind
+        return device == "cpu" or (device == "auto" and not self.visible_gpus)
+
+    def _start_template(self) -> None:
+        """The engine template, where some engine runs on the CPU and runs `python -m engine_core` (not a program
+        given in its stead): it imports while the supervisor goes on, and the first engine waits for it."""
+        if self.programs["engine"] != CHILD_PROGRAMS["engine"]:
+            return
+        if not any(self._runs_on_cpu(index) for index in range(self.layout.total)):
+            return
+        if not become_subreaper():
+            logger.info("engines start as fresh interpreters: this system cannot hand them to the supervisor")
+            return
+        self.template = EngineTemplate(self.config)
+        self.template.start()
 
     def _prepare_metrics(self) -> None:
         """Every process writes its series here; any API server's /metrics reads them all. Set before
@@ -242,6 +265,8 @@ class Supervisor:
             except StopRequested:
                 return EXIT_OK
             self._reap()
+            if self.template is not None:
+                self.template.poll()
             self._check_liveness()
             self._spawn_due()
             self._advance_rolling_restart()
@@ -372,6 +397,8 @@ class Supervisor:
                 self.rolling.remove(child.index)
             self.respawn_at[child.name] = now + delay
             self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
+        if self.template is not None:
+            reap_strays({child.pid for child in self.children} | {self.template.pid})
 
     def _others_serving(self, engine: ChildProcess) -> Others:
         """Who is up (started, not out of service) to serve while this engine cannot: another engine of its own
@@ -488,9 +515,16 @@ class Supervisor:
         for child in self.children:
             if child.is_ready and child.pid not in self._announced:
                 self._announced.add(child.pid)
-                logger.info("%s (pid %d) is ready", child.name, child.pid)
+                forked = (
+                    f", forked from engine-template (pid {self.template.pid})"
+                    if child.is_forked and self.template
+                    else ""
+                )
+                logger.info("%s (pid %d) is ready%s", child.name, child.pid, forked)
 
-    def _spawn(self, role: str, index: int = 0) -> ChildProcess:
+    def _spawn(self, role: str, index: int = 0, *, template_wait: float = 0.0) -> ChildProcess:
+        """`template_wait`: how long an engine waits for a template still importing (at start, as long as it takes;
+        later, not at all: a template that is starting again is of use to the next engine, not to this one)."""
         if role == "engine":
             # The engine has no use for the API key: one process fewer holds it. --protect-metrics goes with
             # it, since the copy is validated again and a protected /metrics without a key is refused.
@@ -506,6 +540,8 @@ class Supervisor:
                 engine_counts=self._engine_counts,
                 gpu=self.engine_gpus[index],
                 program=self.programs["engine"],
+                template=self.template if self._runs_on_cpu(index) else None,
+                template_wait=template_wait,
             )
         else:
             child = spawn_child(
@@ -533,6 +569,8 @@ class Supervisor:
         self._await_exit(api_servers, self.config.shutdown_timeout + 5)
         engines = list(self.engines.values())
         self._stop_group(engines, ENGINE_STOP_TIMEOUT_S)
+        if self.template is not None:
+            self.template.stop()
         for child in [*api_servers, *engines]:
             if child.pipe_fd >= 0:
                 with contextlib.suppress(KeyError, ValueError):

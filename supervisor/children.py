@@ -24,6 +24,7 @@ import msgspec
 from poolserve.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, child_name, encode_child_spec
 from poolserve.config import API_KEY_ENV, Config
 from poolserve.load_board import LoadBoard
+from supervisor.engine_template import AdoptedProcess, EngineTemplate
 
 CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 # The command line each role's children run: a fresh interpreter on the role's package.
@@ -39,7 +40,7 @@ class ChildProcess:
         self,
         role: Role,
         index: int,
-        popen: subprocess.Popen[bytes],
+        popen: subprocess.Popen[bytes] | AdoptedProcess,
         pipe_fd: int,
         board_slot: int = 0,
         *,
@@ -62,6 +63,11 @@ class ChildProcess:
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def is_forked(self) -> bool:
+        """Forked from the engine template (supervisor/engine_template.py), not started as a fresh interpreter."""
+        return isinstance(self.popen, AdoptedProcess)
 
     @property
     def is_ready(self) -> bool:
@@ -138,12 +144,15 @@ def spawn_child(
     engine_counts: list[int] | None = None,
     gpu: str | None = None,
     program: Sequence[str] = (),
+    template: EngineTemplate | None = None,
+    template_wait: float = 0.0,
 ) -> ChildProcess:
     """`models`: every model's Config, for an API server of several; `engine_counts`: each model's engine count,
     with several models (poolserve/boot.py, EngineLayout); `gpu`: an engine's CUDA_VISIBLE_DEVICES (None: the
     supervisor's; supervisor/gpu_placement.py decides it); `program`: the command line it runs, the role's own in
-    CHILD_PROGRAMS unless given. Whatever it runs reads its spec from the environment and reports on the boot pipe
-    (poolserve/boot.py)."""
+    CHILD_PROGRAMS unless given; `template`: an engine template to fork the engine from, waited for at most
+    `template_wait` seconds where it is still importing (the engine starts fresh where it cannot fork). Whatever it
+    runs reads its spec from the environment and reports on the boot pipe (poolserve/boot.py)."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     listen_fd = listener.fileno() if listener is not None else -1
@@ -172,7 +181,11 @@ def spawn_child(
         env[CUDA_DEVICES_ENV] = gpu
     pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
     try:
-        popen = subprocess.Popen([*(program or CHILD_PROGRAMS[role])], env=env, pass_fds=pass_fds)
+        popen: subprocess.Popen[bytes] | AdoptedProcess | None = None
+        if template is not None:
+            popen = template.fork(env, write_fd, wait=template_wait)
+        if popen is None:
+            popen = subprocess.Popen([*(program or CHILD_PROGRAMS[role])], env=env, pass_fds=pass_fds)
     except BaseException:
         os.close(read_fd)
         if board is not None:

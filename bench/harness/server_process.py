@@ -113,8 +113,8 @@ class ServerProcess:
         return child_pids(self.pid)
 
     def child_pid(self, module: str) -> list[int]:
-        """Pids of the children started as `python -m <module>`."""
-        return [pid for pid in self.children() if module in cmdline(pid)]
+        """Pids of the children that run `python -m <module>` (that module, not one inside it)."""
+        return [pid for pid in self.children() if module_of(cmdline(pid)) == module]
 
     def stop(self, grace: float = 30.0) -> None:
         if self.is_stopped:
@@ -290,14 +290,20 @@ def memory_mb(pid: int) -> dict[str, float]:
     return values
 
 
+# Each process by the module its command line runs (an engine forked from the template shows `-m engine_core` too:
+# engine_core/template.py).
+ROLES = {"engine_core": "engine", "engine_core.template": "engine-template", "apiserver": "apiserver",
+         "supervisor": "supervisor"}  # fmt: skip
+
+
+def module_of(command: str) -> str:
+    """The module a `python -m <module> ...` command line runs; "" for another."""
+    words = command.split()
+    return words[words.index("-m") + 1] if "-m" in words[:-1] else ""
+
+
 def role_of(command: str) -> str:
-    if "-m engine_core" in command:
-        return "engine"
-    if "-m apiserver" in command:
-        return "apiserver"
-    if "-m supervisor" in command:
-        return "supervisor"
-    return "other"
+    return ROLES.get(module_of(command), "other")
 
 
 def poolserve_memory(pid: int) -> list[dict[str, object]]:

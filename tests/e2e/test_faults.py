@@ -25,7 +25,7 @@ import pytest
 
 from bench.harness.models import HANG_TOKEN, remote_code_env
 from bench.harness.prober import Prober
-from bench.harness.server_process import PoolserveProcess, child_pids, wait_until
+from bench.harness.server_process import PoolserveProcess, child_pids, cmdline, role_of, wait_until
 from bench.harness.steady_load import SteadyLoad
 from tests.utils import (
     api_server_pids,
@@ -335,6 +335,32 @@ def is_refused(port: int) -> bool:
         return False
 
 
+def test_an_engine_template_that_is_gone_costs_one_fresh_start(small_queue: PoolserveProcess) -> None:
+    """Engines on the CPU are forked from the engine template (engine_core/template.py): a restart is a fork and the
+    model's load, not torch's imports again. With the template killed, the next engine starts as a fresh interpreter,
+    a new template imports meanwhile, and the engine after that is forked from it; requests are served throughout."""
+    server = small_queue
+    (template,) = server.child_pid("engine_core.template")
+    (engine,) = server.child_pid("engine_core")
+    mark = len(server.stderr())
+    os.kill(template, signal.SIGKILL)
+    os.kill(engine, signal.SIGKILL)
+    ready_line_time(server, "engine", engine, timeout=60, since=mark)
+    log = server.stderr()[mark:]
+    assert f"engine-template (pid {template}) exited; the next engine starts as a fresh interpreter" in log, log
+    fresh = re.search(r"engine \(pid (\d+)\) is ready(, forked)?", log)
+    assert fresh is not None and fresh.group(2) is None, log  # a fresh interpreter
+    new = re.compile(r"engine-template \(pid (\d+)\) is ready")
+    assert wait_until(lambda: new.search(server.stderr()[mark:]), 60), server.log()
+    (new_template,) = server.child_pid("engine_core.template")
+    mark = len(server.stderr())
+    os.kill(int(fresh.group(1)), signal.SIGKILL)
+    ready_line_time(server, "engine", int(fresh.group(1)), timeout=60, since=mark)
+    assert f"is ready, forked from engine-template (pid {new_template})" in server.stderr()[mark:], server.log()
+    with server.client() as client:
+        assert client.post("/v1/embeddings", json={"input": "after"}).status_code == 200
+
+
 def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0(
     shared_small_queue: PoolserveProcess,
 ) -> None:
@@ -349,7 +375,8 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
     server = shared_small_queue
     assert wait_until(lambda: is_settled(server, api_servers=2), 60), f"not settled before the test\n{server.log()}"
     children = server.children()
-    assert len(children) == 3
+    # The engine template (engine_core/template.py) beside the engine it forked and the two API servers.
+    assert sorted(role_of(cmdline(pid)) for pid in children) == ["apiserver", "apiserver", "engine", "engine-template"]
     runtime_dirs = {p for pid in children for p in runtime_dirs_of(pid)}
     assert len(runtime_dirs) == 1
     with server.client() as client:

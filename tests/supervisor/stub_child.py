@@ -35,7 +35,7 @@ HEARTBEAT_S = 0.2
 def main() -> None:
     orders = Path(sys.argv[1])
     spec = read_child_spec()
-    exit_with_parent(spec)
+    exit_with_parent(spec.supervisor_pid)
     name, pid = spec.name, os.getpid()
     events = os.open(orders / "events", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 

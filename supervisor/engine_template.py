@@ -1,0 +1,252 @@
+"""The supervisor's side of the engine template (engine_core/template.py): start it, fork engines from it, reap them.
+
+The template saves each engine on the CPU its imports (~4.5-6 s of CPU on a 2-core host), at start and at every
+restart. It is an accelerator only: where it cannot fork (not started yet, failed to import, gone, too slow to
+answer), the engine starts as a fresh interpreter, as it always could. Its engines are adopted by this process (a
+child subreaper, set before the first fork) and are then its children like the others: reaped with waitpid,
+signalled by pid, in the supervisor's process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from poolserve.boot import BootReport
+from poolserve.config import API_KEY_ENV, Config
+from poolserve.engine_template import TEMPLATE_SPEC_ENV, ForkReply, ForkRequest, TemplateSpec
+
+logger = logging.getLogger("poolserve.supervisor")
+
+TEMPLATE_PROGRAM = (sys.executable, "-m", "engine_core.template")
+# A fork and its reply take ~10-50 ms (the page tables of a ~0.5 GB process, copied twice); a template that has not
+# answered by then is taken for broken.
+FORK_TIMEOUT_S = 10.0
+TEMPLATE_STOP_TIMEOUT_S = 2.0
+# A template lost this many times (it exited, or stopped answering) is not started again: engines start fresh.
+MAX_LOSSES = 3
+PR_SET_CHILD_SUBREAPER = 36
+
+_request_encoder = msgspec.json.Encoder()
+_reply_decoder = msgspec.json.Decoder(ForkReply)
+
+
+def become_subreaper() -> bool:
+    """Make this process the one the kernel hands orphaned descendants to (the template's engines among them)."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+def child_pids() -> set[int]:
+    """This process's children, as the kernel lists them (each thread's own)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return pids
+
+
+def reap_strays(known: set[int]) -> None:
+    """Kill and reap the children this process did not start and does not manage: what a dead engine left (orphans
+    come here, to the subreaper), or an engine a template forked after it was given up on. Nothing may outlive its
+    place in the supervisor's books."""
+    for pid in child_pids() - known:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            reaped, _ = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                logger.warning("pid %d, left behind by a process that died, was stopped", pid)
+
+
+class AdoptedProcess:
+    """An engine the template forked and this process adopted: polled, waited for and signalled as a Popen is."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Not this process's child after all: its exit cannot be read here, only that it is gone.
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    self.returncode = 255
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+
+class EngineTemplate:
+    def __init__(self, config: Config):
+        self.config = config
+        self.process: subprocess.Popen[bytes] | None = None
+        self.control: socket.socket | None = None
+        self.pipe_fd = -1
+        self.report: BootReport | None = None
+        self.losses = 0
+        # Why engines no longer come from a template (it could not import, or was lost too often); "" while they do.
+        self.disabled = ""
+        self._buffer = b""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    def start(self) -> None:
+        """Start it importing; the first fork waits for it (wait_ready)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        read_fd, write_fd = os.pipe()
+        spec = TemplateSpec(
+            boot_fd=write_fd,
+            control_fd=theirs.fileno(),
+            supervisor_pid=os.getpid(),
+            log_level=self.config.log_level,
+            log_format=self.config.log_format,
+        )
+        env = dict(os.environ)
+        env.pop(API_KEY_ENV, None)
+        env[TEMPLATE_SPEC_ENV] = msgspec.json.encode(spec).decode()
+        try:
+            self.process = subprocess.Popen(TEMPLATE_PROGRAM, env=env, pass_fds=(write_fd, theirs.fileno()))
+        except OSError as exc:
+            ours.close()
+            os.close(read_fd)
+            self.disabled = f"it could not be started ({exc})"
+            return
+        finally:
+            os.close(write_fd)
+            theirs.close()
+        self.control, self.pipe_fd = ours, read_fd
+        self.report, self._buffer = None, b""
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Read its boot report, waiting at most `timeout` seconds for it; True while it can fork."""
+        deadline = time.monotonic() + timeout
+        while self.report is None and self.pipe_fd >= 0:
+            remaining = deadline - time.monotonic()
+            readable, _, _ = select.select([self.pipe_fd], [], [], max(0.0, remaining))
+            if not readable:
+                if remaining <= 0:
+                    break
+                continue
+            data = os.read(self.pipe_fd, 4096)
+            if not data:
+                self._lose("exited while importing")
+                break
+            self._buffer += data
+            if b"\n" in self._buffer:
+                line = self._buffer.split(b"\n", 1)[0]
+                try:
+                    self.report = msgspec.json.decode(line, type=BootReport)
+                except msgspec.DecodeError:
+                    self.report = BootReport(status="failed", message=f"unreadable boot report {line!r}")
+                if self.report.status == "ready":
+                    logger.info(
+                        "engine-template (pid %d) is ready (%s): engines on the CPU are forked from it",
+                        self.pid,
+                        self.report.message,
+                    )
+                else:
+                    self._close()
+                    self.disabled = self.report.message
+                    logger.warning("engine-template: %s; engines start as fresh interpreters", self.disabled)
+        return self.report is not None and self.report.status == "ready" and not self.disabled
+
+    def poll(self) -> None:
+        """From the supervisor's loop, without waiting: read its boot report when it comes, and replace it when it has
+        died, so that the next engine finds one ready."""
+        if self.disabled or self.process is None:
+            return
+        if self.process.poll() is not None:
+            self._lose("exited")
+        elif self.report is None:
+            self.wait_ready(0)
+
+    def fork(self, env: dict[str, str], boot_fd: int, wait: float = 0.0) -> AdoptedProcess | None:
+        """An engine with this environment and boot pipe, forked and adopted; None where the caller must start it
+        fresh. `wait`: how long to wait for a template still importing."""
+        if self.disabled:
+            return None
+        if self.process is None or self.process.poll() is not None:
+            self._lose("exited")
+            return None
+        if not self.wait_ready(wait) or self.control is None:
+            return None
+        try:
+            socket.send_fds(self.control, [_request_encoder.encode(ForkRequest(env))], [boot_fd])
+            readable, _, _ = select.select([self.control], [], [], FORK_TIMEOUT_S)
+            if not readable:
+                raise TimeoutError(f"no answer in {FORK_TIMEOUT_S:.0f}s")
+            reply = _reply_decoder.decode(self.control.recv(65536))
+        except (OSError, msgspec.DecodeError) as exc:
+            self._lose(f"failed to fork: {exc}")
+            return None
+        if reply.error:
+            logger.warning("engine-template could not fork (%s); the engine starts as a fresh interpreter", reply.error)
+            return None
+        return AdoptedProcess(reply.pid)
+
+    def _lose(self, why: str) -> None:
+        """It is gone or broken: stopped, and started again unless that has happened too often."""
+        why = f"(pid {self.pid}) {why}"
+        self.stop()
+        self.losses += 1
+        if self.losses >= MAX_LOSSES:
+            self.disabled = f"lost {self.losses} times (last: {why})"
+            logger.warning("engine-template %s; engines start as fresh interpreters from now on", self.disabled)
+            return
+        logger.warning("engine-template %s; the next engine starts as a fresh interpreter while a new one imports", why)
+        self.start()
+
+    def _close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.pipe_fd >= 0:
+            os.close(self.pipe_fd)
+            self.pipe_fd = -1
+
+    def stop(self) -> None:
+        """SIGTERM (it holds nothing to drain), then SIGKILL past the timeout."""
+        self._close()
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(TEMPLATE_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
