@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -92,4 +91,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

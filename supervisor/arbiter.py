@@ -180,7 +180,7 @@ class Supervisor:
         self._start_template()
         # All at once: each loads its own copy of the model, and start-up waits for the slowest.
         for index in range(self.layout.total):
-            self.engines[index] = self._spawn("engine", index, template_wait=config.engine_start_timeout)
+            self.engines[index] = self._spawn("engine", index)
         self._await_ready(list(self.engines.values()), config.engine_start_timeout)
         for index in range(self.api_server_count):
             self.api_servers[index] = self._spawn("api", index)
@@ -201,7 +201,8 @@ class Supervisor:
 
     def _start_template(self) -> None:
         """The engine template, where some engine runs on the CPU and runs `python -m engine_core` (not a program
-        given in its stead): it imports while the supervisor goes on, and the first engine waits for it."""
+        given in its stead), waited for: the first engines are forked from it. Where it cannot be had they start
+        fresh, at the same cost as without one."""
         if self.programs["engine"] != CHILD_PROGRAMS["engine"]:
             return
         if not any(self._runs_on_cpu(index) for index in range(self.layout.total)):
@@ -211,6 +212,10 @@ class Supervisor:
             return
         self.template = EngineTemplate(self.config)
         self.template.start()
+        deadline = time.monotonic() + self.config.engine_start_timeout
+        while self.template.is_importing and time.monotonic() < deadline:
+            self.template.wait_ready(0.1)
+            self._dispatch_signals()  # a stop asked for meanwhile is not kept waiting for the imports
 
     def _prepare_metrics(self) -> None:
         """Every process writes its series here; any API server's /metrics reads them all. Set before
@@ -522,9 +527,7 @@ class Supervisor:
                 )
                 logger.info("%s (pid %d) is ready%s", child.name, child.pid, forked)
 
-    def _spawn(self, role: str, index: int = 0, *, template_wait: float = 0.0) -> ChildProcess:
-        """`template_wait`: how long an engine waits for a template still importing (at start, as long as it takes;
-        later, not at all: a template that is starting again is of use to the next engine, not to this one)."""
+    def _spawn(self, role: str, index: int = 0) -> ChildProcess:
         if role == "engine":
             # The engine has no use for the API key: one process fewer holds it. --protect-metrics goes with
             # it, since the copy is validated again and a protected /metrics without a key is refused.
@@ -541,7 +544,6 @@ class Supervisor:
                 gpu=self.engine_gpus[index],
                 program=self.programs["engine"],
                 template=self.template if self._runs_on_cpu(index) else None,
-                template_wait=template_wait,
             )
         else:
             child = spawn_child(

@@ -145,14 +145,13 @@ def spawn_child(
     gpu: str | None = None,
     program: Sequence[str] = (),
     template: EngineTemplate | None = None,
-    template_wait: float = 0.0,
 ) -> ChildProcess:
     """`models`: every model's Config, for an API server of several; `engine_counts`: each model's engine count,
     with several models (poolserve/boot.py, EngineLayout); `gpu`: an engine's CUDA_VISIBLE_DEVICES (None: the
     supervisor's; supervisor/gpu_placement.py decides it); `program`: the command line it runs, the role's own in
-    CHILD_PROGRAMS unless given; `template`: an engine template to fork the engine from, waited for at most
-    `template_wait` seconds where it is still importing (the engine starts fresh where it cannot fork). Whatever it
-    runs reads its spec from the environment and reports on the boot pipe (poolserve/boot.py)."""
+    CHILD_PROGRAMS unless given; `template`: an engine template to fork the engine from (it starts fresh where the
+    template cannot fork). Whatever it runs reads its spec from the environment and reports on the boot pipe
+    (poolserve/boot.py)."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
     listen_fd = listener.fileno() if listener is not None else -1
@@ -183,7 +182,7 @@ def spawn_child(
     try:
         popen: subprocess.Popen[bytes] | AdoptedProcess | None = None
         if template is not None:
-            popen = template.fork(env, write_fd, wait=template_wait)
+            popen = template.fork(env, write_fd)
         if popen is None:
             popen = subprocess.Popen([*(program or CHILD_PROGRAMS[role])], env=env, pass_fds=pass_fds)
     except BaseException:

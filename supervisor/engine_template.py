@@ -124,7 +124,7 @@ class EngineTemplate:
         return self.process.pid if self.process is not None else 0
 
     def start(self) -> None:
-        """Start it importing; the first fork waits for it (wait_ready)."""
+        """Start it importing (the supervisor's start waits for it: wait_ready)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         read_fd, write_fd = os.pipe()
         spec = TemplateSpec(
@@ -193,15 +193,20 @@ class EngineTemplate:
         elif self.report is None:
             self.wait_ready(0)
 
-    def fork(self, env: dict[str, str], boot_fd: int, wait: float = 0.0) -> AdoptedProcess | None:
+    @property
+    def is_importing(self) -> bool:
+        """Started, not yet reported, and not known to be gone."""
+        return not self.disabled and self.report is None and self.pipe_fd >= 0
+
+    def fork(self, env: dict[str, str], boot_fd: int) -> AdoptedProcess | None:
         """An engine with this environment and boot pipe, forked and adopted; None where the caller must start it
-        fresh. `wait`: how long to wait for a template still importing."""
+        fresh (a template still importing included: it is of use to the next engine, not to this one)."""
         if self.disabled:
             return None
         if self.process is None or self.process.poll() is not None:
             self._lose("exited")
             return None
-        if not self.wait_ready(wait) or self.control is None:
+        if not self.wait_ready(0) or self.control is None:
             return None
         try:
             socket.send_fds(self.control, [_request_encoder.encode(ForkRequest(env))], [boot_fd])

@@ -27,7 +27,7 @@ import pytest
 import zmq
 
 from apiserver.connection.auth import OPEN_PATHS
-from bench.harness.server_process import PoolserveProcess, cmdline, memory_mb, wait_until
+from bench.harness.server_process import PoolserveProcess, cmdline, memory_mb, role_of, wait_until
 from poolserve.config import BUNDLED_MODEL_NAME
 from poolserve.protocol import Abort, ClientWire, EngineRequest, Outputs, Ping, Pong, PoolingParams
 from tests.conftest import (
@@ -83,14 +83,20 @@ def test_the_key_is_in_no_command_line_no_log_and_not_in_the_engine(guarded: Poo
         assert client.post("/v1/embeddings", json={"input": "hi"}, headers=bearer()).status_code == 200
         assert client.post("/v1/embeddings", json={"input": "hi"}, headers=bearer("wrong")).status_code == 401
     processes = [guarded.pid, *guarded.children()]
-    assert len(processes) == 3
+    assert sorted(role_of(cmdline(pid)) for pid in processes) == [
+        "apiserver",
+        "engine",
+        "engine-template",
+        "supervisor",
+    ]
     for pid in processes:
         assert KEY not in cmdline(pid)
     everyone = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     assert KEY not in everyone
     assert KEY not in guarded.log()
-    (engine,) = guarded.child_pid("engine_core")
-    assert KEY.encode() not in Path(f"/proc/{engine}/environ").read_bytes()
+    # The engine, and the template it was forked from (engine_core/template.py), never had it in their environment.
+    for pid in (*guarded.child_pid("engine_core"), *guarded.child_pid("engine_core.template")):
+        assert KEY.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
 
 
 # limits ----------------------------------------------------------------------------------------------
