@@ -30,9 +30,10 @@ from poolserve.engine_template import TEMPLATE_SPEC_ENV, ForkReply, ForkRequest,
 logger = logging.getLogger("poolserve.supervisor")
 
 TEMPLATE_PROGRAM = (sys.executable, "-m", "engine_core.template")
-# A fork and its reply take ~10-50 ms (the page tables of a ~0.5 GB process, copied twice); a template that has not
-# answered by then is taken for broken.
-FORK_TIMEOUT_S = 10.0
+# A fork and its reply take ~10-50 ms (the page tables of a ~0.5 GB process, copied twice). The supervisor's loop
+# waits for the answer, so a template that has not answered by then (stopped, stuck) is taken for broken: replaced,
+# and the engine starts fresh.
+FORK_TIMEOUT_S = 3.0
 TEMPLATE_STOP_TIMEOUT_S = 2.0
 # A template lost this many times (it exited, or stopped answering) is not started again: engines start fresh.
 MAX_LOSSES = 3
