@@ -134,7 +134,7 @@ class ServerProcess:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f.name)
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

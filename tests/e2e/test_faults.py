@@ -36,15 +36,6 @@ from tests.utils import (
 )
 
 
-@contextlib.contextmanager
-def launched(*args: str, env: dict[str, str] | None = None) -> Iterator[PoolserveProcess]:
-    server = PoolserveProcess(*args, env=env)
-    try:
-        yield server.wait_ready()
-    finally:
-        server.stop()
-
-
 def faulty(folder: Path) -> tuple[str, ...]:
     """The flags that serve the faulty model (its own code), beside remote_code_env(folder)'s environment."""
     return ("--model", str(folder), "--trust-remote-code")
@@ -117,10 +108,10 @@ def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: Pool
 
 @pytest.fixture(scope="module")
 def shared_faulty_server(faulty_model: Path) -> Iterator[PoolserveProcess]:
-    with launched(
+    with PoolserveProcess(
         *faulty(faulty_model), "--api-server-count", "2", "--worker-timeout", "3", env=remote_code_env(faulty_model)
     ) as server:
-        yield server
+        yield server.wait_ready()
 
 
 @pytest.fixture
@@ -170,11 +161,11 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: Poolserve
 @pytest.fixture(scope="module")
 def shared_small_queue() -> Iterator[PoolserveProcess]:
     """Also the SIGTERM test's launch, which it ends (last of its tests): JSON logs with the access log on."""
-    with launched(
+    with PoolserveProcess(
         "--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5",
         "--log-format", "json", "--access-log",
     ) as server:  # fmt: skip
-        yield server
+        yield server.wait_ready()
 
 
 @pytest.fixture
@@ -465,8 +456,8 @@ def tmpdir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TmpdirSe
         text=True,
     )
     try:
-        with launched("--api-server-count", "1", env={"TMPDIR": str(mount_point)}) as server:
-            yield TmpdirServer(server, mount_point, is_small_tmpfs=mounted.returncode == 0)
+        with PoolserveProcess("--api-server-count", "1", env={"TMPDIR": str(mount_point)}) as server:
+            yield TmpdirServer(server.wait_ready(), mount_point, is_small_tmpfs=mounted.returncode == 0)
     finally:
         if mounted.returncode == 0:
             subprocess.run(["umount", str(mount_point)], check=False)
