@@ -39,10 +39,11 @@ def test_the_catalogue_mixes_every_endpoint_and_size_and_no_two_requests_are_ali
 
 
 def test_a_brief_chaos_soak_answers_every_request_right(tiny_model: Path) -> None:
-    """A few seconds of it: API servers killed, SIGHUP, SIGTTIN/SIGTTOU, SIGSTOP/SIGCONT (an engine kill, a
-    torch import to restart, is left to the long run: bench/chaos_soak.py, docs/benchmarks.md)."""
+    """A few seconds of it: API servers and the engine killed (a restart is a fork of the engine template, no torch
+    import: engine_core/template.py), SIGHUP, SIGTTIN/SIGTTOU, SIGSTOP/SIGCONT."""
     report = run_soak(
-        seconds=8, clients=4, interval=(0.5, 1.0), kinds=("kill-api-server", "sighup", "ttin-ttou", "stop-cont"),
+        seconds=8, clients=4, interval=(0.5, 1.0), kinds=("kill-api-server", "kill-engine", "sighup", "ttin-ttou",
+        "stop-cont"),
         sample_every=1.0, per_kind=4, warm_after=0,
         server_args=("--api-server-count", "2", "--model", str(tiny_model), *FLOAT32_CPU),
     )  # fmt: skip
