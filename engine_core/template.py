@@ -29,13 +29,21 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import msgspec
-from setproctitle import getproctitle, setproctitle
+from setproctitle import setproctitle, setthreadtitle
 
 from poolserve.boot import CHILD_SPEC_ENV, EXIT_BOOT_ERROR, BootReport, ChildSpec, encode_child_spec, exit_with_parent
 from poolserve.collector import settle
-from poolserve.engine_template import MAX_REQUEST_BYTES, ForkReply, ForkRequest, TemplateSpec, read_template_spec
+from poolserve.engine_template import (
+    MAX_REQUEST_BYTES,
+    TEMPLATE_SPEC_ENV,
+    ForkReply,
+    ForkRequest,
+    TemplateSpec,
+    read_template_spec,
+)
 from poolserve.logs import configure_logging
 
 logger = logging.getLogger("poolserve.engine")
@@ -58,6 +66,15 @@ def preload() -> None:
         importlib.import_module(name)
 
 
+# From Python 3.12 os.fork() warns (a DeprecationWarning, shown here since this module is __main__) whenever the
+# process has more than one OS thread. The template's other threads are OpenBLAS's thread servers (numpy's, scipy's):
+# their pthread_atfork handlers stop them before each fork, which is what makes forking this process safe (fork_hazard
+# below checks for Python threads, which have no such handler).
+warnings.filterwarnings(
+    "ignore", message=r".*multi-threaded, use of fork\(\) may lead to deadlocks", category=DeprecationWarning
+)
+
+
 def fork_hazard() -> str:
     """Why forking this process would not be safe, or "" when it is."""
     if threading.active_count() > 1:
@@ -75,9 +92,8 @@ def report(spec: TemplateSpec, boot: BootReport) -> None:
 
 def main() -> int:
     spec = read_template_spec()
-    # setproctitle finds the command line's memory by walking from the environment's, as the process started with it:
-    # it looks now (its first call), since each engine's environment is replaced before the engine takes its title.
-    getproctitle()
+    # What each engine's environment is sent as a difference from (ForkRequest): this one's at start, its spec aside.
+    initial_env = {k: v for k, v in os.environ.items() if k != TEMPLATE_SPEC_ENV}
     exit_with_parent(spec.supervisor_pid)
     # As an engine does: Ctrl-C reaches the whole group, and the supervisor says when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -107,11 +123,12 @@ def main() -> int:
                 os.close(fd)
             reply = ForkReply(error="a malformed request")
         else:
-            reply = fork_engine(_request_decoder.decode(message), fds[0], spec, control)
+            env = _request_decoder.decode(message).applied_to(initial_env)
+            reply = fork_engine(env, fds[0], spec, control)
         control.send(_reply_encoder.encode(reply))
 
 
-def fork_engine(request: ForkRequest, boot_fd: int, spec: TemplateSpec, control: socket.socket) -> ForkReply:
+def fork_engine(env: dict[str, str], boot_fd: int, spec: TemplateSpec, control: socket.socket) -> ForkReply:
     pid_r, pid_w = os.pipe()
     try:
         first = os.fork()
@@ -122,9 +139,17 @@ def fork_engine(request: ForkRequest, boot_fd: int, spec: TemplateSpec, control:
     if first == 0:
         code = 1
         try:
+            # What a fresh engine's command line is, so that `ps` and whatever finds engines by it see one kind of
+            # engine; taken here, so that the engine has it from its first instant. setproctitle finds the command
+            # line's memory by walking from the environment's, which is still the one this process started with.
+            # SPT_NOENV: it leaves the environment's memory as it was (/proc/PID/environ reads it; the title is
+            # shorter than the template's own command line, whose room it takes).
+            os.environ["SPT_NOENV"] = "1"
+            setproctitle(f"{sys.executable} -m engine_core")
+            keep_command_name()
             engine = os.fork()
             if engine == 0:
-                become_engine(request.env, boot_fd, spec.supervisor_pid, (control.fileno(), spec.boot_fd, pid_r, pid_w))
+                become_engine(env, boot_fd, spec.supervisor_pid, (control.fileno(), spec.boot_fd, pid_r, pid_w))
             os.write(pid_w, str(engine).encode())
             code = 0
         finally:
@@ -148,9 +173,17 @@ def describe(status: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
+def keep_command_name() -> None:
+    """setproctitle also renames the process's command name (`comm`, what `ps -C` and `pgrep -x` match) after the
+    title's first 15 bytes; a fresh interpreter's is its executable's name."""
+    setthreadtitle(os.path.basename(sys.executable))
+
+
 def become_engine(env: dict[str, str], boot_fd: int, supervisor_pid: int, template_fds: tuple[int, ...]) -> None:
     """The forked engine: the template's descriptors closed, the engine's environment in place (its spec naming the
-    boot pipe it was handed), handed to the supervisor, then `python -m engine_core`'s main. Never returns."""
+    boot pipe it was handed), handed to the supervisor, then `python -m engine_core`'s main. Never returns: it exits
+    with what `python -m engine_core` would have (EXIT_BOOT_ERROR where it could not become an engine, which halts
+    a start as a failed boot does; 1 for an uncaught exception; a SystemExit's code)."""
     code = EXIT_BOOT_ERROR
     try:
         for fd in template_fds:
@@ -160,18 +193,21 @@ def become_engine(env: dict[str, str], boot_fd: int, supervisor_pid: int, templa
         os.environ.update(env)
         spec = msgspec.json.decode(env[CHILD_SPEC_ENV], type=ChildSpec)
         os.environ[CHILD_SPEC_ENV] = encode_child_spec(msgspec.structs.replace(spec, boot_fd=boot_fd))
-        # What a fresh engine's command line is: `ps`, and whatever finds engines by it, see one kind of engine.
-        setproctitle(f"{sys.executable} -m engine_core")
+        first_parent = os.getppid()
         deadline = time.monotonic() + ADOPTION_TIMEOUT_S
-        while os.getppid() != supervisor_pid:
-            if time.monotonic() > deadline:
-                os._exit(EXIT_BOOT_ERROR)  # no supervisor to hand it to: it died meanwhile
+        while (parent := os.getppid()) != supervisor_pid:
+            if parent != first_parent or time.monotonic() > deadline:
+                # Handed to another process than the supervisor: the supervisor is gone, and so is its engine.
+                code = 1
+                return
             time.sleep(0.001)
         from engine_core.__main__ import exit_now
         from engine_core.__main__ import main as engine_main
 
         code = 1  # from here on, what an uncaught exception in `python -m engine_core` exits with
         exit_now(engine_main())
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -232,6 +232,15 @@ class Supervisor:
             metrics.RESTARTS.labels(process=process)  # a series at 0 from the start, as Prometheus advises
         self.metrics = metrics
 
+    def _reap_strays(self) -> None:
+        """With the engine template, this process is a subreaper: what it is handed and does not manage is stopped
+        (an engine) and reaped (supervisor/engine_template.py); an engine's metric series go with it."""
+        if self.template is None:
+            return
+        for pid in reap_strays({child.pid for child in self.children} | {self.template.pid}):
+            self.metrics.mark_process_dead(pid)
+            self._fold_metric_files(pid)
+
     def _fold_metric_files(self, pid: int) -> None:
         directory = os.environ.get(METRICS_DIR_ENV)
         if not directory:
@@ -249,6 +258,7 @@ class Supervisor:
             self._wait(0.5)
             self._read_pipes()
             self._dispatch_signals()
+            self._reap_strays()
             for child in children:
                 if child.has_failed_boot:
                     raise StartFailed(f"{child.name} failed: {child.boot_report.message}")  # type: ignore[union-attr]
@@ -272,6 +282,7 @@ class Supervisor:
             self._reap()
             if self.template is not None:
                 self.template.poll()
+                self._reap_strays()
             self._check_liveness()
             self._spawn_due()
             self._advance_rolling_restart()
@@ -402,8 +413,6 @@ class Supervisor:
                 self.rolling.remove(child.index)
             self.respawn_at[child.name] = now + delay
             self.metrics.RESTARTS.labels(process="engine" if child.role == "engine" else "api_server").inc()
-        if self.template is not None:
-            reap_strays({child.pid for child in self.children} | {self.template.pid})
 
     def _others_serving(self, engine: ChildProcess) -> Others:
         """Who is up (started, not out of service) to serve while this engine cannot: another engine of its own

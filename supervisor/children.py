@@ -152,38 +152,51 @@ def spawn_child(
     CHILD_PROGRAMS unless given; `template`: an engine template to fork the engine from (it starts fresh where the
     template cannot fork). Whatever it runs reads its spec from the environment and reports on the boot pipe
     (poolserve/boot.py)."""
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
     listen_fd = listener.fileno() if listener is not None else -1
     board_slot = board.claim_slot() if board is not None else 0
-    spec = ChildSpec(
-        role=role,
-        config=config,
-        runtime_dir=runtime_dir,
-        boot_fd=write_fd,
-        supervisor_pid=os.getpid(),
-        index=index,
-        listen_fd=listen_fd,
-        board_fd=board.fd if board is not None else -1,
-        board_slot=board_slot,
-        models=models or [],
-        engine_counts=engine_counts or [],
-    )
-    env = dict(os.environ)
-    # The key reaches the API servers inside their spec; the variable it came from goes to no child.
-    env.pop(API_KEY_ENV, None)
-    env[CHILD_SPEC_ENV] = encode_child_spec(spec)
-    if role == "api":
-        # One tokenizer thread per API server: parallelism comes from running N of them.
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    elif gpu is not None:
-        env[CUDA_DEVICES_ENV] = gpu
-    pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
+
+    def boot_pipe() -> tuple[int, int, ChildSpec, dict[str, str]]:
+        """A new boot pipe (its read end, its write end), and the spec and environment that name it."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        spec = ChildSpec(
+            role=role,
+            config=config,
+            runtime_dir=runtime_dir,
+            boot_fd=write_fd,
+            supervisor_pid=os.getpid(),
+            index=index,
+            listen_fd=listen_fd,
+            board_fd=board.fd if board is not None else -1,
+            board_slot=board_slot,
+            models=models or [],
+            engine_counts=engine_counts or [],
+        )
+        env = dict(os.environ)
+        # The key reaches the API servers inside their spec; the variable it came from goes to no child.
+        env.pop(API_KEY_ENV, None)
+        env[CHILD_SPEC_ENV] = encode_child_spec(spec)
+        if role == "api":
+            # One tokenizer thread per API server: parallelism comes from running N of them.
+            env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        elif gpu is not None:
+            env[CUDA_DEVICES_ENV] = gpu
+        return read_fd, write_fd, spec, env
+
+    read_fd, write_fd, spec, env = boot_pipe()
     try:
         popen: subprocess.Popen[bytes] | AdoptedProcess | None = None
         if template is not None:
             popen = template.fork(env, write_fd)
+            if popen is None:
+                # A fork the template answered too late (or not at all) may still become an engine: that one keeps
+                # this pipe, which nobody reads, and the supervisor stops it (reap_strays). This engine's reports
+                # come on a pipe of its own.
+                os.close(read_fd)
+                os.close(write_fd)
+                read_fd, write_fd, spec, env = boot_pipe()
         if popen is None:
+            pass_fds = tuple(fd for fd in (write_fd, listen_fd, spec.board_fd) if fd >= 0)
             popen = subprocess.Popen([*(program or CHILD_PROGRAMS[role])], env=env, pass_fds=pass_fds)
     except BaseException:
         os.close(read_fd)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import select
@@ -34,7 +35,6 @@ TEMPLATE_PROGRAM = (sys.executable, "-m", "engine_core.template")
 # waits for the answer, so a template that has not answered by then (stopped, stuck) is taken for broken: replaced,
 # and the engine starts fresh.
 FORK_TIMEOUT_S = 3.0
-TEMPLATE_STOP_TIMEOUT_S = 2.0
 # A template lost this many times (it exited, or stopped answering) is not started again: engines start fresh.
 MAX_LOSSES = 3
 PR_SET_CHILD_SUBREAPER = 36
@@ -60,17 +60,38 @@ def child_pids() -> set[int]:
     return pids
 
 
-def reap_strays(known: set[int]) -> None:
-    """Kill and reap the children this process did not start and does not manage: what a dead engine left (orphans
-    come here, to the subreaper), or an engine a template forked after it was given up on. Nothing may outlive its
-    place in the supervisor's books."""
+def runs_engine_code(pid: int) -> bool:
+    """Whether `pid` runs `python -m engine_core` or `-m engine_core.template` (an engine, or a first child of the
+    template about to fork one)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
+    except OSError:
+        return False
+    return b"-m" in words[:-1] and words[words.index(b"-m") + 1] in (b"engine_core", b"engine_core.template")
+
+
+def reap_strays(known: set[int]) -> list[int]:
+    """The children this process did not start and does not manage, which the kernel hands it as a subreaper: an
+    engine a template forked after it was given up on (it would take its place's socket) is killed; whatever has
+    exited is reaped, so no zombie stays. Other orphans (what a dead engine left running) are left to end on their
+    own. Returns the pids reaped."""
     for pid in child_pids() - known:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            reaped, _ = os.waitpid(pid, os.WNOHANG)
-            if reaped:
-                logger.warning("pid %d, left behind by a process that died, was stopped", pid)
+        if runs_engine_code(pid):
+            logger.warning("pid %d, an engine the supervisor gave up on, is stopped", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    reaped: list[int] = []
+    while True:
+        try:
+            # Looked at, not reaped: an exited child this process knows is reaped where it is known (its Popen).
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break
+        if exited is None or exited.si_pid in known:
+            break
+        os.waitpid(exited.si_pid, 0)
+        reaped.append(exited.si_pid)
+    return reaped
 
 
 class AdoptedProcess:
@@ -116,6 +137,7 @@ class EngineTemplate:
         self.pipe_fd = -1
         self.report: BootReport | None = None
         self.losses = 0
+        self.base_env: dict[str, str] = {}
         # Why engines no longer come from a template (it could not import, or was lost too often); "" while they do.
         self.disabled = ""
         self._buffer = b""
@@ -137,6 +159,8 @@ class EngineTemplate:
         )
         env = dict(os.environ)
         env.pop(API_KEY_ENV, None)
+        # What each engine's environment is sent as a difference from (ForkRequest).
+        self.base_env = dict(env)
         env[TEMPLATE_SPEC_ENV] = msgspec.json.encode(spec).decode()
         try:
             self.process = subprocess.Popen(TEMPLATE_PROGRAM, env=env, pass_fds=(write_fd, theirs.fileno()))
@@ -179,7 +203,7 @@ class EngineTemplate:
                         self.report.message,
                     )
                 else:
-                    self._close()
+                    self.stop()  # reaped: it exits after a failed report
                     self.disabled = self.report.message
                     logger.warning("engine-template: %s; engines start as fresh interpreters", self.disabled)
         return self.report is not None and self.report.status == "ready" and not self.disabled
@@ -209,8 +233,17 @@ class EngineTemplate:
             return None
         if not self.wait_ready(0) or self.control is None:
             return None
+        request = _request_encoder.encode(ForkRequest.between(self.base_env, env))
         try:
-            socket.send_fds(self.control, [_request_encoder.encode(ForkRequest(env))], [boot_fd])
+            socket.send_fds(self.control, [request], [boot_fd])
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:  # this engine's environment, not the template, is at fault
+                logger.warning("engine-template: an environment of %d bytes does not fit; the engine starts fresh",
+                               len(request))  # fmt: skip
+                return None
+            self._lose(f"failed to fork: {exc}")
+            return None
+        try:
             readable, _, _ = select.select([self.control], [], [], FORK_TIMEOUT_S)
             if not readable:
                 raise TimeoutError(f"no answer in {FORK_TIMEOUT_S:.0f}s")
@@ -244,15 +277,11 @@ class EngineTemplate:
             self.pipe_fd = -1
 
     def stop(self) -> None:
-        """SIGTERM (it holds nothing to drain), then SIGKILL past the timeout."""
+        """Killed at once: it holds nothing to finish or drain, and one that is stuck or stopped (SIGSTOP) would keep
+        a SIGTERM waiting while the supervisor's loop waits for it."""
         self._close()
         process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(TEMPLATE_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
                 process.kill()
-                process.wait()
+            process.wait()

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from poolserve.engine_template import ForkRequest
 from supervisor.engine_template import AdoptedProcess
 
 
@@ -39,39 +40,61 @@ def test_an_adopted_process_is_polled_waited_for_and_signalled_as_a_popen_is() -
     assert spawned("sh", "-c", "exit 7").wait(10) == 7
 
 
-def test_what_a_dead_process_leaves_to_the_supervisor_is_stopped_and_reaped() -> None:
-    """In a process of its own, which becomes a subreaper as the supervisor does: a child forks a grandchild and
-    exits, the grandchild comes to the subreaper, and reap_strays stops it unless it is one the caller knows."""
+def test_an_engine_handed_to_the_supervisor_is_stopped_and_any_other_orphan_reaped_once_it_exits() -> None:
+    """In a process of its own, which becomes a subreaper as the supervisor does: children fork grandchildren and
+    exit, the grandchildren come to the subreaper. One runs `python -m engine_core` (as a fork the template answered
+    too late would): reap_strays stops it unless the caller knows it. The other, anything else, is left to run, and
+    reaped once it has exited (no zombie stays)."""
     script = textwrap.dedent(
         """
-        import os, time
+        import os, sys, time
+        from setproctitle import setproctitle
         from supervisor.engine_template import become_subreaper, child_pids, reap_strays
 
-        assert become_subreaper()
-        r, w = os.pipe()
-        middle = os.fork()
-        if middle == 0:
-            orphan = os.fork()
-            if orphan == 0:
-                time.sleep(60)
+        def orphan(title, seconds):
+            r, w = os.pipe()
+            middle = os.fork()
+            if middle == 0:
+                pid = os.fork()
+                if pid == 0:
+                    if title:
+                        setproctitle(title)
+                    time.sleep(seconds)
+                    os._exit(0)
+                os.write(w, str(pid).encode())
                 os._exit(0)
-            os.write(w, str(orphan).encode())
-            os._exit(0)
-        os.waitpid(middle, 0)
-        orphan = int(os.read(r, 32))
-        assert orphan in child_pids(), "the orphan was not handed to this process"
-        reap_strays({orphan})
+            os.waitpid(middle, 0)
+            return int(os.read(r, 32))
+
+        def until(condition):
+            deadline = time.monotonic() + 10
+            while not condition() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return condition()
+
+        assert become_subreaper()
+        engine = orphan(f"{sys.executable} -m engine_core", 60)
+        other = orphan("", 1)
+        assert {engine, other} <= child_pids(), "the orphans were not handed to this process"
+        assert until(lambda: open(f"/proc/{engine}/cmdline").read().startswith(sys.executable))
+        assert reap_strays({engine}) == []
         time.sleep(0.2)
-        assert orphan in child_pids(), "a known child was stopped"
-        reap_strays(set())
-        deadline = time.monotonic() + 10
-        while orphan in child_pids() and time.monotonic() < deadline:
-            time.sleep(0.01)
-            reap_strays(set())
-        assert orphan not in child_pids(), "the stray is still there"
+        assert {engine, other} <= child_pids(), "a known child, or one that is no engine, was stopped"
+        reaped = []
+        assert until(lambda: reaped.extend(reap_strays(set())) or {engine, other} <= set(reaped)), reaped
+        assert not {engine, other} & child_pids()
         print("stopped")
         """
     )
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr
-    assert "left behind by a process that died, was stopped" in done.stderr
+    assert "an engine the supervisor gave up on, is stopped" in done.stderr
+
+
+def test_an_engines_environment_travels_as_its_difference_from_the_templates() -> None:
+    """A datagram is bounded by the socket's buffer; a pod's whole environment can come near it, the difference not."""
+    base = {"PATH": "/bin", "HOME": "/root", "GONE": "x"}
+    env = {"PATH": "/bin", "HOME": "/home/poolserve", "POOLSERVE_CHILD_SPEC": "{}"}
+    request = ForkRequest.between(base, env)
+    assert request.set == {"HOME": "/home/poolserve", "POOLSERVE_CHILD_SPEC": "{}"} and request.unset == ["GONE"]
+    assert request.applied_to(base) == env
