@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -130,8 +131,10 @@ class AdoptedProcess:
 
 
 class EngineTemplate:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, program: Sequence[str] = TEMPLATE_PROGRAM):
+        """`program`: the command line it runs (what reads a TemplateSpec and answers ForkRequests)."""
         self.config = config
+        self.program = tuple(program)
         self.process: subprocess.Popen[bytes] | None = None
         self.control: socket.socket | None = None
         self.pipe_fd = -1
@@ -163,7 +166,7 @@ class EngineTemplate:
         self.base_env = dict(env)
         env[TEMPLATE_SPEC_ENV] = msgspec.json.encode(spec).decode()
         try:
-            self.process = subprocess.Popen(TEMPLATE_PROGRAM, env=env, pass_fds=(write_fd, theirs.fileno()))
+            self.process = subprocess.Popen(self.program, env=env, pass_fds=(write_fd, theirs.fileno()))
         except OSError as exc:
             ours.close()
             os.close(read_fd)

@@ -11,11 +11,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from poolserve.config import Config
 from poolserve.engine_template import ForkRequest
-from supervisor.engine_template import AdoptedProcess
+from supervisor.engine_template import MAX_LOSSES, AdoptedProcess, EngineTemplate
 
 
 def spawned(*argv: str) -> AdoptedProcess:
@@ -98,3 +101,73 @@ def test_an_engines_environment_travels_as_its_difference_from_the_templates() -
     request = ForkRequest.between(base, env)
     assert request.set == {"HOME": "/home/poolserve", "POOLSERVE_CHILD_SPEC": "{}"} and request.unset == ["GONE"]
     assert request.applied_to(base) == env
+
+
+STUB_TEMPLATE = str(Path(__file__).with_name("stub_template.py"))
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def stub_template(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], EngineTemplate]]:
+    """An EngineTemplate on tests/supervisor/stub_template.py in one of its modes, stopped after the test."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    started: list[EngineTemplate] = []
+
+    def start(mode: str) -> EngineTemplate:
+        template = EngineTemplate(Config(), program=(sys.executable, STUB_TEMPLATE, mode))
+        template.start()
+        started.append(template)
+        return template
+
+    yield start
+    for template in started:
+        template.stop()
+
+
+def is_gone(pid: int) -> bool:
+    """Exited and reaped: no zombie left (a zombie still has its /proc entry)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_a_template_that_cannot_import_is_reaped_and_engines_start_fresh(
+    stub_template: Callable[[str], EngineTemplate],
+) -> None:
+    template = stub_template("fail")
+    pid = template.pid
+    assert not template.wait_ready(30)
+    assert template.disabled == "stub cannot import"
+    assert is_gone(pid)
+    read_fd, write_fd = os.pipe()
+    try:
+        assert template.fork({}, write_fd) is None
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_a_fork_the_template_refuses_starts_that_engine_fresh_and_keeps_the_template(
+    stub_template: Callable[[str], EngineTemplate],
+) -> None:
+    template = stub_template("refuse")
+    assert template.wait_ready(30)
+    read_fd, write_fd = os.pipe()
+    try:
+        assert template.fork(dict(os.environ), write_fd) is None
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    assert template.losses == 0 and not template.disabled and template.process is not None
+
+
+def test_a_template_that_dies_is_replaced_until_it_has_died_three_times(
+    stub_template: Callable[[str], EngineTemplate],
+) -> None:
+    template = stub_template("vanish")
+    pids = []
+    for _ in range(MAX_LOSSES):
+        assert template.wait_ready(30)
+        pids.append(template.pid)
+        assert template.process is not None and template.process.wait(10) == 0
+        template.poll()
+    assert template.losses == MAX_LOSSES and template.disabled.startswith(f"lost {MAX_LOSSES} times")
+    assert len(set(pids)) == MAX_LOSSES and all(map(is_gone, pids))
