@@ -13,7 +13,8 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >>"$exclude"
 rm -rf .device && mkdir -p .device/wheels
 packages="py-spy uvicorn starlette pyzmq msgspec orjson httptools websockets watchfiles python-dotenv openai distro jiter
-  pydantic pydantic-core annotated-types typing-inspection sniffio httpx2 httpcore2 truststore typing-extensions anyio"
+  pydantic pydantic-core annotated-types typing-inspection sniffio httpx2 httpcore2 truststore typing-extensions anyio
+  setproctitle"
 pins=$($PY - $packages <<'PYTHON'
 import importlib.metadata, sys
 

@@ -14,6 +14,9 @@
 #             default "--token-packing on"), one round each; throughput, p99, inputs per pass, ms per pass
 #   cpu       bench.request_cpu on the GPU (float16): CPU per request of each process, one API server, wrk,
 #             64 clients, one sentence and 16 sentences, beside the bare frontend's floor
+#   restart   bench.engine_restart, 3 kills of the engine, --device cuda (spawned fresh) then cpu (forked from the
+#             engine template): how long the model is away, the figure that decides whether CUDA engines should
+#             come from the template too (docs/operations.md, "The engine template")
 #   graphs    MiniLM's float16 forward eager against a CUDA graph's replay, per (batch, length), beside the runner
 #             (bench/device/graphs_trial.py): what CUDA graphs would take off the launch-bound pass
 #   profile[=N:C] py-spy (carried) on the engine (wall and --gil) and an API server of a `--device cuda` server with
@@ -124,6 +127,14 @@ print('sentence-transformers', r['dtype'], ' '.join(f\"b{x['batch_size']}={x['se
     timeout "$(left)" python3 -m bench.request_cpu --model bundled --generator wrk_load --clients 64 --seconds 6 \
       --workloads short,batch16 --server-flags "--device cuda --dtype float16" --out "$OUT/request-cpu.json" \
       2>>"$OUT/cpu.log" | tee -a "$OUT/request-cpu.jsonl" || status=1
+    ;;
+  restart)
+    for device in cuda cpu; do
+      timeout "$(left)" python3 -m bench.engine_restart --kills 3 --out "$OUT/restart-$device.json" -- --device "$device" \
+        >/dev/null 2>>"$OUT/restart.log" || status=1
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], 'median ready_s', r['median_ready_s'], [(k['ready_s'], k['forked']) for k in r['kills']])" \
+        "$OUT/restart-$device.json" "$device" 2>/dev/null
+    done
     ;;
   graphs)
     timeout "$(left)" python3 bench/device/graphs_trial.py 2>>"$OUT/graphs.log" | tee -a "$OUT/graphs.jsonl" || status=1
