@@ -34,7 +34,16 @@ import warnings
 import msgspec
 from setproctitle import setproctitle, setthreadtitle
 
-from poolserve.boot import CHILD_SPEC_ENV, EXIT_BOOT_ERROR, BootReport, ChildSpec, encode_child_spec, exit_with_parent
+from poolserve.boot import (
+    CHILD_SPEC_ENV,
+    EXIT_BOOT_ERROR,
+    BootReport,
+    ChildSpec,
+    describe_exit,
+    encode_child_spec,
+    exit_with_parent,
+    write_boot_report,
+)
 from poolserve.collector import settle
 from poolserve.engine_template import (
     MAX_REQUEST_BYTES,
@@ -85,11 +94,6 @@ def fork_hazard() -> str:
     return ""
 
 
-def report(spec: TemplateSpec, boot: BootReport) -> None:
-    with contextlib.suppress(OSError):
-        os.write(spec.boot_fd, msgspec.json.encode(boot) + b"\n")
-
-
 def main() -> int:
     spec = read_template_spec()
     # What each engine's environment is sent as a difference from (ForkRequest): this one's at start, its spec aside.
@@ -102,14 +106,16 @@ def main() -> int:
     try:
         preload()
     except Exception as exc:
-        report(spec, BootReport(status="failed", message=f"cannot import the engine: {exc}"))
+        write_boot_report(spec.boot_fd, BootReport(status="failed", message=f"cannot import the engine: {exc}"))
         return EXIT_BOOT_ERROR
     hazard = fork_hazard()
     if hazard:
-        report(spec, BootReport(status="failed", message=f"not safe to fork: {hazard}"))
+        write_boot_report(spec.boot_fd, BootReport(status="failed", message=f"not safe to fork: {hazard}"))
         return EXIT_BOOT_ERROR
     settle()  # what the imports left is collected and frozen once, here, rather than in every engine
-    report(spec, BootReport(status="ready", message=f"imported in {time.perf_counter() - started:.1f}s"))
+    write_boot_report(
+        spec.boot_fd, BootReport(status="ready", message=f"imported in {time.perf_counter() - started:.1f}s")
+    )
     control = socket.socket(fileno=spec.control_fd)
     while True:
         try:
@@ -163,14 +169,9 @@ def fork_engine(env: dict[str, str], boot_fd: int, spec: TemplateSpec, control: 
         written = os.read(pid_r, 32)
     os.close(pid_r)
     if os.waitstatus_to_exitcode(status) != 0 or not written:
-        logger.error("could not fork an engine (the first child %s)", describe(status))
+        logger.error("could not fork an engine (the first child %s)", describe_exit(os.waitstatus_to_exitcode(status)))
         return ForkReply(error="the engine could not be forked")
     return ForkReply(pid=int(written))
-
-
-def describe(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
 def keep_command_name() -> None:

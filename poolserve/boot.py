@@ -130,11 +130,32 @@ def report_boot(spec: ChildSpec, report: BootReport) -> None:
     """Write one report to the supervisor; a supervisor that is gone is not an error here.
 
     The pipe stays open after `ready`: heartbeats follow on it, one byte each."""
+    write_boot_report(spec.boot_fd, report)
+
+
+def write_boot_report(boot_fd: int, report: BootReport) -> None:
+    """report_boot's write, for a process with a boot pipe and no ChildSpec (the engine template)."""
     with contextlib.suppress(OSError):
-        os.write(spec.boot_fd, msgspec.json.encode(report) + b"\n")
+        os.write(boot_fd, msgspec.json.encode(report) + b"\n")
     with contextlib.suppress(OSError):
         # Heartbeats must never block the process that beats.
-        os.set_blocking(spec.boot_fd, False)
+        os.set_blocking(boot_fd, False)
+
+
+def decode_boot_report(line: bytes) -> BootReport:
+    """The supervisor's reading of a boot report line; one it cannot read is a failed boot."""
+    try:
+        return msgspec.json.decode(line, type=BootReport)
+    except msgspec.DecodeError:
+        return BootReport(status="failed", message=f"unreadable boot report {line!r}")
+
+
+def describe_exit(code: int) -> str:
+    """A child's exit as the logs say it, from Popen's returncode (negative: the signal that killed it)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def send_heartbeat(spec: ChildSpec) -> None:

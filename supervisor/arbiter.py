@@ -23,7 +23,7 @@ from types import FrameType, ModuleType
 
 import msgspec
 
-from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, Role, child_name
+from poolserve.boot import EXIT_BOOT_ERROR, EngineLayout, Role, child_name, describe_exit
 from poolserve.config import Config
 from poolserve.load_board import LoadBoard, SlotState, Word
 from supervisor.children import CHILD_PROGRAMS, CUDA_DEVICES_ENV, ChildProcess, gpu_names, spawn_child
@@ -264,7 +264,7 @@ class Supervisor:
                     raise StartFailed(f"{child.name} failed: {child.boot_report.message}")  # type: ignore[union-attr]
                 code = child.poll()
                 if code is not None and not child.is_ready:
-                    raise StartFailed(f"{child.name} (pid {child.pid}) {child.describe_exit(code)} while starting")
+                    raise StartFailed(f"{child.name} (pid {child.pid}) {describe_exit(code)} while starting")
             if time.monotonic() > deadline:
                 names = ", ".join(child.name for child in children if not child.is_ready)
                 raise StartFailed(f"{names} not ready after {timeout:.0f}s")
@@ -388,7 +388,7 @@ class Supervisor:
             if isinstance(decision, GiveUp):
                 raise GaveUp(
                     f"{child.name} stopped unexpectedly {decision.crashes} times within "
-                    f"{self.restart_policy.window:.0f}s (last: pid {child.pid} {child.describe_exit(code)})"
+                    f"{self.restart_policy.window:.0f}s (last: pid {child.pid} {describe_exit(code)})"
                 )
             delay, crashes = decision
             consequence = ""
@@ -405,7 +405,7 @@ class Supervisor:
                 "%s (pid %d) %s; restarting it%s%s",
                 child.name,
                 child.pid,
-                child.describe_exit(code),
+                describe_exit(code),
                 f" in {delay:.1f}s (crash {crashes} within {self.restart_policy.window:.0f}s)" if delay else "",
                 consequence,
             )
@@ -437,7 +437,7 @@ class Supervisor:
         start; the API servers send it nothing meanwhile (no link answers), so the service goes on."""
         logger.error(
             "%s (pid %d) %s: %d crashes within %.0fs; taken out of service for %.0fs %s",
-            child.name, child.pid, child.describe_exit(code), decision.crashes, self.restart_policy.window,
+            child.name, child.pid, describe_exit(code), decision.crashes, self.restart_policy.window,
             decision.seconds, meanwhile,
         )  # fmt: skip
         self.crashes[child.name] = []
@@ -529,11 +529,7 @@ class Supervisor:
         for child in self.children:
             if child.is_ready and child.pid not in self._announced:
                 self._announced.add(child.pid)
-                forked = (
-                    f", forked from engine-template (pid {self.template.pid})"
-                    if child.is_forked and self.template
-                    else ""
-                )
+                forked = f", forked from engine-template (pid {child.forked_by})" if child.forked_by else ""
                 logger.info("%s (pid %d) is ready%s", child.name, child.pid, forked)
 
     def _spawn(self, role: str, index: int = 0) -> ChildProcess:

@@ -19,9 +19,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-import msgspec
-
-from poolserve.boot import CHILD_SPEC_ENV, BootReport, ChildSpec, Role, child_name, encode_child_spec
+from poolserve.boot import (
+    CHILD_SPEC_ENV,
+    BootReport,
+    ChildSpec,
+    Role,
+    child_name,
+    decode_boot_report,
+    encode_child_spec,
+)
 from poolserve.config import API_KEY_ENV, Config
 from poolserve.load_board import LoadBoard
 from supervisor.engine_template import AdoptedProcess, EngineTemplate
@@ -65,9 +71,9 @@ class ChildProcess:
         return self.popen.pid
 
     @property
-    def is_forked(self) -> bool:
-        """Forked from the engine template (supervisor/engine_template.py), not started as a fresh interpreter."""
-        return isinstance(self.popen, AdoptedProcess)
+    def forked_by(self) -> int:
+        """The pid of the engine template it was forked from (supervisor/engine_template.py); 0: a fresh interpreter."""
+        return self.popen.template_pid if isinstance(self.popen, AdoptedProcess) else 0
 
     @property
     def is_ready(self) -> bool:
@@ -96,10 +102,7 @@ class ChildProcess:
             if b"\n" in self._buffer:
                 line = self._buffer.split(b"\n", 1)[0]
                 self._buffer = b""
-                try:
-                    self.boot_report = msgspec.json.decode(line, type=BootReport)
-                except msgspec.DecodeError:
-                    self.boot_report = BootReport(status="failed", message=f"unreadable boot report {line!r}")
+                self.boot_report = decode_boot_report(line)
         return True
 
     def close_pipe(self) -> None:
@@ -124,12 +127,6 @@ class ChildProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def describe_exit(self, code: int) -> str:
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with code {code}"
 
 
 def spawn_child(

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from poolserve.boot import BootReport
+from poolserve.boot import BootReport, decode_boot_report
 from poolserve.config import API_KEY_ENV, Config
 from poolserve.engine_template import TEMPLATE_SPEC_ENV, ForkReply, ForkRequest, TemplateSpec
 
@@ -98,8 +98,9 @@ def reap_strays(known: set[int]) -> list[int]:
 class AdoptedProcess:
     """An engine the template forked and this process adopted: polled, waited for and signalled as a Popen is."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, template_pid: int) -> None:
         self.pid = pid
+        self.template_pid = template_pid
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -194,11 +195,7 @@ class EngineTemplate:
                 break
             self._buffer += data
             if b"\n" in self._buffer:
-                line = self._buffer.split(b"\n", 1)[0]
-                try:
-                    self.report = msgspec.json.decode(line, type=BootReport)
-                except msgspec.DecodeError:
-                    self.report = BootReport(status="failed", message=f"unreadable boot report {line!r}")
+                self.report = decode_boot_report(self._buffer.split(b"\n", 1)[0])
                 if self.report.status == "ready":
                     logger.info(
                         "engine-template (pid %d) is ready (%s): engines on the CPU are forked from it",
@@ -257,7 +254,7 @@ class EngineTemplate:
         if reply.error:
             logger.warning("engine-template could not fork (%s); the engine starts as a fresh interpreter", reply.error)
             return None
-        return AdoptedProcess(reply.pid)
+        return AdoptedProcess(reply.pid, self.pid)
 
     def _lose(self, why: str) -> None:
         """It is gone or broken: stopped, and started again unless that has happened too often."""

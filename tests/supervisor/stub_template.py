@@ -14,7 +14,7 @@ import sys
 
 import msgspec
 
-from poolserve.boot import EXIT_BOOT_ERROR, BootReport
+from poolserve.boot import EXIT_BOOT_ERROR, BootReport, write_boot_report
 from poolserve.engine_template import MAX_REQUEST_BYTES, ForkReply, read_template_spec
 
 
@@ -22,9 +22,9 @@ def main() -> int:
     mode = sys.argv[1]
     spec = read_template_spec()
     if mode == "fail":
-        os.write(spec.boot_fd, msgspec.json.encode(BootReport(status="failed", message="stub cannot import")) + b"\n")
+        write_boot_report(spec.boot_fd, BootReport(status="failed", message="stub cannot import"))
         return EXIT_BOOT_ERROR
-    os.write(spec.boot_fd, msgspec.json.encode(BootReport(status="ready", message="stub")) + b"\n")
+    write_boot_report(spec.boot_fd, BootReport(status="ready", message="stub"))
     if mode == "vanish":
         return 0
     control = socket.socket(fileno=spec.control_fd)

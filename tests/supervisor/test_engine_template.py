@@ -23,7 +23,7 @@ from supervisor.engine_template import MAX_LOSSES, AdoptedProcess, EngineTemplat
 
 def spawned(*argv: str) -> AdoptedProcess:
     """A child this process started without a Popen to reap it, as an adopted engine is."""
-    return AdoptedProcess(os.posix_spawnp(argv[0], argv, os.environ))
+    return AdoptedProcess(os.posix_spawnp(argv[0], argv, os.environ), template_pid=0)
 
 
 def test_an_adopted_process_is_polled_waited_for_and_signalled_as_a_popen_is() -> None:
