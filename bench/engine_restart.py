@@ -18,6 +18,7 @@ import re
 import signal
 import statistics
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -29,7 +30,15 @@ READY = re.compile(r"engine \(pid (\d+)\) is ready(, forked)?")
 BACKOFF = re.compile(r"engine \(pid \d+\) was killed by SIGKILL; restarting it(?: in ([\d.]+)s)?")
 
 
-def restart_once(server: PoolserveProcess, client: httpx.Client) -> dict[str, object]:
+@dataclass
+class Restart:
+    ready_s: float
+    answered_s: float
+    backoff_s: float
+    forked: bool
+
+
+def restart_once(server: PoolserveProcess, client: httpx.Client) -> Restart:
     (engine,) = server.child_pid("engine_core")
     mark = len(server.stderr())
     killed = time.monotonic()
@@ -53,12 +62,12 @@ def restart_once(server: PoolserveProcess, client: httpx.Client) -> dict[str, ob
         raise RuntimeError(f"the engine was not back within 120 s\n{server.log()}")
     backoff = BACKOFF.search(server.stderr()[mark:])
     waited = float(backoff.group(1)) if backoff and backoff.group(1) else 0.0
-    return {
-        "ready_s": round(ready_at - killed - waited, 3),
-        "answered_s": round(answered_at - killed, 3),
-        "backoff_s": waited,
-        "forked": found.group(2) is not None,
-    }
+    return Restart(
+        ready_s=round(ready_at - killed - waited, 3),
+        answered_s=round(answered_at - killed, 3),
+        backoff_s=waited,
+        forked=found.group(2) is not None,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "cwd": str(args.cwd),
         "launch": args.launch,
-        "kills": kills,
-        "median_ready_s": statistics.median(float(str(kill["ready_s"])) for kill in kills),
+        "kills": [asdict(kill) for kill in kills],
+        "median_ready_s": statistics.median(kill.ready_s for kill in kills),
     }
     print(json.dumps(result, indent=1))
     if args.out:
