@@ -1,0 +1,11 @@
+"""The suite's package: imported before its first conftest, so before anything of the suite imports torch."""
+
+from __future__ import annotations
+
+import os
+
+# `make test` runs the suite over two workers on 2 cores. OpenMP's worker threads spin while they wait for work, and
+# with torch in both workers (and in the servers their tests start, which inherit this) each process's spinning took
+# the cores from the other: the whole suite's CPU went from 548 s run serially to 700-783 s over two workers, and
+# back to 523 s with waiting threads asleep. OpenMP reads this once, when torch loads its runtime.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from bench.harness.models import TINY, build_clip, build_splade, save_with_token
 from bench.harness.server_process import PoolserveProcess
 from poolserve.collector import settle
 from poolserve.config import API_KEY_ENV
+from tests import alone
 from tests.utils import FLOAT32_CPU
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,6 +38,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     server's: 758 ms once."""
     gc.enable()
     settle()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    alone.configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    alone.unconfigure(config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Setup, call and teardown under the workers' lock (tests/alone.py)."""
+    with alone.turn(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

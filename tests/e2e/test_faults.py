@@ -260,6 +260,7 @@ def test_sighup_replaces_every_api_server_under_load_and_fails_nothing(two_api_s
     assert {status for connection in paced for status in connection.statuses} == {200}
 
 
+@pytest.mark.alone
 def test_overload_gets_429_quickly_and_health_stays_fast(small_queue: PoolserveProcess) -> None:
     server = small_queue
     body = {"input": [f"an overloading sentence number {i}" for i in range(16)]}
@@ -285,6 +286,7 @@ def test_overload_gets_429_quickly_and_health_stays_fast(small_queue: PoolserveP
         assert client.post("/v1/embeddings", json=body).status_code == 200
 
 
+@pytest.mark.alone
 def test_429s_come_back_at_once_with_retry_after(small_queue: PoolserveProcess) -> None:
     server = small_queue
     with server.client() as client:  # the overload test's load is over: its queue empties

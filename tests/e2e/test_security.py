@@ -277,6 +277,7 @@ def client_on(server: PoolserveProcess, index: str) -> Iterator[httpx.Client]:
             client.close()
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("case", list(BIG_REQUESTS))
 def test_a_big_text_never_holds_the_event_loop_of_its_api_server(server: PoolserveProcess, case: str) -> None:
     # Once a 30 MB text held an API server's GIL until the supervisor killed it (3 s per 3 MB).

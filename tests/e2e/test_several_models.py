@@ -339,6 +339,7 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(
     assert moved("poolserve_forward_duration_seconds_count", model="clip", modality="image") > 0
 
 
+@pytest.mark.alone
 def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(several_models: PoolserveProcess) -> None:
     """Under steady load on minilm, one poison pill sent to faulty: it crashes faulty's engine, runs alone on the
     restarted one, crashes it again and is failed (500 poison_pill), and faulty serves after its second restart.
