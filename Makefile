@@ -9,9 +9,9 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 API_SERVERS ?= 2
 PYTEST_ARGS ?=
-# The suite over two workers (pytest-xdist); tests/e2e's on one of them, one after another, as they were written to run
-# (tests/e2e/conftest.py), and a test marked `alone` with no other beside it (tests/alone.py). PYTEST_WORKERS=0 runs
-# it all in one process.
+# The suite over two workers (pytest-xdist): each module whole on one of them, in file order with its module fixtures
+# started once, and a test marked `alone` with no other beside it (tests/alone.py). PYTEST_WORKERS=0 runs it all in
+# one process.
 PYTEST_WORKERS ?= 2
 # `make bench` (docs/benchmarks.md): which loads, which server shapes, how long. With these
 # defaults it takes about 25 minutes on 2 cores; MAX_MINUTES skips (and lists) whatever is left.
@@ -73,7 +73,7 @@ serve: $(STAMP)
 	$(BIN)/launch --api-server-count $(API_SERVERS) --host $(HOST) --port $(PORT)
 
 test: lint typecheck test-tools
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
