@@ -1,8 +1,12 @@
-"""The suite's package: imported before its first conftest, so before anything of the suite imports torch."""
+"""The suite's package: imported before its first conftest, so its environment is in place before anything of the
+suite imports torch, transformers or huggingface_hub (which read theirs at import)."""
 
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # `make test` runs the suite over two workers on 2 cores. OpenMP's worker threads spin while they wait for work, and
 # with torch in both workers (and in the servers their tests start, which inherit this) each process's spinning took

@@ -60,9 +60,6 @@ class AloneLock:
 
 def configure(config: pytest.Config) -> None:
     """In the controlling process: name the run and make its folder. In a worker: open its side of the lock."""
-    config.addinivalue_line(
-        "markers", f"{MARKER}: holds a server to a fixed time bound: runs with no other test beside it (tests/alone.py)"
-    )
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         config.stash[LOCK] = AloneLock(lock_folder(workerinput["testrunuid"]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import importlib.resources
-import os
 import shutil
 import subprocess
 import sys
@@ -21,10 +20,6 @@ from poolserve.collector import settle
 from poolserve.config import API_KEY_ENV
 from tests import alone
 from tests.utils import FLOAT32_CPU
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 
 # Collection imports torch, transformers, sentence-transformers and every test module: ~800,000 tracked objects, which
 # the collector walked again and again as they came (~4 s of full collections). Imports make next to no cyclic garbage.
