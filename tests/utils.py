@@ -5,7 +5,7 @@ Each `launch` is 10-20 s of the suite on a 2-core host (torch imported by its en
 requests uses a server already started (tests/conftest.py's session `server` and `guarded_server`,
 tests/e2e/conftest.py's `recycling_server`, a module's shared one) or tests/in_process/stack_server.py, and a new
 place that starts one is for what needs processes of its own (signals, crashes, start-up and stop, flags no shared
-server can have). The places, counted (issue 29; a helper's own body counts beside its callers): 14, from 36
+server can have). The places, counted (issue 29; a helper's own body counts beside its callers): 12, from 36
 (docs/architecture.md, "Tests moved off their own `launch`"):
 
     grep -rnE 'PoolserveProcess\(|"-m", "supervisor"|launched(_faulty)?\(|run_batch(_argv)?\(|yield from serve\(' \

@@ -107,10 +107,15 @@ def test_a_killed_engine_is_restarted_and_no_request_fails(two_api_servers: Pool
 
 
 @pytest.fixture(scope="module")
-def shared_faulty_server(faulty_model: Path) -> Iterator[PoolserveProcess]:
-    with PoolserveProcess(
-        *faulty(faulty_model), "--api-server-count", "2", "--worker-timeout", "3", env=remote_code_env(faulty_model)
-    ) as server:
+def faulty_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The faulty launch's TMPDIR, where its runtime folder is left when its supervisor is killed."""
+    return tmp_path_factory.mktemp("faulty-tmpdir")
+
+
+@pytest.fixture(scope="module")
+def shared_faulty_server(faulty_model: Path, faulty_tmpdir: Path) -> Iterator[PoolserveProcess]:
+    env = {**remote_code_env(faulty_model), "TMPDIR": str(faulty_tmpdir)}
+    with PoolserveProcess(*faulty(faulty_model), "--api-server-count", "2", "--worker-timeout", "3", env=env) as server:
         yield server.wait_ready()
 
 
@@ -158,12 +163,56 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: Poolserve
     assert "sent no heartbeat" in server.stderr()[mark:]
 
 
+@dataclass
+class SmallTmpfs:
+    path: Path
+    is_tmpfs: bool  # a 2 MiB tmpfs; False: a plain folder (mounting one needs root, or CAP_SYS_ADMIN)
+
+
+def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_waits_for_the_next_start(
+    shared_faulty_server: PoolserveProcess, faulty_tmpdir: Path
+) -> None:
+    """Last on the faulty model's launch: it ends it (its own launch was once `--api-server-count 1` with a TMPDIR of
+    its own, as this one's is). Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics files)
+    behind for good. Its children go by themselves (only real processes show it); its folder, named for its PID, stays
+    until a start removes it: tests/supervisor/test_arbiter.py's stub run, which also stops a server with SIGINT."""
+    killed = shared_faulty_server
+    children = child_pids(killed.pid)
+    (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.proc.wait(5)
+    assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
+    assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
+    assert Path(left).parent == faulty_tmpdir
+
+
 @pytest.fixture(scope="module")
-def shared_small_queue() -> Iterator[PoolserveProcess]:
-    """Also the SIGTERM test's launch, which it ends (last of its tests): JSON logs with the access log on."""
+def small_tmpfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallTmpfs]:
+    """The small queue's TMPDIR: a 2 MiB tmpfs of its own where one can be mounted, else a plain folder; always
+    unmounted after."""
+    mount_point = tmp_path_factory.mktemp("tmpfs")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    try:
+        yield SmallTmpfs(mount_point, is_tmpfs=mounted.returncode == 0)
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", str(mount_point)], check=False)
+            if os.path.ismount(mount_point):
+                subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture(scope="module")
+def shared_small_queue(small_tmpfs: SmallTmpfs) -> Iterator[PoolserveProcess]:
+    """Also the SIGTERM test's launch, which it ends (last of its tests): JSON logs with the access log on; and the
+    full-TMPDIR test's (first of its tests), with a TMPDIR of 2 MiB (the launch of each was a server of its own)."""
     with PoolserveProcess(
         "--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5",
-        "--log-format", "json", "--access-log",
+        "--log-format", "json", "--access-log", env={"TMPDIR": str(small_tmpfs.path)},
     ) as server:  # fmt: skip
         yield server.wait_ready()
 
@@ -178,6 +227,59 @@ def small_queue(shared_small_queue: PoolserveProcess) -> Iterator[PoolserveProce
     tests/in_process/test_request_timeout.py."""
     with settled(shared_small_queue, api_servers=2) as server:
         yield server
+
+
+# A request each endpoint of the bundled model answers 200.
+ANSWERED_BODIES: dict[str, dict[str, object]] = {
+    "/v1/embeddings": {"input": "hi"}, "/pooling": {"input": "hi"}, "/embed": {"inputs": "hi"},
+    "/tokenize": {"prompt": "hi"}, "/detokenize": {"tokens": [7592]}, "/score": {"text_1": "a", "text_2": "b"},
+    "/rerank": {"query": "a", "documents": ["b"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
+    "/v2/rerank": {"query": "a", "documents": ["b"]},
+}  # fmt: skip
+
+
+def fill(folder: Path, leave: int) -> None:
+    """Write one file that leaves `leave` bytes free on the filesystem of `folder`."""
+    stats = os.statvfs(folder)
+    size = stats.f_bavail * stats.f_frsize - leave
+    with open(folder / "filler", "wb") as f:
+        f.write(b"\0" * size)  # written, not fallocated: a tmpfs gives its pages as they are written
+
+
+# Issue 16: mapped metric files on a full tmpfs raised SIGBUS; the crash loop took the server down in 11 s.
+def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(
+    small_queue: PoolserveProcess, small_tmpfs: SmallTmpfs
+) -> None:
+    """First on the small queue's launch, whose TMPDIR is a 2 MiB tmpfs: it fills it, and empties it after."""
+    if not small_tmpfs.is_tmpfs:
+        pytest.skip("cannot mount a tmpfs to fill")
+    server = small_queue
+    (runtime,) = [p for p in small_tmpfs.path.iterdir() if p.name.startswith("poolserve-")]
+    # 2 MiB is less than the supervisor asks for 4 processes (2 API servers): it says so, and starts.
+    assert "KiB free, less than 4096 KiB for 4 processes' metrics" in server.stderr(), server.tail()
+    children = sorted(server.children())
+    fill(small_tmpfs.path, leave=8192)
+    try:
+        # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
+        with server.client() as client:
+            for path, body in ANSWERED_BODIES.items():
+                response = client.post(path, json=body)
+                assert response.status_code == 200, (path, response.text)
+                # TEI's /embed answers a body of the wrong type as TEI does: 422.
+                assert client.post(path, json={"wrong": 1}).status_code == (422 if path == "/embed" else 400)
+                assert client.get(path).status_code == 405
+            metrics = client.get("/metrics")
+        assert metrics.status_code == 200
+        assert sorted(server.children()) == children, server.tail()
+        assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
+        assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
+        dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
+        assert dropped and float(dropped[1]) > 0, metrics.text
+        assert server.stderr().count("new series are kept in memory") == 1, server.tail()
+        for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
+            assert path.stat().st_blocks * 512 >= path.stat().st_size, path
+    finally:
+        (small_tmpfs.path / "filler").unlink()  # the tests after it on this launch have room again
 
 
 def test_requests_wait_a_bounded_time_for_a_restarting_engine_then_get_503(small_queue: PoolserveProcess) -> None:
@@ -427,96 +529,3 @@ def test_health_is_200_from_the_moment_the_ready_line_is_printed(server: Poolser
 
 
 # A full TMPDIR --------------------------------------------------------------------------------------------
-
-
-# A request each endpoint of the bundled model answers 200.
-ANSWERED_BODIES: dict[str, dict[str, object]] = {
-    "/v1/embeddings": {"input": "hi"}, "/pooling": {"input": "hi"}, "/embed": {"inputs": "hi"},
-    "/tokenize": {"prompt": "hi"}, "/detokenize": {"tokens": [7592]}, "/score": {"text_1": "a", "text_2": "b"},
-    "/rerank": {"query": "a", "documents": ["b"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
-    "/v2/rerank": {"query": "a", "documents": ["b"]},
-}  # fmt: skip
-
-
-@dataclass
-class TmpdirServer:
-    server: PoolserveProcess
-    tmpdir: Path
-    is_small_tmpfs: bool
-
-
-@pytest.fixture(scope="module")
-def tmpdir_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TmpdirServer]:
-    """One API server whose TMPDIR is a 2 MiB tmpfs of its own (mounting one needs root, or CAP_SYS_ADMIN; without,
-    a plain folder), always unmounted after. Two tests share it, in file order: the full-TMPDIR test fills the tmpfs,
-    then the supervisor is killed (the launch of each was `--api-server-count 1` with a TMPDIR of its own)."""
-    mount_point = tmp_path_factory.mktemp("tmpfs")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    try:
-        with PoolserveProcess("--api-server-count", "1", env={"TMPDIR": str(mount_point)}) as server:
-            yield TmpdirServer(server.wait_ready(), mount_point, is_small_tmpfs=mounted.returncode == 0)
-    finally:
-        if mounted.returncode == 0:
-            subprocess.run(["umount", str(mount_point)], check=False)
-            if os.path.ismount(mount_point):
-                subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def fill(folder: Path, leave: int) -> None:
-    """Write one file that leaves `leave` bytes free on the filesystem of `folder`."""
-    stats = os.statvfs(folder)
-    size = stats.f_bavail * stats.f_frsize - leave
-    with open(folder / "filler", "wb") as f:
-        f.write(b"\0" * size)  # written, not fallocated: a tmpfs gives its pages as they are written
-
-
-def test_a_full_tmpdir_costs_metric_series_and_never_a_request_or_a_process(tmpdir_server: TmpdirServer) -> None:
-    # Issue 16: mapped metric files on a full tmpfs raised SIGBUS; the crash loop took the server down in 11 s.
-    if not tmpdir_server.is_small_tmpfs:
-        pytest.skip("cannot mount a tmpfs to fill")
-    server, small_tmpfs = tmpdir_server.server, tmpdir_server.tmpdir
-    (runtime,) = [p for p in small_tmpfs.iterdir() if p.name.startswith("poolserve-")]
-    # 2 MiB is less than the supervisor asks for 3 processes: it says so, and starts.
-    assert "KiB free, less than 3072 KiB for 3 processes' metrics" in server.stderr(), server.tail()
-    children = sorted(server.children())
-    fill(small_tmpfs, leave=8192)
-    # Requests that make new series: each endpoint and status is a series in 4 histograms and a counter.
-    with server.client() as client:
-        for path, body in ANSWERED_BODIES.items():
-            response = client.post(path, json=body)
-            assert response.status_code == 200, (path, response.text)
-            # TEI's /embed answers a body of the wrong type as TEI does: 422.
-            assert client.post(path, json={"wrong": 1}).status_code == (422 if path == "/embed" else 400)
-            assert client.get(path).status_code == 405
-        metrics = client.get("/metrics")
-    assert metrics.status_code == 200
-    assert sorted(server.children()) == children, server.tail()
-    assert 'poolserve_restarts_total{process="api_server"} 0.0' in metrics.text
-    assert 'poolserve_restarts_total{process="engine"} 0.0' in metrics.text
-    dropped = re.search(r"^poolserve_metric_series_dropped_total (\S+)$", metrics.text, re.MULTILINE)
-    assert dropped and float(dropped[1]) > 0, metrics.text
-    assert server.stderr().count("new series are kept in memory") == 1, server.tail()
-    for path in (runtime / "metrics").glob("*.db"):  # every mapped page has its block
-        assert path.stat().st_blocks * 512 >= path.stat().st_size, path
-
-
-def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_waits_for_the_next_start(
-    tmpdir_server: TmpdirServer,
-) -> None:
-    """Last on its server: it ends it. Once `kill -9` of the supervisor left its runtime folder (engine socket, metrics
-    files) behind for good. Its children go by themselves (only real processes show it); its folder, named for its
-    PID, stays until a start removes it: tests/supervisor/test_arbiter.py's stub run, which also stops a server with
-    SIGINT."""
-    killed = tmpdir_server.server
-    children = child_pids(killed.pid)
-    (left,) = {p for pid in children for p in runtime_dirs_of(pid)}
-    os.kill(killed.pid, signal.SIGKILL)
-    killed.proc.wait(5)
-    assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
-    assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
-    assert Path(left).parent == tmpdir_server.tmpdir

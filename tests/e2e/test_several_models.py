@@ -8,7 +8,13 @@ of MiniLM, and the cross-encoder and CLIP served in this process (tests/in_proce
 and API server code, without a `launch` each). A model whose only engine crash-loops, taken out of service while the
 others serve, is the supervisor's decision: tests/supervisor/test_arbiter.py, on stub children; which GPU each
 model's engines get, tests/supervisor/test_gpu_placement.py. Everything else of the CLIP model:
-tests/in_process/test_clip.py."""
+tests/in_process/test_clip.py.
+
+The same launch serves two models with two engines each (`--engine-count 2` as a model's `engine_count`): the
+bundled model again as minilm-pair, whose engines both answer as Sentence-Transformers, one killed costing nothing,
+and the faulty BERT again as faulty-pair, where a poison pill kills only its own engine (two restarts of it, the
+other serving throughout; case by case on fake engines: tests/engine_client/). An engine that crash-loops beside
+another, taken out of service: tests/supervisor/test_arbiter.py, on stub children."""
 
 from __future__ import annotations
 
@@ -23,8 +29,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+import numpy.typing as npt
 import pytest
 from PIL import Image
+from sentence_transformers import SentenceTransformer
 
 from bench.harness.models import remote_code_env
 from bench.harness.scrape import scrape, value
@@ -36,10 +44,19 @@ from tests.fidelity.image_text_layouts import ClipReference
 from tests.images import data_url, encode, make_image
 from tests.in_process.stack_server import InProcessServer, served_folder
 from tests.sentences import SENTENCES
-from tests.utils import FLOAT32_CPU, api_server_pids, engine_pids, ready_line_time
+from tests.utils import (
+    FLOAT32_CPU,
+    api_server_pids,
+    engine_pids,
+    pill_is_failed_and_its_neighbours_served,
+    ready_line_time,
+)
 
 QUERY = "what is the capital of france?"
 MODELS = ("minilm", "rerank", "clip")
+# Every model the launch serves, in the order declared: engines 0 (minilm), 1 (rerank), 2 (clip), 3 (faulty), 4 and 5
+# (minilm-pair), 6 and 7 (faulty-pair).
+SERVED = (*MODELS, "faulty", "minilm-pair", "faulty-pair")
 DOCUMENTS = [
     "Paris is the capital and most populous city of France.",
     "Berlin is the capital of Germany.",
@@ -49,7 +66,9 @@ DOCUMENTS = [
 
 # The models' own settings: rerank's queue holds 6 inputs and a cache of about 8 rows; clip lets no request jump its
 # queue (min_priority 0); minilm's cache is 1 MiB; faulty (the fault tests' BERT that crashes its engine on a marker
-# token) runs its own code. The command line's --cache-hits-header is every model's.
+# token) runs its own code; minilm-pair and faulty-pair are the same two folders with two engines each (one torch
+# thread each for faulty-pair's) and no cache, so that their requests reach the engines. The command line's
+# --cache-hits-header is every model's.
 MODELS_TOML = """
 [[models]]
 served_model_name = ["minilm"]
@@ -70,6 +89,18 @@ min_priority = 0
 model = "{faulty}"
 served_model_name = ["faulty"]
 trust_remote_code = true
+
+[[models]]
+model = "{bundled}"
+served_model_name = ["minilm-pair"]
+engine_count = 2
+
+[[models]]
+model = "{faulty}"
+served_model_name = ["faulty-pair"]
+trust_remote_code = true
+engine_count = 2
+torch_threads = 1
 """
 
 
@@ -82,9 +113,15 @@ def several_models(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PoolserveProcess]:
     """minilm (the default: engine-0), rerank (engine-1) and clip (engine-2), one API server, from a --config file;
-    and a fourth, faulty (engine-3), for the poison pill: the three answer, the fourth only crashes."""
+    a fourth, faulty (engine-3), for the poison pill: the three answer, the fourth only crashes; and minilm-pair
+    (engines 4 and 5) and faulty-pair (6 and 7) for the tests of a model with two engines (each was a launch of
+    --engine-count 2; a model's engines are its own)."""
     file = tmp_path_factory.mktemp("models") / "models.toml"
-    file.write_text(MODELS_TOML.format(cross_encoder=cross_encoder_model, clip=clip_model, faulty=faulty_model))
+    file.write_text(
+        MODELS_TOML.format(
+            cross_encoder=cross_encoder_model, clip=clip_model, faulty=faulty_model, bundled=bundled_model
+        )
+    )
     server = PoolserveProcess(
         "--config", str(file), "--api-server-count", "1", "--cache-hits-header", *FLOAT32_CPU,
         env=remote_code_env(faulty_model),
@@ -172,14 +209,15 @@ def test_models_info_and_health_list_every_model(several_models: PoolserveProces
         listed = client.get("/v1/models").json()["data"]
         assert [(entry["id"], entry["kind"]) for entry in listed] == [
             ("minilm", "embedding"), ("rerank", "classifier"), ("clip", "clip"), ("faulty", "embedding"),
+            ("minilm-pair", "embedding"), ("faulty-pair", "embedding"),
         ]  # fmt: skip
         assert listed[1]["root"] == str(cross_encoder_model)
         info = client.get("/info").json()
         assert info["model_id"] == "minilm"
-        assert [model["model_id"] for model in info["models"]] == [*MODELS, "faulty"]
+        assert [model["model_id"] for model in info["models"]] == list(SERVED)
         assert "reranker" in info["models"][1]["model_type"]
         health = client.get("/health/ready")
-        assert health.status_code == 200 and set(health.json()["models"]) == {*MODELS, "faulty"}, health.text
+        assert health.status_code == 200 and set(health.json()["models"]) == set(SERVED), health.text
 
 
 def test_several_models_answer_as_their_own_one_model_servers(
@@ -207,7 +245,7 @@ def test_several_models_answer_as_their_own_one_model_servers(
         unknown = client.post("/v1/embeddings", json={"input": "hi", "model": "nope"})
         assert unknown.status_code == 404 and "'minilm', 'rerank', 'clip'" in unknown.json()["error"]["message"]
         listed = client.get("/v1/models").json()["data"]
-        assert [entry["id"] for entry in listed] == [*MODELS, "faulty"]
+        assert [entry["id"] for entry in listed] == list(SERVED)
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +366,7 @@ def test_each_model_keeps_its_own_queue_cache_and_priority_and_its_own_metrics(
         "poolserve_prompt_tokens_total",
         "poolserve_request_duration_seconds_count",
     ):
-        by_model = [moved(name, model=model) for model in (*MODELS, "")]
+        by_model = [moved(name, model=model) for model in (*SERVED, "")]
         assert sum(by_model) == moved(name) and all(by_model[:3]), (name, by_model)
     assert moved("poolserve_images_total", endpoint="/v1/embeddings", model="clip") == 6
     for engine, model in enumerate(MODELS):  # each model's engine, numbered in the order declared
@@ -367,6 +405,85 @@ def test_a_poison_pill_in_one_model_leaves_the_others_latency_within_noise(sever
     assert poisoned < max(3 * quiet, quiet + 1.0), (quiet, poisoned, sorted(during)[-5:])
     restart = pill["serving_again_s"] - pill["answered_s"]
     assert max(during) < restart, (max(during), restart)
+
+
+MIN_COSINE = 0.9999
+
+
+def forward_passes(server: PoolserveProcess, engine: str) -> float:
+    """How many forward passes the engine of this index has run, from /metrics' `engine` label."""
+    return value(scrape(server.url), "poolserve_batch_inputs_count", engine=engine)
+
+
+def test_two_engines_both_serve_and_answer_as_sentence_transformers(
+    several_models: PoolserveProcess, bundled_model: Path
+) -> None:
+    """minilm-pair's two engines (4 and 5) both take work, and every answer is Sentence-Transformers'."""
+    want = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES[:24], convert_to_numpy=True)
+    before = {engine: forward_passes(several_models, engine) for engine in ("4", "5")}
+
+    def one(sentence: str) -> npt.NDArray[np.float32]:
+        with several_models.client() as client:
+            response = client.post("/v1/embeddings", json={"input": [sentence], "model": "minilm-pair"})
+        assert response.status_code == 200, response.text
+        return np.asarray(response.json()["data"][0]["embedding"], dtype=np.float32)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = np.stack(list(pool.map(one, SENTENCES[:24])))
+    cosine = (got * want).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= MIN_COSINE, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
+    assert all(forward_passes(several_models, engine) > before[engine] for engine in ("4", "5")), before
+
+
+def silent_engines(client: httpx.Client, model: str) -> list[int] | None:
+    """A model's engines (numbered within the model) that have not answered lately, from /health/ready."""
+    health = client.get("/health/ready")
+    return health.json()["models"][model].get("silent_engines", []) if health.status_code == 200 else None
+
+
+def test_a_killed_engine_s_requests_move_to_the_other_and_it_comes_back(several_models: PoolserveProcess) -> None:
+    """minilm-pair's second engine (engine-5) killed under load: its requests move to the first, it is named silent
+    while down, and once restarted it takes work again; no request fails."""
+    server = several_models
+    victim = engine_pids(server)["5"]
+    body = {"input": [f"sentence number {i} about search and retrieval" for i in range(8)], "model": "minilm-pair"}
+    with SteadyLoad(server.url, clients=4, body=body) as load:
+        load.wait_for(8)
+        os.kill(victim, signal.SIGKILL)
+        with server.client() as client:
+            # Down, it is named in /health/ready while the other serves (restarting, as out of service).
+            assert wait_until(lambda: silent_engines(client, "minilm-pair") == [1], 10), client.get(
+                "/health/ready"
+            ).text
+        ready_line_time(server, "engine-5", victim, timeout=60)
+        before = forward_passes(server, "5")
+        load.wait_for(sum(load.statuses.values()) + 8)
+        # The restarted engine takes work again.
+        assert wait_until(lambda: forward_passes(server, "5") > before, 10)
+    assert load.failures == [], load.failures
+    assert set(load.statuses) == {200}, load.statuses
+    assert "lost engine 1; moving its" in server.stderr()
+
+
+def test_with_two_engines_a_poison_pill_kills_only_its_own_engine_and_the_other_serves_throughout(
+    several_models: PoolserveProcess,
+) -> None:
+    """Blamed at its first crash (the API server reads the dead engine's flight record), the pill is never sent to
+    the other engine: it waits for its own engine's restart, runs alone there, and the second crash fails it. The
+    other engine never dies and answers a steady load all along; the requests sent beside the pill get their rows."""
+    server = several_models
+    with SteadyLoad(server.url, clients=2, body={"input": "a steady request", "model": "faulty-pair"}) as load:
+        load.wait_for(10)
+        mark = len(server.stderr())
+        pill_is_failed_and_its_neighbours_served(server, model="faulty-pair")
+        served = sum(load.statuses.values())
+        load.wait_for(served + 10)
+    log = server.stderr()[mark:]
+    killed = re.findall(r"(engine-\d) \(pid \d+\) was killed by SIGSEGV", log)
+    assert len(killed) == 2 and len(set(killed)) == 1 and killed[0] in ("engine-6", "engine-7"), log
+    assert "suspect(s) (in its forward pass) wait for its restart" in log, log
+    assert load.failures == [] and set(load.statuses) == {200}, load.statuses
+    print(f"steady load: {sum(load.statuses.values())} answered, slowest {max(load.latencies):.2f}s")
 
 
 def test_a_killed_engine_of_one_model_leaves_the_others_answering(several_models: PoolserveProcess) -> None:
