@@ -43,6 +43,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     alone.unconfigure(config)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """tests/e2e dealt to one worker as one unit (tests/scheduling.py)."""
+    from tests.scheduling import make_scheduler  # xdist's, imported only where xdist runs
+
+    return make_scheduler(config, log)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Setup, call and teardown under the workers' lock (tests/alone.py)."""
