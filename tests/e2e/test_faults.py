@@ -163,12 +163,6 @@ def test_a_hung_engine_reads_unhealthy_then_is_replaced(faulty_server: Poolserve
     assert "sent no heartbeat" in server.stderr()[mark:]
 
 
-@dataclass
-class SmallTmpfs:
-    path: Path
-    is_tmpfs: bool  # a 2 MiB tmpfs; False: a plain folder (mounting one needs root, or CAP_SYS_ADMIN)
-
-
 def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_waits_for_the_next_start(
     shared_faulty_server: PoolserveProcess, faulty_tmpdir: Path
 ) -> None:
@@ -184,6 +178,12 @@ def test_children_exit_when_the_supervisor_is_killed_and_its_runtime_folder_wait
     assert wait_until(lambda: not any(is_alive(pid) for pid in children), 15)
     assert Path(left).is_dir() and Path(left).name.startswith(f"poolserve-{killed.pid}-")
     assert Path(left).parent == faulty_tmpdir
+
+
+@dataclass
+class SmallTmpfs:
+    path: Path
+    is_tmpfs: bool  # a 2 MiB tmpfs; False: a plain folder (mounting one needs root, or CAP_SYS_ADMIN)
 
 
 @pytest.fixture(scope="module")
