@@ -21,6 +21,7 @@ import torch
 from bench.harness.llm_reranker import bpe_tokenizer, qwen3_config
 from bench.harness.models import TINY, bundled_model_folder
 from tests.fidelity.bge_m3_layouts import build_bge_m3
+from tests.fidelity.compare import TEXTS
 from tests.fidelity.format_layouts import build_bge_reranker_v2_gemma, build_mxbai_rerank_v2, gemma_flags, mxbai_flags
 from tests.fidelity.image_text_layouts import (
     build_siglip,
@@ -358,9 +359,11 @@ def build_model2vec_layout(folder: Path) -> None:
     )
 
 
-def masked_lm(folder: Path, seed: int, architecture: str = "bert") -> Path:
+def masked_lm(folder: Path, seed: int, architecture: str = "bert", active: float = 0.0005) -> Path:
     """A tiny random masked LM (BERT's; XLM-RoBERTa's; or DistilBERT's, whose MLM head poolserve runs as the whole
-    model does) beside the bundled model's tokenizer."""
+    model does) beside the bundled model's tokenizer. Its vocabulary logits are shifted down until about `active` of
+    them are positive, as a trained SPLADE's are: a random head's are half positive, and every text's sparse vector
+    then held nearly all 30,522 entries, where a real one holds tens to hundreds."""
     from transformers import (
         AutoTokenizer,
         BertConfig,
@@ -373,19 +376,28 @@ def masked_lm(folder: Path, seed: int, architecture: str = "bert") -> Path:
 
     base = folder.parent / f"{folder.name}-base"
     torch.manual_seed(seed)
+    model: Any
     if architecture == "distilbert":
         config = DistilBertConfig(
             vocab_size=30522, max_position_embeddings=128, dim=HIDDEN, n_layers=TINY["num_hidden_layers"],
             n_heads=TINY["num_attention_heads"], hidden_dim=TINY["intermediate_size"],
         )  # fmt: skip
-        DistilBertForMaskedLM(config).eval().save_pretrained(base)
+        model = DistilBertForMaskedLM(config)
     elif architecture == "xlm-roberta":
         # The BERT tokenizer pads with 0; RoBERTa's positions count from the padding id on (130: 128 tokens).
         roberta = XLMRobertaConfig(vocab_size=30522, max_position_embeddings=130, pad_token_id=0, **TINY)
-        XLMRobertaForMaskedLM(roberta).eval().save_pretrained(base)
+        model = XLMRobertaForMaskedLM(roberta)
     else:
-        BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval().save_pretrained(base)
-    AutoTokenizer.from_pretrained(bundled_model_folder()).save_pretrained(base)
+        model = BertForMaskedLM(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY))
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model_folder())
+    with torch.no_grad():
+        encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
+        logits = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).logits
+        # The head's bias (its decoder's, tied to it) lowered by one number for every vocabulary entry.
+        model.get_output_embeddings().bias -= torch.quantile(logits.flatten()[::7], 1 - active)
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
     return base
 
 
@@ -410,7 +422,8 @@ def build_splade_sum_mlm_transformer(folder: Path) -> None:
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     pooling = SpladePooling("sum", activation_function="log1p_relu", chunk_size=4)
-    modules = [MLMTransformer(str(masked_lm(folder, 21))), pooling]
+    # Denser than the others (2 % of each token's logits positive): its max_active_dims has more to cut.
+    modules = [MLMTransformer(str(masked_lm(folder, 21, active=0.02))), pooling]
     model = SparseEncoder(modules=modules, device="cpu", similarity_fn_name="cosine")
     model.max_active_dims = 300
     model.save(str(folder))
