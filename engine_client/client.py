@@ -134,6 +134,10 @@ class EngineClient:
         self._releasing: set[asyncio.Task[None]] = set()
         # Set while at least one engine is ready.
         self._any_ready = asyncio.Event()
+        # Set, with its reason, once the API server stops waiting for an engine (fail_waiting): it is stopping and
+        # none is there, and none will be started.
+        self._gave_up = asyncio.Event()
+        self._gave_up_reason = ""
         self.card: ModelCard | None = None
 
     @property
@@ -176,17 +180,15 @@ class EngineClient:
     async def pool(self, request: EngineRequest) -> PooledResult:
         """Send one request (all its inputs in one message) and wait for its rows; its id is assigned here.
 
-        While no engine is ready, a new request waits for one up to `wait_timeout` seconds."""
+        While no engine is ready, a new request waits for one up to `wait_timeout` seconds, or until the API server
+        stops waiting (fail_waiting)."""
         # Sent in the loop's next turn, not at once: the requests parsed in one turn then go to the engine back to
         # back, which its I/O thread reads in one wake-up and its scheduler batches together (sent one by one between
         # parses, batches were a quarter smaller and the engine's CPU per request a third higher: docs/benchmarks.md,
         # "CPU per request"). Not yet in flight meanwhile: an engine lost in that turn has nothing of it to move.
         await asyncio.sleep(0)
         if not self._any_ready.is_set():
-            try:
-                await asyncio.wait_for(self._any_ready.wait(), self.wait_timeout)
-            except TimeoutError:
-                raise EngineUnavailable(f"no engine came back within {self.wait_timeout:g}s") from None
+            await self._until_an_engine_is_ready()
         request_id = request.id = next(self._ids)
         loop = asyncio.get_running_loop()
         entry = InFlight(request, loop.create_future())
@@ -241,8 +243,29 @@ class EngineClient:
         return [index for index, link in enumerate(self.links) if link.latest_pong() is None]
 
     def fail_waiting(self, reason: str) -> None:
-        """Fail every request in flight now (the API server is stopping and no engine is there)."""
+        """Fail every request in flight now, and every request that waits for an engine now or later while none is
+        ready (the API server is stopping and no engine is there: none will be started)."""
+        self._gave_up_reason = reason
+        self._gave_up.set()
         self._fail_all(EngineUnavailable(reason))
+
+    async def _until_an_engine_is_ready(self) -> None:
+        """Wait for an engine: EngineUnavailable after `wait_timeout`, or as soon as the API server stops waiting
+        (fail_waiting). A request that arrived in a stopping API server after its engine died waited out the whole
+        timeout before, and held the drain, and so the supervisor's stop, open that long."""
+        if not self._gave_up.is_set():
+            ready = asyncio.ensure_future(self._any_ready.wait())
+            gave_up = asyncio.ensure_future(self._gave_up.wait())
+            try:
+                await asyncio.wait((ready, gave_up), timeout=self.wait_timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ready.cancel()
+                gave_up.cancel()
+        if self._any_ready.is_set():
+            return
+        if self._gave_up.is_set():
+            raise EngineUnavailable(self._gave_up_reason)
+        raise EngineUnavailable(f"no engine came back within {self.wait_timeout:g}s")
 
     # Placing requests ---------------------------------------------------------------------------
 

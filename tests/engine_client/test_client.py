@@ -3,10 +3,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import zmq
 import zmq.asyncio
 
-from engine_client import EngineClient, EngineOverloaded, PoisonPill
+from engine_client import EngineClient, EngineOverloaded, EngineUnavailable, PoisonPill
 from poolserve.protocol import EngineRequest, Pong
 from tests.cards import CARD
 from tests.engine_client.fake_engine import FakeEngine, answered, connected_client, job, shut_down, two_engines, until
@@ -167,5 +168,37 @@ def test_requests_go_to_the_engine_whose_pongs_count_fewer_waiting_inputs(tmp_pa
             await engine.answer_all()
         await asyncio.gather(*work)
         await shut_down(client, engines, context)
+
+    asyncio.run(scenario())
+
+
+def test_once_the_api_server_stops_waiting_for_its_lost_engine_a_request_that_waits_or_comes_later_fails_at_once(
+    tmp_path: Path,
+) -> None:
+    """A stopping API server whose engine died (the supervisor starts none while it stops) fails what waits for one
+    (apiserver/process.py's fail_waiting_on_exit). A request that came in after the engine was lost waited for one
+    the whole `wait_timeout` (30 s) instead: the drain, and the whole launch's stop, held open that long."""
+
+    async def scenario() -> None:
+        context = zmq.asyncio.Context()
+        endpoint = f"ipc://{tmp_path}/engine.sock"
+        engine = FakeEngine(context, endpoint, 0)
+        client = await connected_client([endpoint], wait_timeout=30)
+        held = asyncio.ensure_future(client.pool(job()))
+        await until(lambda: len(engine.held) == 1)
+        await engine.die()
+        await until(lambda: not client.is_ready)
+        late = asyncio.ensure_future(client.pool(job()))
+        await asyncio.sleep(0.1)
+        assert not held.done() and not late.done()  # both wait for the engine to come back, as they should
+        client.fail_waiting("the API server is stopping and no engine is running")
+        for waiting in (held, late):
+            with pytest.raises(EngineUnavailable, match="stopping and no engine"):
+                await asyncio.wait_for(waiting, 1)
+        # and one that comes later still
+        with pytest.raises(EngineUnavailable, match="stopping and no engine"):
+            await asyncio.wait_for(client.pool(job()), 1)
+        await client.close()
+        context.term()
 
     asyncio.run(scenario())
