@@ -135,7 +135,7 @@ class EngineClient:
         # Set while at least one engine is ready.
         self._any_ready = asyncio.Event()
         # Set, with its reason, once the API server stops waiting for an engine (fail_waiting): it is stopping and
-        # none is there, and none will be started.
+        # none is there.
         self._gave_up = asyncio.Event()
         self._gave_up_reason = ""
         self.card: ModelCard | None = None
@@ -244,7 +244,7 @@ class EngineClient:
 
     def fail_waiting(self, reason: str) -> None:
         """Fail every request in flight now, and every request that waits for an engine now or later while none is
-        ready (the API server is stopping and no engine is there: none will be started)."""
+        ready (the API server is stopping and no engine is there: a drain does not wait for one to be started)."""
         self._gave_up_reason = reason
         self._gave_up.set()
         self._fail_all(EngineUnavailable(reason))
