@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("poolserve.api")
 
 HEARTBEAT_INTERVAL_S = 1.0
+# How long before --shutdown-timeout ends a drain the requests still waiting for their engine are answered: at the
+# timeout uvicorn cancels what is left.
+LAST_ANSWERS_S = 0.5
 
 
 class ExitRequest:
@@ -80,14 +83,25 @@ async def beat(spec: ChildSpec) -> None:
         await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
 
-async def fail_waiting_on_exit(server: uvicorn.Server, engines: list[EngineClient]) -> None:
-    """Once asked to stop, requests waiting for an engine that is not there get their 503 now,
-    instead of holding the drain open until --shutdown-timeout."""
+async def fail_waiting_on_exit(server: uvicorn.Server, engines: list[EngineClient], shutdown_timeout: int) -> None:
+    """Once asked to stop, requests waiting for an engine that is not there get their 503 now, instead of holding
+    the drain open until --shutdown-timeout. And just before that timeout, those still waiting for their engine (a
+    hung or slow one) get theirs: at the timeout uvicorn cancels what is left, and its client read a bare
+    `500 Internal Server Error`, in no API's error shape, with a traceback in the log."""
     while not server.should_exit:
         await asyncio.sleep(0.1)
+    loop = asyncio.get_running_loop()
+    # uvicorn's timeout starts a little after should_exit is seen (its loop's next tick, and 0.1 s more).
+    last_answers = loop.time() + shutdown_timeout - LAST_ANSWERS_S
     while True:
+        out_of_time = loop.time() >= last_answers
         for engine in engines:
-            if not engine.is_ready:
+            if out_of_time:
+                engine.fail_waiting(
+                    f"the server is stopping and this request did not finish within --shutdown-timeout "
+                    f"({shutdown_timeout}s)"
+                )
+            elif not engine.is_ready:
                 engine.fail_waiting("the API server is stopping and no engine is running")
         await asyncio.sleep(0.1)
 
@@ -227,7 +241,7 @@ async def serve(
         report_boot(spec, BootReport(status="ready"))
     guards = [
         asyncio.create_task(beat(spec)),
-        asyncio.create_task(fail_waiting_on_exit(server, engines)),
+        asyncio.create_task(fail_waiting_on_exit(server, engines, uvicorn_config.timeout_graceful_shutdown or 0)),
         asyncio.create_task(sample_loop_lag(spec.index)),
     ]
     try:

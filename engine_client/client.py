@@ -244,7 +244,8 @@ class EngineClient:
 
     def fail_waiting(self, reason: str) -> None:
         """Fail every request in flight now, and every request that waits for an engine now or later while none is
-        ready (the API server is stopping and no engine is there: a drain does not wait for one to be started)."""
+        ready: the API server is stopping, and no engine is there (a drain does not wait for one to be started) or the
+        drain is out of time (apiserver/process.py's fail_waiting_on_exit)."""
         self._gave_up_reason = reason
         self._gave_up.set()
         self._fail_all(EngineUnavailable(reason))
