@@ -495,7 +495,11 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
     ] = 0
     shutdown_timeout: Annotated[
         float,
-        Flag("HTTP", "Seconds in-flight requests get to finish after SIGTERM before the processes are stopped."),
+        Flag(
+            "HTTP",
+            "Seconds in-flight requests get to finish after SIGTERM before the processes are stopped; one still "
+            "waiting for its engine then is answered 503.",
+        ),
     ] = 30.0
 
     max_image_bytes: Annotated[
