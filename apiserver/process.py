@@ -93,14 +93,14 @@ async def fail_waiting_on_exit(server: uvicorn.Server, engines: list[EngineClien
     loop = asyncio.get_running_loop()
     # uvicorn's timeout starts a little after should_exit is seen (its loop's next tick, and 0.1 s more).
     last_answers = loop.time() + shutdown_timeout - LAST_ANSWERS_S
+    out_of_time = (
+        f"the server is stopping and this request did not finish within --shutdown-timeout ({shutdown_timeout}s)"
+    )
     while True:
-        out_of_time = loop.time() >= last_answers
+        is_out_of_time = loop.time() >= last_answers
         for engine in engines:
-            if out_of_time:
-                engine.fail_waiting(
-                    f"the server is stopping and this request did not finish within --shutdown-timeout "
-                    f"({shutdown_timeout}s)"
-                )
+            if is_out_of_time:
+                engine.fail_waiting(out_of_time)
             elif not engine.is_ready:
                 engine.fail_waiting("the API server is stopping and no engine is running")
         await asyncio.sleep(0.1)
