@@ -162,7 +162,8 @@ class EngineClient:
         for link in self.links:
             link.start()
         try:
-            await asyncio.wait_for(self._any_ready.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._any_ready.wait()
         except TimeoutError:
             endpoints = ", ".join(link.endpoint for link in self.links)
             raise EngineUnavailable(f"no engine answered at {endpoints} within {timeout:.0f}s") from None

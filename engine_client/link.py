@@ -121,7 +121,8 @@ class EngineLink:
         self._pings[nonce] = future
         try:
             await self.send(self._wire.encode(Ping(nonce)))
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
         except (TimeoutError, EngineUnavailable):
             return None
         finally:
@@ -187,4 +188,5 @@ class EngineLink:
             with contextlib.suppress(EngineUnavailable):
                 await self.send(hello)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ready.wait(), HELLO_RETRY_S)
+                async with asyncio.timeout(HELLO_RETRY_S):
+                    await self.ready.wait()

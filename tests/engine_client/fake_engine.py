@@ -45,6 +45,8 @@ class FakeEngine:
         self.queued_inputs = 0
         # Whether its share of the admission limit is full: it refuses every request as overloaded.
         self.is_full = False
+        # Whether it answers pings (a test answers them itself, at the moment it chooses).
+        self.answers_pings = True
         self.held: list[tuple[bytes, EngineRequest]] = []
         self.refused = 0
         self._wire = EngineWire()
@@ -59,9 +61,11 @@ class FakeEngine:
             msg = self._wire.decode(frames)
             if isinstance(msg, Hello):
                 await self._router.send_multipart([identity, *self._wire.encode(Ready(CARD, self.suspects))])
-            elif isinstance(msg, Ping):
+            elif isinstance(msg, Ping) and self.answers_pings:
                 pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
                 await self._router.send_multipart([identity, *self._wire.encode(pong)])
+            elif isinstance(msg, Ping):
+                pass
             elif isinstance(msg, EngineRequest) and self.is_full:
                 refusal = RequestFailed(msg.id, ERROR_OVERLOADED, f"engine {self.index} is full")
                 await self._router.send_multipart([identity, *self._wire.encode_outputs([], [refusal])])
