@@ -6,6 +6,8 @@ an API server tokenizes a big text): on 2 cores a neighbouring worker's test tak
 and such a test measured beside one failed (/health p99 62 ms against 50). Every test holds a readers-writer lock
 across the workers' processes: shared for most, exclusive for an `alone` one. An exclusive request also holds the
 turnstile that shared ones pass through, so it goes next instead of waiting for a gap between its neighbour's tests.
+A run of `alone` tests on one worker (a parametrized one's cases) holds it from the first to the last: taken for each,
+every case waited again for whatever test the other worker had started meanwhile (6-7 s each behind a schema fuzz case).
 
 The lock lives in files named by the run's id (xdist's `testrunuid`, set by the controlling process before it starts
 the workers), in a folder the controlling process makes and removes. Run without workers, nothing is locked.
@@ -37,21 +39,27 @@ class AloneLock:
     def __init__(self, folder: Path) -> None:
         self._turnstile = os.open(folder / "turnstile", os.O_CREAT | os.O_RDWR, 0o600)
         self._room = os.open(folder / "room", os.O_CREAT | os.O_RDWR, 0o600)
+        self._alone = False  # this worker holds the room exclusively, across tests
 
     @contextmanager
-    def held(self, *, alone: bool) -> Iterator[None]:
-        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self._room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+    def held(self, *, alone: bool, next_alone: bool = False) -> Iterator[None]:
+        """The room for one test; `next_alone`: an `alone` test keeps it for the next, which is `alone` too."""
+        if not (alone and self._alone):
+            fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            finally:
+                if not alone:
+                    fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            self._alone = alone
         try:
             yield
         finally:
-            fcntl.flock(self._room, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            if not (alone and next_alone):
+                fcntl.flock(self._room, fcntl.LOCK_UN)
+                if alone:
+                    fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+                self._alone = False
 
     def close(self) -> None:
         os.close(self._turnstile)
@@ -78,13 +86,17 @@ def unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def is_alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker(MARKER) is not None
+
+
 @contextmanager
-def turn(item: pytest.Item) -> Iterator[None]:
+def turn(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     lock = item.config.stash.get(LOCK, None)
     if lock is None:
         yield
         return
-    with lock.held(alone=item.get_closest_marker(MARKER) is not None):
+    with lock.held(alone=is_alone(item), next_alone=is_alone(nextitem)):
         yield
 
 

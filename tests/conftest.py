@@ -51,9 +51,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     """Setup, call and teardown under the workers' lock (tests/alone.py)."""
-    with alone.turn(item):
+    with alone.turn(item, nextitem):
         return (yield)
 
 
