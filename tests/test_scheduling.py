@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 
 from tests.scheduling import SharedLaunchScheduling, make_scheduler
@@ -34,6 +36,26 @@ def test_the_end_to_end_modules_are_one_scope_and_every_other_module_its_own(two
         "tests/in_process/test_slow_clients.py",
         "tests/test_alone.py",
     ]
+
+
+def test_the_units_that_start_processes_are_dealt_first_each_folder_in_loadscope_s_order(
+    two_workers: pytest.Config,
+) -> None:
+    scheduler = SharedLaunchScheduling(two_workers)
+    # loadscope's order: the scopes with the most tests first
+    loadscope = [
+        "tests/apiserver/requests/test_tokenizer.py", "tests/in_process/test_schema_fuzz.py", "tests/e2e/",
+        "tests/engine_core/test_pooling.py", "tests/fidelity/test_served.py", "tests/in_process/test_priority.py",
+        "tests/bench/test_cpu_race.py", "tests/supervisor/test_arbiter.py", "tests/test_alone.py",
+    ]  # fmt: skip
+    scheduler.workqueue = OrderedDict((scope, {f"{scope}::test": False}) for scope in loadscope)
+    scheduler.order_queue()
+    assert list(scheduler.workqueue) == [
+        "tests/e2e/", "tests/bench/test_cpu_race.py", "tests/in_process/test_schema_fuzz.py",
+        "tests/in_process/test_priority.py", "tests/fidelity/test_served.py", "tests/supervisor/test_arbiter.py",
+        "tests/apiserver/requests/test_tokenizer.py", "tests/engine_core/test_pooling.py", "tests/test_alone.py",
+    ]  # fmt: skip
+    assert scheduler.workqueue["tests/e2e/"] == {"tests/e2e/::test": False}
 
 
 def test_another_dist_mode_keeps_xdist_s_own_scheduler(
