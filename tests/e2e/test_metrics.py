@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -154,19 +155,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_a_real_prometheus_server_scrapes_the_request_counter(metered: PoolserveProcess, tmp_path: Path) -> None:
-    prometheus = tool("prometheus")
-    (tmp_path / "prometheus.yml").write_text(
+@pytest.fixture(scope="module")
+def prometheus(metered: PoolserveProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prometheus scraping the server every second; its URL. One for the module's tests: each start took
+    3-5 s of the suite."""
+    folder = tmp_path_factory.mktemp("prometheus")
+    (folder / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n  - job_name: poolserve\n    static_configs:\n"
+        "scrape_configs:\n  - job_name: poolserve\n    honor_labels: true\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{metered.port}']\n"
     )
     port = free_port()
     proc = subprocess.Popen(
         [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
+            tool("prometheus"),
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
         ],
         stdout=subprocess.DEVNULL,
@@ -174,26 +178,30 @@ def test_a_real_prometheus_server_scrapes_the_request_counter(metered: Poolserve
         start_new_session=True,
     )
     try:
-        with metered.client() as client:
-            for _ in range(5):
-                assert client.post("/v1/embeddings", json={"input": "scraped"}).status_code == 200
-        expected = value(scrape(metered.url), *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1])
-        query = 'poolserve_requests_total{endpoint="/v1/embeddings",status="200"}'
-        seen: list[float] = []
-
-        def scraped() -> bool:
-            try:
-                result = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": query}, timeout=5).json()
-            except httpx.HTTPError:
-                return False
-            seen[:] = [float(r["value"][1]) for r in result.get("data", {}).get("result", [])]
-            return seen == [expected]
-
-        assert wait_until(scraped, 30, interval=0.5), f"Prometheus saw {seen}, expected [{expected}]"
+        yield f"http://127.0.0.1:{port}"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         time.sleep(0.1)
+
+
+def test_a_real_prometheus_server_scrapes_the_request_counter(metered: PoolserveProcess, prometheus: str) -> None:
+    with metered.client() as client:
+        for _ in range(5):
+            assert client.post("/v1/embeddings", json={"input": "scraped"}).status_code == 200
+    expected = value(scrape(metered.url), *EMBEDDINGS_200[:1], **EMBEDDINGS_200[1])
+    query = 'poolserve_requests_total{endpoint="/v1/embeddings",status="200"}'
+    seen: list[float] = []
+
+    def scraped() -> bool:
+        try:
+            result = httpx.get(f"{prometheus}/api/v1/query", params={"query": query}, timeout=5).json()
+        except httpx.HTTPError:
+            return False
+        seen[:] = [float(r["value"][1]) for r in result.get("data", {}).get("result", [])]
+        return seen == [expected]
+
+    assert wait_until(scraped, 30, interval=0.5), f"Prometheus saw {seen}, expected [{expected}]"
 
 
 def test_a_client_that_leaves_mid_body_is_logged_quietly_and_counted_as_a_disconnect(metered: PoolserveProcess) -> None:
@@ -265,56 +273,33 @@ QUIET_PANELS = {"Images / s by endpoint", "Refusals", "Connections timed out", "
 
 
 def test_the_grafana_dashboards_queries_answer_from_a_real_prometheus(
-    metered: PoolserveProcess, tmp_path: Path
+    metered: PoolserveProcess, prometheus: str
 ) -> None:
     """Every query in deploy/grafana/poolserve.json, Grafana's variables filled in, runs on a Prometheus that
     scrapes the server, and every one not in QUIET_PANELS returns series (tests/deploy/test_grafana.py checks
     names and labels offline; this shows the data behind them)."""
     from tests.deploy.dashboard import load_dashboard, queries
 
-    prometheus = tool("prometheus")
-    (tmp_path / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n"
-        "scrape_configs:\n  - job_name: poolserve\n    honor_labels: true\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{metered.port}']\n"
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        with metered.client() as client:
-            deadline = time.monotonic() + 8  # several scrapes, so that rates over 10 s have two samples
-            while time.monotonic() < deadline:
-                assert client.post("/v1/embeddings", json={"input": ["dashboard", "panel"]}).status_code == 200
-                assert client.post("/v1/embeddings", json={"input": 3}).status_code == 400
-        empty: set[str] = set()
+    with metered.client() as client:
+        deadline = time.monotonic() + 3  # a few 1 s scrapes, so that rates over 10 s have two samples
+        while time.monotonic() < deadline:
+            assert client.post("/v1/embeddings", json={"input": ["dashboard", "panel"]}).status_code == 200
+            assert client.post("/v1/embeddings", json={"input": 3}).status_code == 400
+    empty: set[str] = set()
 
-        def answered() -> bool:
-            empty.clear()
-            for where, expr in queries(load_dashboard()):
-                filled = expr.replace("$__rate_interval", "10s")
-                for variable in ("$job", "$instance", "$model"):
-                    filled = filled.replace(variable, ".*")
-                try:
-                    got = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": filled}, timeout=5)
-                except httpx.HTTPError:
-                    return False
-                assert got.json()["status"] == "success", (where, got.text)
-                if not got.json()["data"]["result"]:
-                    empty.add(where.split("'")[1])
-            return empty <= QUIET_PANELS
+    def answered() -> bool:
+        empty.clear()
+        for where, expr in queries(load_dashboard()):
+            filled = expr.replace("$__rate_interval", "10s")
+            for variable in ("$job", "$instance", "$model"):
+                filled = filled.replace(variable, ".*")
+            try:
+                got = httpx.get(f"{prometheus}/api/v1/query", params={"query": filled}, timeout=5)
+            except httpx.HTTPError:
+                return False
+            assert got.json()["status"] == "success", (where, got.text)
+            if not got.json()["data"]["result"]:
+                empty.add(where.split("'")[1])
+        return empty <= QUIET_PANELS
 
-        assert wait_until(answered, 30, interval=1), f"no data for {sorted(empty - QUIET_PANELS)}"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        time.sleep(0.1)
+    assert wait_until(answered, 30, interval=1), f"no data for {sorted(empty - QUIET_PANELS)}"
