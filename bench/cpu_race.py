@@ -4,7 +4,7 @@ Infinity's ONNX Runtime engine in fp32 and int8, every target under the same clo
 
     make bench-onnx-peer
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
-        [--poolserve-flags "--torch-threads 1"] [--out FILE]
+        [--warmup 2] [--poolserve-flags "--torch-threads 1"] [--out FILE]
 
 A point is `clients:workload` (bench/harness/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
 target once and runs every point on it; the second pass runs the targets in the opposite order, so neither side
@@ -57,9 +57,11 @@ def tree_cpu(root: int) -> float:
     return sum(cpu_seconds(pid) for pid in process_tree(root))
 
 
-def measure(server: ServerProcess, path: str, clients: int, workload: str, seconds: float) -> dict[str, Any]:
-    """One closed-loop run of bench.loadgen; the target's CPU is read over (about) its measured window."""
-    warmup = 2.0
+def measure(
+    server: ServerProcess, path: str, clients: int, workload: str, seconds: float, *, warmup: float = 2.0
+) -> dict[str, Any]:
+    """One closed-loop run of bench.loadgen after `warmup` seconds of the same load; the target's CPU is read over
+    (about) its measured window."""
     argv = [sys.executable, "-m", "bench.loadgen", "--url", server.url, "--workload", workload, "--path", path,
             "--model-name", SERVED_NAME, "--concurrency", str(clients), "--duration", str(seconds),
             "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
@@ -114,6 +116,7 @@ def main() -> None:
     parser.add_argument("--points", default="1:a,32:a,8:b", help="clients:workload, comma-separated")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of each point's load before it is measured")
     parser.add_argument(
         "--targets",
         default="poolserve default,poolserve float32,poolserve int8,infinity onnx fp32,infinity onnx int8",
@@ -158,8 +161,8 @@ def main() -> None:
                     served = onnx_peer.vectors(server.url, target.path, SERVED_NAME, texts)
                     parity[target.name] = round(onnx_peer.cosine_min(served, reference), 5)
                 for clients, workload in points:
-                    row = {"pass": pass_, "target": target.name,
-                           **measure(server, target.path, clients, workload, args.seconds)}  # fmt: skip
+                    measured = measure(server, target.path, clients, workload, args.seconds, warmup=args.warmup)
+                    row = {"pass": pass_, "target": target.name, **measured}
                     print(json.dumps(row), flush=True)
                     runs.append(row)
             finally:

@@ -1,7 +1,7 @@
 """Served against the offline ceiling, at equal precision, in one run: issue 28's CPU target.
 
-    python -m bench.served_share --rounds 2 --seconds 10 [--clients 32] [--api-servers 2] [--generator wrk_load]
-        [--flags "--token-packing off"] [--out FILE]
+    python -m bench.served_share --rounds 2 --seconds 10 [--warmup 2] [--clients 32] [--api-servers 2]
+        [--generator wrk_load] [--flags "--token-packing off"] [--out FILE]
 
 The ceiling is what a user who skips serving gets: sentence-transformers' `encode` in float32 over the 2,048
 sentences of workload (a) in batches of 32 (it sorts them by length itself), both cores to itself
@@ -44,15 +44,18 @@ def ceiling(seconds: float, sentences: int) -> dict[str, object]:
     return {"sentences_per_s": round(best["sentences_per_s"], 1)}
 
 
-def served(seconds: float, clients: int, api_servers: int, generator: str, flags: list[str]) -> dict[str, object]:
-    """poolserve float32's single-sentence requests/s (one sentence each: sentences/s) and tail under a closed loop."""
+def served(
+    seconds: float, clients: int, api_servers: int, generator: str, flags: list[str], *, warmup: float = 2.0
+) -> dict[str, object]:
+    """poolserve float32's single-sentence requests/s (one sentence each: sentences/s) and tail under a closed loop,
+    after `warmup` seconds of it."""
     server = PoolserveProcess(
         "--api-server-count", str(api_servers), "--device", "cpu", "--dtype", "float32", *flags
     ).wait_ready(120)
     try:
         done = subprocess.run(
             [sys.executable, "-m", f"bench.{generator}", "--url", server.url, "--workload", "short",
-             "--concurrency", str(clients), "--duration", str(seconds), "--warmup", "2"],
+             "--concurrency", str(clients), "--duration", str(seconds), "--warmup", str(warmup)],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
     finally:
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of the served load before it is measured")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--api-servers", type=int, default=2)
     parser.add_argument(
@@ -91,7 +95,10 @@ def main(argv: list[str] | None = None) -> None:
             if part == "ceiling":
                 figures = ceiling(args.seconds, args.sentences)
             else:
-                figures = served(args.seconds, args.clients, args.api_servers, args.generator, shlex.split(args.flags))
+                flags = shlex.split(args.flags)
+                figures = served(
+                    args.seconds, args.clients, args.api_servers, args.generator, flags, warmup=args.warmup
+                )
             parts[part] = {**figures, "load": load}
         share = float(parts["served"]["sentences_per_s"]) / float(parts["ceiling"]["sentences_per_s"])  # type: ignore[arg-type]
         rounds.append({"round": number + 1, **parts, "served_share": round(share, 3)})

@@ -37,7 +37,7 @@ def test_the_race_runs_briefly(tmp_path: Path) -> None:
     out = tmp_path / "race.json"
     subprocess.run(
         [sys.executable, "-m", "bench.cpu_race", "--targets", ",".join(targets), "--points", "2:a", "--seconds", "2",
-         "--passes", "1", "--out", str(out)],
+         "--warmup", "0.5", "--passes", "1", "--out", str(out)],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     result = json.loads(out.read_text())

@@ -12,8 +12,8 @@ from pathlib import Path
 def test_the_served_share_bench_runs_a_round(tmp_path: Path) -> None:
     out = tmp_path / "share.json"
     subprocess.run(
-        [sys.executable, "-m", "bench.served_share", "--rounds", "1", "--seconds", "1", "--clients", "2",
-         "--api-servers", "1", "--sentences", "64", "--out", str(out)],
+        [sys.executable, "-m", "bench.served_share", "--rounds", "1", "--seconds", "1", "--warmup", "0.5",
+         "--clients", "2", "--api-servers", "1", "--sentences", "64", "--out", str(out)],
         check=True, capture_output=True, timeout=240,
     )  # fmt: skip
     (row,) = json.loads(out.read_text())["rounds"]
