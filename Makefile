@@ -9,10 +9,11 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 API_SERVERS ?= 2
 PYTEST_ARGS ?=
-# The suite over two workers (pytest-xdist): each module whole on one of them, in file order with its module fixtures
-# started once, tests/e2e whole on one (tests/scheduling.py), and a test marked `alone` with no other beside it
-# (tests/alone.py). PYTEST_WORKERS=0 runs it all in one process.
-PYTEST_WORKERS ?= 2
+# The suite over three workers (pytest-xdist) on the 2-core hosts it runs on: each module whole on one of them, in file
+# order with its module fixtures started once, tests/e2e whole on one and the longest dealt first (tests/scheduling.py),
+# and a test marked `alone` with no other beside it (tests/alone.py); the third fills what the end-to-end tests' waits
+# leave idle (docs/architecture.md). PYTEST_WORKERS=0 runs it all in one process.
+PYTEST_WORKERS ?= 3
 # `make bench` (docs/benchmarks.md): which loads, which server shapes, how long. With these
 # defaults it takes about 25 minutes on 2 cores; MAX_MINUTES skips (and lists) whatever is left.
 WORKLOADS ?= a,b,c,d

@@ -9,7 +9,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# `make test` runs the suite over two workers on 2 cores. OpenMP's worker threads spin while they wait for work, and
+# `make test` runs the suite over several workers on 2 cores. OpenMP's worker threads spin while they wait for work, and
 # with torch in both workers (and in the servers their tests start, which inherit this) each process's spinning took
 # the cores from the other: the whole suite's CPU went from 548 s run serially to 700-783 s over two workers, and
 # back to 523 s with waiting threads asleep. OpenMP reads this once, when torch loads its runtime.
