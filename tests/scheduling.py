@@ -4,7 +4,7 @@ on one worker, as loadscope does, except tests/e2e, which goes whole to one work
 The end-to-end modules share `launch`es that start once per worker that needs them (tests/conftest.py's session
 `server` and `guarded_server`, tests/e2e/conftest.py's `recycling_server`): dealt module by module they started on
 both workers, one more `launch` of each on the 2 cores (~7 s each). On one worker they run one after the other, in
-file order, while the other worker runs the one-process tests. xdist's own grouping mark (`xdist_group`) would do
+file order, while the other workers run the one-process tests. xdist's own grouping mark (`xdist_group`) would do
 this, but with pytest 9.2 it does not take effect (pytest-dev/pytest-xdist#1386): this is the scheduler's
 documented seam instead, the scope a test's node id falls in.
 

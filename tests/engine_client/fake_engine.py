@@ -61,11 +61,10 @@ class FakeEngine:
             msg = self._wire.decode(frames)
             if isinstance(msg, Hello):
                 await self._router.send_multipart([identity, *self._wire.encode(Ready(CARD, self.suspects))])
-            elif isinstance(msg, Ping) and self.answers_pings:
-                pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
-                await self._router.send_multipart([identity, *self._wire.encode(pong)])
             elif isinstance(msg, Ping):
-                pass
+                if self.answers_pings:
+                    pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
+                    await self._router.send_multipart([identity, *self._wire.encode(pong)])
             elif isinstance(msg, EngineRequest) and self.is_full:
                 refusal = RequestFailed(msg.id, ERROR_OVERLOADED, f"engine {self.index} is full")
                 await self._router.send_multipart([identity, *self._wire.encode_outputs([], [refusal])])
