@@ -177,8 +177,18 @@ def prometheus(metered: PoolserveProcess, tmp_path_factory: pytest.TempPathFacto
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        # Until its storage is open Prometheus answers queries with a plain-text 503 "Service Unavailable".
+        try:
+            return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        yield f"http://127.0.0.1:{port}"
+        assert wait_until(ready, 30, interval=0.1), "Prometheus did not become ready in 30 s"
+        yield url
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
