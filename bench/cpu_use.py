@@ -36,6 +36,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """User plus system CPU seconds of each thread of a process, from /proc/<pid>/task: the main thread as
+    `main`, the others by their name (`python` for a Python thread, `ZMQbg/IO/0` for ZeroMQ's), numbered in
+    the order they started where names repeat."""
+    named: dict[str, float] = {}
+    try:
+        tids = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return named
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if tid == pid:
+            name = "main"
+        label, n = name, 1
+        while label in named:
+            n += 1
+            label = f"{name}-{n}"
+        named[label] = (int(fields[11]) + int(fields[12])) / TICKS
+    return named
+
+
 def cpu_by_role(root: int) -> dict[str, float]:
     totals: dict[str, float] = {}
     for pid in process_tree(root):

@@ -8,7 +8,10 @@ For each workload (short: one sentence; batch16: 16 sentences; rerank8: a query 
 window: the supervisor, each API server, the engine. Divided by the requests answered in that window, that is
 the CPU each process spends per request. The same load against bench.bare_app (uvicorn, msgspec, the same
 tokenizer, a canned reply) gives the floor a Python frontend cannot go below; the API server's figure over it
-is its own overhead. Also printed: the engine's mean batch (inputs a forward pass, from /metrics).
+is its own overhead. Also printed: the engine's mean batch (inputs a forward pass, from /metrics), and its CPU per
+request by thread (`engine_threads_us_per_request`: `main` runs the steps; the other Python threads are `python`,
+`python-2`, ... in the order they started, the I/O thread that receives and admits requests the busiest of them;
+`ZMQbg/IO/0` is ZeroMQ's own).
 `--generator wrk_load` drives the load from Debian's `wrk` (bench/wrk_load.py) instead of bench.loadgen, whose
 own ~150 µs a request competes with the servers on a 2-core host.
 
@@ -30,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.cpu_use import cpu_seconds
+from bench.cpu_use import cpu_seconds, thread_cpu
 from bench.harness.models import model_folder
 from bench.harness.server_process import REPO, PoolserveProcess, ServerProcess, cmdline, process_tree, role_of
 
@@ -78,10 +81,13 @@ def measure(
         argv += ["--prober-interval", "0"]
     loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     time.sleep(warmup + 0.5)  # loadgen's own start-up (~0.5 s) and warm-up
+    engine = engine_pid(root)
+    threads_before = thread_cpu(engine) if engine else {}
     before, started = process_cpu(root), time.monotonic()
     batches_before = batch_inputs(url) if root_is_poolserve(root) else (0.0, 0.0)
     time.sleep(seconds - 1.0)
     after, window = process_cpu(root), time.monotonic() - started
+    threads_after = thread_cpu(engine) if engine else {}
     batches_after = batch_inputs(url) if root_is_poolserve(root) else (0.0, 0.0)
     out, _ = loadgen.communicate(timeout=seconds + 120)
     result = json.loads(out.splitlines()[-1])
@@ -96,9 +102,20 @@ def measure(
         "cpu_us_per_request": {
             role: round((after[role] - before.get(role, 0.0)) / requests * 1e6, 1) for role in after if requests
         },
+        # The engine's threads apart (the module's docstring says which is which).
+        "engine_threads_us_per_request": {
+            name: round((threads_after[name] - threads_before.get(name, 0.0)) / requests * 1e6, 1)
+            for name in threads_after
+            if requests
+        },
         "mean_batch_inputs": round((batches_after[0] - batches_before[0]) / passes, 1) if passes else None,
         "generator_cores": round(result["generator"]["cpu_share"], 3),
     }
+
+
+def engine_pid(root: int) -> int | None:
+    """The (first) engine process under `root`, if any."""
+    return next((pid for pid in process_tree(root) if role_of(cmdline(pid)) == "engine"), None)
 
 
 def root_is_poolserve(root: int) -> bool:
