@@ -26,6 +26,7 @@ def test_the_cpu_per_request_bench_runs_on_the_simulated_gpu(tmp_path: Path) -> 
     assert poolserve["cpu_us_per_request"]["engine"] > 0 and poolserve["cpu_us_per_request"]["api-0"] > 0
     assert poolserve["mean_batch_inputs"] >= 1
     threads = poolserve["engine_threads_us_per_request"]
-    assert threads["main"] > 0 and any(name.startswith("ZMQbg/IO") for name in threads)
+    # /proc counts CPU in 10 ms ticks: over this brief window a single thread may read 0, the engine as a whole not.
+    assert "main" in threads and any(name.startswith("ZMQbg/IO") for name in threads) and sum(threads.values()) > 0
     assert bare["engine_threads_us_per_request"] == {}
     assert bare["cpu_us_per_request"]["bare"] > 0
