@@ -52,6 +52,8 @@ class SteadyLoad:
         # request that did not get a 200, so a failure can be put beside the fault before it.
         self.misses: list[tuple[float, str]] = []
         self.latencies: list[float] = []
+        # How many clients have had an answer: until then a client's failure has no server to trace it to.
+        self.answered_clients = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [
@@ -80,8 +82,15 @@ class SteadyLoad:
         if not wait_until(lambda: sum(self.statuses.values()) >= count, timeout):
             raise TimeoutError(f"only {dict(self.statuses)} after {timeout}s, wanted {count} responses")
 
+    def wait_for_every_client(self, timeout: float = 30) -> None:
+        """Wait until every client has had an answer, so that each one's connection has a known server (a client
+        thread can start late on a busy host, and its first request go out while others have had many)."""
+        if not wait_until(lambda: self.answered_clients == self.clients, timeout):
+            raise TimeoutError(f"only {self.answered_clients} of {self.clients} clients answered after {timeout}s")
+
     def _client(self, rng: random.Random) -> None:
         last_server: str | None = None
+        answered = False
         transport = httpx.HTTPTransport(uds=self.uds) if self.uds else None
         with httpx.Client(base_url=self.url, timeout=self.timeout, transport=transport) as client:
             while not self._stop.is_set():
@@ -96,6 +105,9 @@ class SteadyLoad:
                     continue
                 last_server = response.headers.get("x-poolserve-server", last_server)
                 with self._lock:
+                    if not answered:
+                        answered = True
+                        self.answered_clients += 1
                     self.statuses[response.status_code] += 1
                     self.latencies.append(time.perf_counter() - started)
                     if response.status_code != 200:
