@@ -81,18 +81,10 @@ def take_out(parts: list[str]) -> None:
 
         TextTokenizer.encode = encode  # type: ignore[method-assign]
     if "vectors" in parts:
-        import msgspec
-
         from apiserver.requests import responses
 
-        row = msgspec.Raw(orjson_row())
+        row = responses.float_json(AnsweringEngine().row[0])  # the app's own JSON of the answer's row, written once
         responses.float_json = lambda values: row
-
-
-def orjson_row() -> bytes:
-    import orjson
-
-    return orjson.dumps(AnsweringEngine().row[0], option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def build(without: list[str]) -> Any:

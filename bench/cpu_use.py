@@ -27,13 +27,18 @@ from bench.harness.server_process import PoolserveProcess, cmdline, process_tree
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def stat_seconds(stat: str) -> float:
+    """User plus system CPU seconds from the text of a /proc stat file (a process's or one thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of a process, all its threads, from /proc/<pid>/stat."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat_seconds(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -50,14 +55,12 @@ def thread_cpu(pid: int) -> dict[str, float]:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        if tid == pid:
-            name = "main"
+        name = "main" if tid == pid else stat[stat.index("(") + 1 : stat.rindex(")")]
         label, n = name, 1
         while label in named:
             n += 1
             label = f"{name}-{n}"
-        named[label] = (int(fields[11]) + int(fields[12])) / TICKS
+        named[label] = stat_seconds(stat)
     return named
 
 
