@@ -83,8 +83,9 @@ class SteadyLoad:
             raise TimeoutError(f"only {dict(self.statuses)} after {timeout}s, wanted {count} responses")
 
     def wait_for_every_client(self, timeout: float = 30) -> None:
-        """Wait until every client has had an answer, so that each one's connection has a known server (a client
-        thread can start late on a busy host, and its first request go out while others have had many)."""
+        """Wait until every client has had an answer, so that each one's connection has a known server (on a busy host a
+        client's first request can go out long after its thread starts, while it builds its httpx client, and others
+        have had many answers by then)."""
         if not wait_until(lambda: self.answered_clients == self.clients, timeout):
             raise TimeoutError(f"only {self.answered_clients} of {self.clients} clients answered after {timeout}s")
 

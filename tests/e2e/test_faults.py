@@ -78,7 +78,7 @@ def test_a_killed_api_server_is_back_within_2s_and_only_its_connections_fail(
     with SteadyLoad(server.url, clients=8) as load:
         load.wait_for(40)
         # Every client's connection traced to a server before the kill: a client whose first request was still out
-        # (its thread started late on a busy host) failed with no server to name (CI, 2026-11-28).
+        # (it went out late on a busy host) failed with no server to name (CI, 2026-11-28).
         load.wait_for_every_client()
         mark = len(server.stderr())
         os.kill(victim, signal.SIGKILL)
