@@ -261,7 +261,8 @@ def test_a_closed_connection_lets_a_paused_acceptor_resume_at_once(board: LoadBo
 
     async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
         with clients_of(acceptor.sock.getsockname()[1], 3):
-            assert await wait_for(lambda: load.connections == 2 and not acceptor.is_reading)
+            # The count rises at the accept; the transport is made a few loop turns later (connect_accepted_socket).
+            assert await wait_for(lambda: len(made) == 2 and load.connections == 2 and not acceptor.is_reading)
             made[0].close()  # down to 1: level with the sibling again, so the queued third is taken
             assert await wait_for(lambda: len(made) == 3, timeout=fair_accept.HANDOFF_S / 2)
 
@@ -369,7 +370,7 @@ def test_a_full_server_leaves_new_connections_to_a_sibling_with_room(board: Load
 
     async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
         with clients_of(acceptor.sock.getsockname()[1], 3):
-            assert await wait_for(lambda: load.connections == 2)
+            assert await wait_for(lambda: len(made) == 2 and load.connections == 2)
             # Full at 2: the third waits for the sibling, well past HANDOFF_S, neither taken nor refused.
             await asyncio.sleep(fair_accept.HANDOFF_S * 5)
             assert load.connections == 2 and not acceptor.is_reading
