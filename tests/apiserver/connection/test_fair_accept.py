@@ -130,6 +130,24 @@ def add_sibling(board: LoadBoard, connections: int) -> int:
     return slot
 
 
+@contextlib.contextmanager
+def beating(board: LoadBoard, slot: int) -> Iterator[None]:
+    """A live sibling's loop beats on its own; here a thread does it, which wakes the loop under test for nothing."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(fair_accept.BEAT_INTERVAL_S):
+            board.write(slot, Word.BEAT_NS, time.monotonic_ns())
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 async def wait_for(predicate: object, timeout: float = 2.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -137,6 +155,13 @@ async def wait_for(predicate: object, timeout: float = 2.0) -> bool:
             return True
         await asyncio.sleep(0.002)
     return False
+
+
+@pytest.fixture
+def slow_handoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HANDOFF_S at 0.25 s: a test that tells "taken at once" from "taken after the handoff" by the clock waits
+    HANDOFF_S / 2 for "at once", and 10 ms (half of the real 20 ms) is less than one time slice of a busy host."""
+    monkeypatch.setattr(fair_accept, "HANDOFF_S", 0.25)
 
 
 def connect(port: int) -> socket.socket:
@@ -256,11 +281,11 @@ def test_a_sibling_whose_loop_stopped_beating_is_not_waited_for(board: LoadBoard
         asyncio.run(run_acceptor(board, sock, scenario))
 
 
-def test_a_closed_connection_lets_a_paused_acceptor_resume_at_once(board: LoadBoard) -> None:
-    add_sibling(board, connections=1)
+def test_a_closed_connection_lets_a_paused_acceptor_resume_at_once(board: LoadBoard, slow_handoff: None) -> None:
+    sibling = add_sibling(board, connections=1)
 
     async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
-        with clients_of(acceptor.sock.getsockname()[1], 3):
+        with clients_of(acceptor.sock.getsockname()[1], 3), beating(board, sibling):
             # The count rises at the accept; the transport is made a few loop turns later (connect_accepted_socket).
             assert await wait_for(lambda: len(made) == 2 and load.connections == 2 and not acceptor.is_reading)
             made[0].close()  # down to 1: level with the sibling again, so the queued third is taken
@@ -278,24 +303,6 @@ class CountingSelector(selectors.DefaultSelector):
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         self.waits += 1
         return super().select(timeout)
-
-
-@contextlib.contextmanager
-def beating(board: LoadBoard, slot: int) -> Iterator[None]:
-    """A live sibling's loop beats on its own; here a thread does it, which wakes the loop under test for nothing."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(fair_accept.BEAT_INTERVAL_S):
-            board.write(slot, Word.BEAT_NS, time.monotonic_ns())
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def test_an_idle_connection_costs_a_paused_acceptor_no_wake_ups_and_a_newcomer_is_still_taken(board: LoadBoard) -> None:
@@ -364,15 +371,15 @@ def read_until_closed(client: socket.socket) -> bytes:
     return received
 
 
-def test_a_full_server_leaves_new_connections_to_a_sibling_with_room(board: LoadBoard) -> None:
-    add_sibling(board, connections=1)
+def test_a_full_server_leaves_new_connections_to_a_sibling_with_room(board: LoadBoard, slow_handoff: None) -> None:
+    sibling = add_sibling(board, connections=1)
     refused_before = refused_count()
 
     async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
-        with clients_of(acceptor.sock.getsockname()[1], 3):
+        with clients_of(acceptor.sock.getsockname()[1], 3), beating(board, sibling):
             assert await wait_for(lambda: len(made) == 2 and load.connections == 2)
             # Full at 2: the third waits for the sibling, well past HANDOFF_S, neither taken nor refused.
-            await asyncio.sleep(fair_accept.HANDOFF_S * 5)
+            await asyncio.sleep(fair_accept.HANDOFF_S * 2)
             assert load.connections == 2 and not acceptor.is_reading
             assert refused_count() == refused_before
             # Room again: the waiting connection is taken at once.
@@ -383,13 +390,15 @@ def test_a_full_server_leaves_new_connections_to_a_sibling_with_room(board: Load
         asyncio.run(run_acceptor(board, sock, scenario, max_connections=2))
 
 
-def test_a_full_sibling_is_left_out_of_the_share_it_cannot_take_the_next_connection(board: LoadBoard) -> None:
-    add_sibling(board, connections=3)  # full, and nothing in flight
+def test_a_full_sibling_is_left_out_of_the_share_it_cannot_take_the_next_connection(
+    board: LoadBoard, slow_handoff: None
+) -> None:
+    sibling = add_sibling(board, connections=3)  # full, and nothing in flight
 
     async def scenario(acceptor: FairAcceptor, load: ServerLoad, made: list[asyncio.Transport]) -> None:
         for _ in range(3):  # 3 requests in flight: above the full sibling's 3 + 0 once a connection is added
             load.request_started()
-        with clients_of(acceptor.sock.getsockname()[1], 2):
+        with clients_of(acceptor.sock.getsockname()[1], 2), beating(board, sibling):
             assert await wait_for(lambda: load.connections == 2, timeout=fair_accept.HANDOFF_S / 2)
         for _ in range(3):
             load.request_finished()
