@@ -5,7 +5,8 @@
 
 A variant may start with `cwd=DIR`: its server runs the code of that checkout (a `git worktree` of an
 earlier commit), so two commits are compared under one alternated load:
-`--variant "cwd=/tmp/before" --variant ""`.
+`--variant "cwd=/tmp/before" --variant ""`. It may also start with any number of `env=NAME=VALUE`: its server's
+processes get those environment variables (`--variant "env=OMP_WAIT_POLICY=PASSIVE --dtype float32"`).
 
 For each round, each variant in turn: a fresh server (2 API servers with a preprocessing thread
 each, plus the variant's flags), bench.loadgen in a closed loop for `--seconds` after 2 s of warm-up,
@@ -34,10 +35,25 @@ def cpu_ticks() -> list[int]:
         return [int(field) for field in stat.readline().split()[1:]]
 
 
-def run(variant: str, clients: int, workload: str, seconds: float, generator: str = "loadgen") -> dict[str, object]:
+def split_variant(variant: str) -> tuple[Path, dict[str, str], list[str]]:
+    """A variant's checkout (`cwd=DIR`, else this one), environment (`env=NAME=VALUE`, each) and launch flags."""
     flags = shlex.split(variant)
-    cwd = Path(flags.pop(0).removeprefix("cwd=")) if flags and flags[0].startswith("cwd=") else None
-    server = PoolserveProcess("--api-server-count", "2", "--preprocess-workers", "1", *flags, cwd=cwd or REPO)
+    cwd, env = REPO, {}
+    while flags and flags[0].startswith(("cwd=", "env=")):
+        word = flags.pop(0)
+        if word.startswith("cwd="):
+            cwd = Path(word.removeprefix("cwd="))
+            continue
+        name, equals, value = word.removeprefix("env=").partition("=")
+        if not name or not equals:
+            raise SystemExit(f"{word!r}: an environment variable is given as env=NAME=VALUE")
+        env[name] = value
+    return cwd, env, flags
+
+
+def run(variant: str, clients: int, workload: str, seconds: float, generator: str = "loadgen") -> dict[str, object]:
+    cwd, env, flags = split_variant(variant)
+    server = PoolserveProcess("--api-server-count", "2", "--preprocess-workers", "1", *flags, env=env, cwd=cwd)
     try:
         server.wait_ready(120)
         before = cpu_ticks()
