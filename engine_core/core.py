@@ -1,8 +1,9 @@
 """The engine's step, with no I/O: requests in, batches through the model, finished rows and failures out.
 
-A step is `next_batch()` then `run_batch()`: one forward pass. The process shell (engine.py) owns
-the sockets, threads, heartbeats and the flight recorder, and writes the record between the two
-halves; tests drive the same two calls in process, with a real model and no sockets.
+A step is `next_batch()` then `run_batch()`: one forward pass (`begin_pass`, `forward`, `end_pass`). The process
+shell (engine.py) owns the sockets, threads, heartbeats and the flight recorder, writes the record between the two
+halves, and runs the three parts of a pass itself; tests drive `next_batch` and `run_batch` in process, with a real
+model and no sockets.
 """
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ class StepOutputs:
     @property
     def servers(self) -> set[bytes]:
         return self.outputs.keys() | self.failures.keys()
+
+
+@dataclass(slots=True)
+class StartedPass:
+    """A batch on its way through the model: `EngineCore.begin_pass` made it, `end_pass` or `fail_pass` ends it."""
+
+    batch: list[WorkItem]
+    requests: list[PendingRequest]
+    traced: list[PendingRequest]
+    started: float
+    started_ns: int
+    padded: int  # the batch's tokens, padding included
+    is_urgent: bool  # it holds a request with priority < 0
+    is_alone: bool  # its request is the only one the engine holds
 
 
 class EngineCore:
@@ -182,25 +197,44 @@ class EngineCore:
         return None
 
     def run_batch(self, batch: list[WorkItem]) -> StepOutputs:
-        """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests)."""
+        """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests): its
+        three parts in turn, on this thread's torch threads as `threads` plans them (engine.py runs the parts itself,
+        the middle one outside its lock)."""
+        started = self.begin_pass(batch)
+        self.threads.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
+        try:
+            rows = self.forward(started)
+        except Exception as exc:
+            return self.fail_pass(started, exc)
+        return self.end_pass(started, rows)
+
+    def begin_pass(self, batch: list[WorkItem]) -> StartedPass:
+        """The batch's requests marked running, their queue times observed."""
         started = time.monotonic()
-        engine = engine_labels()
         requests = requests_of(batch)
         waited = [started - request.admitted_at for request in requests if request.start(started)]
         # Wall-clock time, for the traces (ForwardPass); read only when the batch holds a traced request.
         traced = [request for request in requests if request.passes is not None]
-        started_ns = time.time_ns() if traced else 0
         self.running += len(waited)
-        observe_all(QUEUE_SECONDS.labels(*engine), waited)
+        observe_all(QUEUE_SECONDS.labels(*engine_labels()), waited)
         padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
-        try:
-            rows = self._forward(batch, padded)
-        except Exception as exc:
-            failed = requests
-            logger.exception("forward pass failed for requests %s", [r.id for r in failed])
-            return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
+        return StartedPass(
+            batch, requests, traced, started, time.time_ns() if traced else 0, padded,
+            is_urgent=any(item.request.priority < 0 for item in batch), is_alone=len(self._requests) == 1,
+        )  # fmt: skip
+
+    def fail_pass(self, started: StartedPass, exc: Exception) -> StepOutputs:
+        """A pass the model raised on: every request in it failed, with what the model said."""
+        failed = started.requests
+        logger.exception("forward pass failed for requests %s", [r.id for r in failed], exc_info=exc)
+        return self._fail(failed, f"the model failed on this batch: {type(exc).__name__}: {exc}")
+
+    def end_pass(self, started: StartedPass, rows: F32 | list[F32] | list[F32 | SparseRow]) -> StepOutputs:
+        """The pass's rows handed to their requests (and the cache), and the requests it completed."""
+        batch, padded = started.batch, started.padded
+        engine = engine_labels()
         modality = "image" if batch[0].is_image else "text"
-        seconds = time.monotonic() - started
+        seconds = time.monotonic() - started.started
         FORWARD_SECONDS.labels(*engine, modality).observe(seconds)
         if modality == "text" and not self.scheduler.packed:  # a packed runner's batches are filled anyway
             fixed = self.pass_cost.observe(padded, seconds)
@@ -208,8 +242,8 @@ class EngineCore:
                 self.scheduler.batch_overhead_tokens = fixed
         BATCH_INPUTS.labels(*engine).observe(len(batch))
         BATCH_TOKENS.labels(*engine).observe(padded)
-        if traced:
-            record_pass(batch, traced, started_ns, padded)
+        if started.traced:
+            record_pass(batch, started.traced, started.started_ns, padded)
         if self.cache.max_bytes:
             for row, item in zip(rows, batch, strict=True):
                 if item.request.cache_keys:
@@ -217,14 +251,16 @@ class EngineCore:
         finished = [
             item.request for row, item in zip(rows, batch, strict=True) if item.request.add_row(item.index, row)
         ]
-        return self._finish(finished)
+        # (a request aborted while a second lane's pass ran its inputs is answered to no one)
+        return self._finish([request for request in finished if not request.is_cancelled])
 
-    def _forward(self, batch: list[WorkItem], padded: int) -> F32 | list[F32] | list[F32 | SparseRow]:
-        """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts.
-        `padded`: the batch's tokens, padding included, which sets the pass's torch threads."""
-        self.threads.apply(
-            padded, is_urgent=any(item.request.priority < 0 for item in batch), is_alone=len(self._requests) == 1
-        )
+    def forward(self, started: StartedPass) -> F32 | list[F32] | list[F32 | SparseRow]:
+        """The model on a started pass's batch. It reads the batch's inputs and changes nothing of the core, so two
+        may run at once beside the core's other calls (engine.py's second lane)."""
+        return self._forward(started.batch)
+
+    def _forward(self, batch: list[WorkItem]) -> F32 | list[F32] | list[F32 | SparseRow]:
+        """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts."""
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
         rows = [item.request.input_ids(item.index) for item in batch]

@@ -2,19 +2,29 @@
 
 The I/O thread owns the ROUTER socket; this loop takes what it queued, runs one step at a time
 (core.py, no I/O), and queues each API server's replies for that thread, waking it over an inproc socket.
+
+Two passes at once on a CPU. Where the model runs through torch on a CPU with two or more engine threads
+(`LoadedModel.passes_at_once`), a second lane (a thread of its own) runs a pass beside the main loop's when more
+work is queued than the main loop's pass took: both then run on one torch thread each. Otherwise the main loop's
+pass has the threads engine_core/threads.py gives it, as with one lane, so a lone request and the half-batches that
+alternate at 32 clients of single sentences are served as before. A pass on several threads always runs on the main
+thread: OpenMP's parallel regions cost more when another thread starts them (docs/benchmarks.md, "Two passes at
+once"). The core is shared under one lock, held for everything but the forward passes themselves; each lane answers
+over its own inproc socket.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import zmq
 
 from engine_core.admission import AdmissionLimit
-from engine_core.core import EngineCore, StepOutputs, requests_of
+from engine_core.core import EngineCore, StartedPass, StepOutputs, requests_of
 from engine_core.embedding_cache import EmbeddingCache
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
@@ -22,16 +32,20 @@ from engine_core.loader import LoadedModel
 from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING, engine_labels
 from engine_core.request_state import PendingRequest
 from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy
+from engine_core.threads import ThreadPlan
 from poolserve.protocol import EngineWire
 
 logger = logging.getLogger("poolserve.engine")
 
 IDLE_WAIT_S = 0.2
 BEAT_INTERVAL_S = 1.0
+# The lanes: the main loop's, and the second lane's (two passes at once on a CPU).
+MAIN, LANE = 0, 1
 
 
 class EngineProcess:
-    """Runs EngineCore's steps on the main thread while the I/O thread serves the socket."""
+    """Runs EngineCore's steps on the main thread (and a second lane's beside them) while the I/O thread serves the
+    socket."""
 
     def __init__(
         self,
@@ -51,8 +65,20 @@ class EngineProcess:
         self._last_beat = 0.0
         # The gauges' last values: (requests waiting, requests running, inputs queued).
         self._shown: tuple[int, int, int] | None = None
-        # Set while a forward pass runs; the I/O thread reports how long it has run (a hang).
-        self._step_started: float | None = None
+        # Each lane's forward pass while it runs: when it started (the I/O thread reports how long the oldest has
+        # run: a hang), its requests (the flight recorder holds every lane's) and its torch threads.
+        self._pass_started: dict[int, float] = {}
+        self._running: dict[int, list[tuple[bytes, int]]] = {}
+        self._threads_of: dict[int, int] = {}
+        self._lock = threading.Lock()
+        # torch's thread count is each OS thread's own: a plan per lane
+        self._plans = {MAIN: self.core.threads, LANE: ThreadPlan(loaded.card.device, self.core.threads.full)}
+        self._lane_wanted = threading.Event()
+        self._lane = (
+            threading.Thread(target=self._run_lane, name="engine-lane", daemon=True)
+            if loaded.passes_at_once > 1
+            else None
+        )
         suspects = recorder.read_suspects()
         if suspects:
             logger.warning("%d request(s) were running when the last engine died", sum(map(len, suspects.values())))
@@ -69,43 +95,118 @@ class EngineProcess:
 
     def run(self) -> None:
         self.io.start()
+        if self._lane is not None:
+            self._lane.start()
         try:
             while not self.should_exit:
-                self._heartbeat()
-                # Between steps: new requests, and aborts that save the compute of inputs not run yet.
-                self._drain(block=not self.core.has_work())
-                from_cache = self.core.take_answered_from_cache()
-                if from_cache is not None:
-                    self._reply(from_cache)
-                batch = self.core.next_batch()
-                if batch is None:
+                with self._lock:
+                    self._heartbeat()
+                    # Between steps: new requests, and aborts that save the compute of inputs not run yet.
+                    self._drain()
+                    from_cache = self.core.take_answered_from_cache()
+                    if from_cache is not None:
+                        self._reply(from_cache, self._outbox)
+                    started = self._start_pass(MAIN)
+                if started is None:
+                    self._wait_for_work()
                     continue
-                # Written before the forward pass, so that a restarted engine knows what was running.
-                self.recorder.record(request.key for request in requests_of(batch))
-                self._step_started = time.monotonic()
-                try:
-                    outputs = self.core.run_batch(batch)
-                finally:
-                    self._step_started = None
-                    self.recorder.clear()
-                self._reply(outputs)
+                self._run_pass(MAIN, started, self._outbox)
         finally:
+            self.should_exit = True
+            self._lane_wanted.set()
+            if self._lane is not None:
+                self._lane.join()
             self.io.stop()
             self._outbox.close()
             self._context.term()
             self.recorder.close()
 
+    def _run_lane(self) -> None:
+        """The second lane: a pass on one thread whenever the main loop runs one on one thread and more is queued."""
+        outbox = self._context.socket(zmq.PUSH)
+        outbox.setsockopt(zmq.LINGER, 0)
+        outbox.connect(OUTBOX_ENDPOINT)
+        try:
+            while not self.should_exit:
+                self._lane_wanted.wait(IDLE_WAIT_S)
+                with self._lock:
+                    started = self._start_pass(LANE) if self._threads_of.get(MAIN) == 1 else None
+                    if started is None:
+                        self._lane_wanted.clear()
+                        continue
+                self._run_pass(LANE, started, outbox)
+        finally:
+            outbox.close()
+
+    def _start_pass(self, lane: int) -> StartedPass | None:
+        """The lane's next batch, recorded and begun, with the lane's torch threads set; None when nothing is queued.
+        Lock held."""
+        batch = self.core.next_batch()
+        if batch is None:
+            return None
+        # Written before the forward pass, so that a restarted engine knows what was running.
+        self._running[lane] = [request.key for request in requests_of(batch)]
+        self.recorder.record(key for keys in self._running.values() for key in keys)
+        started = self.core.begin_pass(batch)
+        self._pass_started[lane] = started.started
+        plan = self._plans[lane]
+        if lane == LANE or (self._lane is not None and (LANE in self._running or self._more_queued(started))):
+            plan.use(1)  # two passes at once (or the second lane's about to start)
+            if lane == MAIN:
+                self._lane_wanted.set()
+        else:
+            plan.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
+        self._threads_of[lane] = plan.current
+        return started
+
+    def _more_queued(self, started: StartedPass) -> bool:
+        """Whether another pass is worth a lane of its own: work is queued beyond this batch (of this request or
+        others), and the batch is not urgent (urgent work gets every thread)."""
+        return self.core.has_work() and not started.is_urgent
+
+    def _run_pass(self, lane: int, started: StartedPass, outbox: zmq.Socket[bytes]) -> None:
+        """The forward pass outside the lock; its answers, and the end of its record, under it."""
+        try:
+            rows = self.core.forward(started)
+        except Exception as exc:
+            with self._lock:
+                self._end_pass(lane)
+                self._reply(self.core.fail_pass(started, exc), outbox)
+            return
+        with self._lock:
+            self._end_pass(lane)
+            self._reply(self.core.end_pass(started, rows), outbox)
+
+    def _end_pass(self, lane: int) -> None:
+        del self._pass_started[lane], self._running[lane], self._threads_of[lane]
+        if self._running:
+            self.recorder.record(key for keys in self._running.values() for key in keys)
+        else:
+            self.recorder.clear()
+
+    def _wait_for_work(self) -> None:
+        """Nothing queued: wait for the I/O thread's next items (or IDLE_WAIT_S, for the heartbeat), then take them."""
+        try:
+            items = self.io.inbox.get(timeout=IDLE_WAIT_S)
+        except queue.Empty:
+            return
+        with self._lock:
+            self._accept(items)
+
     def request_exit(self) -> None:
         self.should_exit = True
 
     def stalled_for(self) -> float:
-        started = self._step_started
-        return 0.0 if started is None else time.monotonic() - started
+        """How long the longest-running forward pass has run (0 when none runs)."""
+        started = list(self._pass_started.values())
+        return 0.0 if not started else time.monotonic() - min(started)
 
     def _heartbeat(self) -> None:
         """Beats come from this loop, so a forward pass that never returns stops them."""
         now = time.monotonic()
-        if now - self._last_beat >= BEAT_INTERVAL_S:
+        # Beats come from this loop between its passes; a second lane's pass that has run since before the last
+        # beat holds them back, so that a pass that never returns stops them, in either lane.
+        if beat_is_due(now, self._last_beat, self._pass_started.values()):
             self._last_beat = now
             self._beat()
         # Written only when they change: each write is a label look-up and a write to the metric file, and
@@ -118,12 +219,10 @@ class EngineProcess:
             REQUESTS_RUNNING.labels(*engine).set(shown[1])
             INPUTS_QUEUED.labels(*engine).set(shown[2])
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self) -> None:
         try:
-            items = self.io.inbox.get(timeout=IDLE_WAIT_S) if block else self.io.inbox.get_nowait()
             while True:
-                self._accept(items)
-                items = self.io.inbox.get_nowait()
+                self._accept(self.io.inbox.get_nowait())
         except queue.Empty:
             return
 
@@ -136,7 +235,7 @@ class EngineProcess:
                 identity, message = item
                 abort(identity, message.ids)
 
-    def _reply(self, step: StepOutputs) -> None:
+    def _reply(self, step: StepOutputs, outbox: zmq.Socket[bytes]) -> None:
         """One message per API server, with everything of its that this step finished or failed; one wake-up
         of the I/O thread for all of them."""
         servers = step.servers
@@ -144,4 +243,10 @@ class EngineProcess:
             frames = self._wire.encode_outputs(step.outputs.get(identity, []), step.failures.get(identity, []))
             self.io.replies.put([identity, *frames])
         if servers:
-            self._outbox.send(b"")
+            outbox.send(b"")
+
+
+def beat_is_due(now: float, last_beat: float, passes_started: Iterable[float]) -> bool:
+    """Whether the main loop beats now: a beat interval since the last, and no pass (a second lane's) running since
+    before the last beat. A pass that never returns stops the beats within two intervals, in either lane."""
+    return now - last_beat >= BEAT_INTERVAL_S and all(started > last_beat for started in passes_started)

@@ -130,6 +130,9 @@ class LoadedModel:
     batch_overhead_tokens: float = 0.0
     # The runner computes only the real tokens (engine_core/packed_encoder.py): padding costs no pass.
     packs_tokens: bool = False
+    # Forward passes the engine may run at once (engine_core/engine.py): 2 for a torch model on a CPU with two or
+    # more engine threads.
+    passes_at_once: int = 1
 
 
 def bundled_model_folder() -> Path:
@@ -314,7 +317,10 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
             cap=max_batch_tokens,
         )
-    return LoadedModel(card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed)
+    at_once = 2 if config.runtime == "torch" and device.type == "cpu" and torch.get_num_threads() > 1 else 1
+    return LoadedModel(
+        card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed, passes_at_once=at_once
+    )
 
 
 def read_transformer(config: Config, folder: Path, st: StFolder) -> Transformer:

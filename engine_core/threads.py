@@ -9,6 +9,11 @@ holding urgent work (a request with priority < 0: someone waits for it) gets eve
 request the engine holds when it holds no other: nothing else waits, the API servers are idle until it is answered,
 and with weights packed once (engine_core/packed_linear.py) two threads answer a lone MiniLM sentence in 0.8 of one
 thread's time (docs/benchmarks.md, "Weights packed once"), which is what a single client's latency is made of.
+
+With more work queued than one pass takes, the engine runs two passes at once on one thread each instead
+(engine.py's second lane): a two-thread pass loses 14-16 % of its rate to the API servers' 0.15 of a core on 2 cores,
+as each preempted OpenMP thread holds up the other at every barrier, where two one-thread passes run 14-23 % more
+inputs a second (docs/benchmarks.md, "Two passes at once").
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ SMALL_BATCH_TOKENS = 128
 
 
 class ThreadPlan:
-    """Sets torch's intra-op threads before each forward pass, only when the count changes."""
+    """Sets torch's intra-op threads before each forward pass, only when the count changes. The count is the calling
+    OS thread's own once it has run torch (OpenMP's setting is per thread: torch's global value only seeds a thread's
+    first use), so each thread that runs passes keeps a plan of its own (engine.py's lanes)."""
 
     def __init__(self, device: str, threads: int):
         self.full = threads if device == "cpu" else 0
@@ -33,7 +40,10 @@ class ThreadPlan:
         """`is_alone`: the batch is the one request the engine holds."""
         if self.full <= 1:
             return
-        wanted = self.threads_for(padded_tokens, is_urgent=is_urgent, is_alone=is_alone)
-        if wanted != self.current:
+        self.use(self.threads_for(padded_tokens, is_urgent=is_urgent, is_alone=is_alone))
+
+    def use(self, wanted: int) -> None:
+        """`wanted` threads for this thread's next passes (on a CPU with more than one)."""
+        if self.full > 1 and wanted != self.current:
             torch.set_num_threads(wanted)
             self.current = wanted

@@ -655,7 +655,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "engine",
             "torch intra-op threads in the engine; 0: torch's default (the usable cores). On CPU a batch of at most "
             "128 padded tokens runs on one of them unless it holds a request with priority < 0 "
-            "(engine_core/threads.py).",
+            "(engine_core/threads.py), and with more queued than one pass takes, two passes run at once on one "
+            "thread each (engine_core/engine.py; 1 turns that off).",
             per_model=True,
         ),
     ] = 0

@@ -1,0 +1,97 @@
+"""Two passes at once on a CPU (engine_core/engine.py's second lane), in a server started in this process: with more
+queued than one pass takes, two passes run at the same time on one torch thread each, and every answer is the one the
+model gives each text alone; a lone request's pass has every thread. The forward passes are watched from outside
+(EngineCore.forward wrapped by the test)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from bench.harness.corpus import make_sentence
+from engine_core.core import EngineCore, StartedPass
+from engine_core.engine import BEAT_INTERVAL_S, beat_is_due
+from tests.in_process.stack_server import InProcessServer, served
+from tests.utils import FLOAT32_CPU
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class Pass:
+    thread: int
+    threads: int  # the torch threads it ran on
+    started: float
+    ended: float
+    inputs: int
+
+
+@pytest.fixture(scope="module")
+def watched() -> Iterator[tuple[InProcessServer, list[Pass]]]:
+    if torch.get_num_threads() < 2:
+        pytest.skip("two passes at once need two torch threads (a CPU of one core gives one)")
+    passes: list[Pass] = []
+    original = EngineCore.forward
+
+    def forward(self: EngineCore, started: StartedPass) -> object:
+        began = time.monotonic()
+        rows = original(self, started)
+        passes.append(Pass(threading.get_ident(), torch.get_num_threads(), began, time.monotonic(), len(started.batch)))
+        return rows
+
+    EngineCore.forward = forward  # type: ignore[method-assign]
+    try:
+        # batches of at most 8 inputs: a request of 48 leaves work queued behind every pass but the last
+        with served("--max-batch-size", "8", *FLOAT32_CPU) as server:
+            yield server, passes
+    finally:
+        EngineCore.forward = original  # type: ignore[method-assign]
+
+
+def embed(server: InProcessServer, texts: list[str]) -> np.ndarray:
+    with server.client() as client:
+        response = client.post("/v1/embeddings", json={"model": MODEL, "input": texts})
+    assert response.status_code == 200, response.text
+    return np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
+
+
+def test_queued_work_runs_two_passes_at_once_each_on_one_thread(watched: tuple[InProcessServer, list[Pass]]) -> None:
+    server, passes = watched
+    rng = random.Random(7)
+    texts = [make_sentence(rng) for _ in range(48)]
+    passes.clear()
+    together = embed(server, texts)
+    ran = list(passes)
+    assert sum(p.inputs for p in ran) == 48
+    overlapping = [
+        (a, b) for a in ran for b in ran if a.thread != b.thread and a.started < b.ended and b.started < a.ended
+    ]
+    assert overlapping, f"no two passes overlapped: {ran}"
+    assert all(a.threads == 1 and b.threads == 1 for a, b in overlapping)
+    # each answer is the model's for that text alone (one request at a time: a lone pass)
+    alone = np.concatenate([embed(server, [text]) for text in texts])
+    np.testing.assert_allclose(together, alone, atol=2e-5)
+
+
+def test_a_lone_request_has_every_thread(watched: tuple[InProcessServer, list[Pass]]) -> None:
+    server, passes = watched
+    passes.clear()
+    embed(server, ["one sentence, alone in the engine"])
+    assert [(p.inputs, p.threads) for p in passes] == [(1, torch.get_num_threads())]
+
+
+def test_a_pass_that_never_returns_stops_the_beats_in_either_lane() -> None:
+    last = 100.0
+    assert beat_is_due(last + BEAT_INTERVAL_S, last, [])
+    assert not beat_is_due(last + BEAT_INTERVAL_S / 2, last, [])
+    # the second lane's pass started after the last beat: the main loop beats on
+    assert beat_is_due(last + BEAT_INTERVAL_S, last, [last + 0.1])
+    # it has run since before the last beat: no beat until it ends
+    assert not beat_is_due(last + 5 * BEAT_INTERVAL_S, last, [last - 0.1])
