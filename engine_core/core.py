@@ -108,6 +108,10 @@ class EngineCore:
     def waiting(self) -> int:
         return len(self._requests) - self.running
 
+    def queued_inputs(self) -> int:
+        """Inputs waiting for a pass: in batches cut from the window and not run yet, and not in a window yet."""
+        return sum(len(batch) for batch in self._batches) + self.scheduler.waiting_inputs()
+
     def has_work(self) -> bool:
         return bool(self._batches or self._answered_from_cache) or self.scheduler.has_work()
 

@@ -41,6 +41,8 @@ IDLE_WAIT_S = 0.2
 BEAT_INTERVAL_S = 1.0
 # The lanes: the main loop's, and the second lane's (two passes at once on a CPU).
 MAIN, LANE = 0, 1
+# How often the second lane looks for work while the main loop's one-thread pass runs.
+LANE_POLL_S = 0.002
 
 
 class EngineProcess:
@@ -66,10 +68,11 @@ class EngineProcess:
         # The gauges' last values: (requests waiting, requests running, inputs queued).
         self._shown: tuple[int, int, int] | None = None
         # Each lane's forward pass while it runs: when it started (the I/O thread reports how long the oldest has
-        # run: a hang), its requests (the flight recorder holds every lane's) and its torch threads.
+        # run: a hang), its requests (the flight recorder holds every lane's), its torch threads and its inputs.
         self._pass_started: dict[int, float] = {}
         self._running: dict[int, list[tuple[bytes, int]]] = {}
         self._threads_of: dict[int, int] = {}
+        self._inputs_of: dict[int, int] = {}
         self._lock = threading.Lock()
         # torch's thread count is each OS thread's own: a plan per lane
         self._plans = {MAIN: self.core.threads, LANE: ThreadPlan(loaded.card.device, self.core.threads.full)}
@@ -122,7 +125,9 @@ class EngineProcess:
             self.recorder.close()
 
     def _run_lane(self) -> None:
-        """The second lane: a pass on one thread whenever the main loop runs one on one thread and more is queued."""
+        """The second lane: a pass on one thread whenever the main loop runs one on one thread and work is queued.
+        While the main loop's pass runs nobody else takes in what the I/O thread queues, so this lane does, every
+        LANE_POLL_S, and starts a pass once at least half as many inputs are queued as the main loop's pass holds."""
         outbox = self._context.socket(zmq.PUSH)
         outbox.setsockopt(zmq.LINGER, 0)
         outbox.connect(OUTBOX_ENDPOINT)
@@ -130,10 +135,15 @@ class EngineProcess:
             while not self.should_exit:
                 self._lane_wanted.wait(IDLE_WAIT_S)
                 with self._lock:
-                    started = self._start_pass(LANE) if self._threads_of.get(MAIN) == 1 else None
-                    if started is None:
+                    beside = self._inputs_of.get(MAIN) if self._threads_of.get(MAIN) == 1 else None
+                    if beside is None:
                         self._lane_wanted.clear()
                         continue
+                    self._drain()
+                    started = self._start_pass(LANE) if 2 * self.core.queued_inputs() >= beside else None
+                if started is None:
+                    time.sleep(LANE_POLL_S)
+                    continue
                 self._run_pass(LANE, started, outbox)
         finally:
             outbox.close()
@@ -157,6 +167,7 @@ class EngineProcess:
         else:
             plan.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
         self._threads_of[lane] = plan.current
+        self._inputs_of[lane] = len(batch)
         return started
 
     def _more_queued(self, started: StartedPass) -> bool:
@@ -178,7 +189,7 @@ class EngineProcess:
             self._reply(self.core.end_pass(started, rows), outbox)
 
     def _end_pass(self, lane: int) -> None:
-        del self._pass_started[lane], self._running[lane], self._threads_of[lane]
+        del self._pass_started[lane], self._running[lane], self._threads_of[lane], self._inputs_of[lane]
         if self._running:
             self.recorder.record(key for keys in self._running.values() for key in keys)
         else:

@@ -120,6 +120,11 @@ class Scheduler:
     def waiting_requests(self) -> int:
         return len(self._waiting) + len(self._suspects)
 
+    def waiting_inputs(self) -> int:
+        """Inputs not yet placed in a window (a suspect's all)."""
+        unplaced = sum(request.count - request.scheduled + len(request.returned) for request in self._waiting)
+        return unplaced + sum(request.count for request in self._suspects)
+
     def has_arrival_more_urgent_than(self, priority: int) -> bool:
         """Whether a request more urgent than `priority` (a window's most urgent rank) came in since the last
         window was planned."""
