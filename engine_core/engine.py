@@ -4,13 +4,14 @@ The I/O thread owns the ROUTER socket; this loop takes what it queued, runs one 
 (core.py, no I/O), and queues each API server's replies for that thread, waking it over an inproc socket.
 
 Two passes at once on a CPU. Where the model runs through torch on a CPU with two or more engine threads
-(`LoadedModel.passes_at_once`), a second lane (a thread of its own) runs a pass beside the main loop's when more
-work is queued than the main loop's pass took: both then run on one torch thread each. Otherwise the main loop's
-pass has the threads engine_core/threads.py gives it, as with one lane, so a lone request and the half-batches that
-alternate at 32 clients of single sentences are served as before. A pass on several threads always runs on the main
-thread: OpenMP's parallel regions cost more when another thread starts them (docs/benchmarks.md, "Two passes at
-once"). The core is shared under one lock, held for everything but the forward passes themselves; each lane answers
-over its own inproc socket.
+(`LoadedModel.passes_at_once`), a second lane (a thread of its own) runs a pass beside the main loop's when at least
+half as many inputs are queued behind the main loop's pass as it holds: both then run on one torch thread each (and
+while the main loop's runs, the second lane takes in what comes and starts once that much is queued). Otherwise the
+main loop's pass has the threads engine_core/threads.py gives it, as with one lane, so a lone request and the
+half-batches that alternate at 32 clients of single sentences are served as before. A pass on several threads always
+runs on the main thread: OpenMP's parallel regions cost more when another thread starts them (docs/benchmarks.md,
+"Two passes at once"). The core is shared under one lock, held for everything but the forward passes themselves;
+each lane answers over its own inproc socket.
 """
 
 from __future__ import annotations
@@ -171,9 +172,10 @@ class EngineProcess:
         return started
 
     def _more_queued(self, started: StartedPass) -> bool:
-        """Whether another pass is worth a lane of its own: work is queued beyond this batch (of this request or
-        others), and the batch is not urgent (urgent work gets every thread)."""
-        return self.core.has_work() and not started.is_urgent
+        """Whether another pass is worth a lane of its own: at least half as many inputs are queued behind this batch
+        as it holds (of this request or others; the second lane starts on no less), and the batch is not urgent
+        (urgent work gets every thread). Less would leave the second lane idle and this pass on one thread."""
+        return not started.is_urgent and 2 * self.core.queued_inputs() >= len(started.batch)
 
     def _run_pass(self, lane: int, started: StartedPass, outbox: zmq.Socket[bytes]) -> None:
         """The forward pass outside the lock; its answers, and the end of its record, under it."""
