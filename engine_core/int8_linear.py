@@ -8,10 +8,10 @@ the feed-forward down projections (a layer wider in than out, whose input is the
 the error. Kept out of int8, with the input on the full 8 bits (uint8 and a zero point) and balanced, the lowest
 cosine is 0.9969 ("!!!"; 0.9987 on the bench corpus). They, attention, the norms and the activations run in bfloat16
 where the CPU has it natively (as `--dtype auto` would), else float32, and so does every layer for an input of few
-tokens (one short sentence), where quantising costs more than int8 saves. The int8 op applies the bias and a BERT
-intermediate block's GELU and writes bfloat16: the quantisation around a bare int32 product (per-token scales,
-`torch._int_mm`) cost as much as the product saved. A layer's query, key and value quantise their input once. The
-input channels' maxima are measured on the probe set (engine_core/cpu_precision.py) while its float32 reference is
+tokens (one sentence; on several threads a few), where quantising costs more than int8 saves. The int8 op applies the
+bias and a BERT intermediate block's GELU and writes bfloat16: the quantisation around a bare int32 product (per-token
+scales, `torch._int_mm`) cost as much as the product saved. A layer's query, key and value quantise their input once.
+The input channels' maxima are measured on the probe set (engine_core/cpu_precision.py) while its float32 reference is
 computed; the quantized model must then agree with that reference before it serves.
 """
 
@@ -38,7 +38,16 @@ TINY = 1e-5
 LEVELS = 254
 # An input of fewer rows (tokens) runs in the layer's own dtype: at one short sentence quantising costs more than the
 # int8 product saves (bench/int8_trial.py: 16 rows, 0.11 against 0.06 ms for 384 -> 384; even at 32 rows for 1536).
+# On several threads the quantiser's small steps divide worse than the product: the bundled model on two threads,
+# one input, ran 32 rows in 6.14 ms against 5.14 in bf16, 64 in 7.66 against 7.28, and 144 rows (6 inputs) in 11.52
+# against 12.25 (docs/benchmarks.md, "The fast mode at one client").
 MIN_INT8_ROWS = 32
+MIN_INT8_ROWS_THREADED = 128
+
+
+def min_int8_rows() -> int:
+    """The fewest rows an int8 layer computes in int8 on this thread's torch threads (engine_core/threads.py)."""
+    return MIN_INT8_ROWS if torch.get_num_threads() == 1 else MIN_INT8_ROWS_THREADED
 
 
 def padded_rows(rows: int) -> int:
@@ -87,7 +96,7 @@ class InputQuantizer:
 class Int8Linear(torch.nn.Module):
     """A linear layer in int8 through oneDNN's fused int8 product (the op inductor's x86 quantizer emits): weights per
     output channel, the input per tensor (`InputQuantizer`), the bias and optionally GELU applied in the same op,
-    the output in the input's dtype. An input of fewer than MIN_INT8_ROWS rows runs through the layer as it was."""
+    the output in the input's dtype. An input of fewer rows than `min_int8_rows()` runs through the layer as it was."""
 
     def __init__(
         self, linear: torch.nn.Linear, quantizer: InputQuantizer, balance: torch.Tensor, *, is_gelu: bool = False
@@ -112,7 +121,7 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() < MIN_INT8_ROWS * self.in_features:
+        if x.numel() < min_int8_rows() * self.in_features:
             out: torch.Tensor = self.native(x)
             return F.gelu(out) if self.post_op == "gelu" else out
         q = self.quantizer(x)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from engine_core.cpu_precision import Agreement
 from engine_core.folder_choices import LoadError
 from engine_core.int8_linear import (
     MIN_INT8_ROWS,
+    MIN_INT8_ROWS_THREADED,
     InputQuantizer,
     Int8Linear,
     padded_rows,
@@ -27,6 +29,16 @@ from tests.sentences import SENTENCES
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", a, b) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """The layer tests on one torch thread, where 32 rows and more go to int8 (several threads: from
+    MIN_INT8_ROWS_THREADED); a test that wants more threads sets them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def int8_layer(linear: torch.nn.Linear, inputs: torch.Tensor, *, is_gelu: bool = False) -> Int8Linear:
@@ -66,6 +78,19 @@ def test_fewer_rows_than_the_int8_minimum_run_through_the_layer_as_it_was() -> N
     inputs = torch.randn(MIN_INT8_ROWS - 1, 64)
     with torch.no_grad():
         assert torch.equal(int8_layer(linear, inputs)(inputs), linear(inputs))
+
+
+def test_on_several_threads_a_few_inputs_rows_run_through_the_layer_as_it_was() -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    inputs = torch.randn(MIN_INT8_ROWS_THREADED - 1, 64)
+    layer = int8_layer(linear, inputs)
+    with torch.no_grad():
+        assert not torch.equal(layer(inputs), linear(inputs))  # one thread: int8
+        torch.set_num_threads(2)
+        assert torch.equal(layer(inputs), linear(inputs))
+        more = torch.randn(MIN_INT8_ROWS_THREADED, 64)
+        assert not torch.equal(layer(more), linear(more))
 
 
 def test_padded_rows_add_at_most_an_eighth_and_few_sizes() -> None:
