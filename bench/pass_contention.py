@@ -9,8 +9,8 @@ the bundled model as the engine does (`load_model`, `--dtype`), and serves batch
 sentences through its runner in four ways, alternating within each round so that the host's drift hits them all:
 
 - `whole`: one pass at a time on every torch thread (what the engine does under load);
-- `lanes`: two Python threads, each running its own passes on one torch thread (torch's thread count is global to the
-  process, so both run on one);
+- `lanes`: two Python threads, each running its own passes on one torch thread (the count is set before the second
+  thread starts, which takes it as its first use of torch);
 - `whole+other` and `lanes+other`: the same while a competitor process takes `--busy-ms` of CPU every `--period-ms`
   (by default 1 ms every 6.7 ms: 0.15 of a core, in bursts, as the API servers did).
 

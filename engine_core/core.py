@@ -260,11 +260,9 @@ class EngineCore:
 
     def forward(self, started: StartedPass) -> F32 | list[F32] | list[F32 | SparseRow]:
         """The model on a started pass's batch. It reads the batch's inputs and changes nothing of the core, so two
-        may run at once beside the core's other calls (engine.py's second lane)."""
-        return self._forward(started.batch)
-
-    def _forward(self, batch: list[WorkItem]) -> F32 | list[F32] | list[F32 | SparseRow]:
-        """The scheduler never mixes texts and images in a batch; it may mix pooled and per-token texts."""
+        may run at once beside the core's other calls (engine.py's second lane). The scheduler never mixes texts and
+        images in a batch; it may mix pooled and per-token texts."""
+        batch = started.batch
         if batch[0].is_image:
             return self.runner.run_images(np.stack([item.request.image(item.index) for item in batch]))
         rows = [item.request.input_ids(item.index) for item in batch]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 import zmq
 
 from engine_core.admission import AdmissionLimit
-from engine_core.core import EngineCore, StartedPass, StepOutputs, requests_of
+from engine_core.core import EngineCore, StartedPass, StepOutputs
 from engine_core.embedding_cache import EmbeddingCache
 from engine_core.flight_recorder import FlightRecorder
 from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
@@ -68,12 +68,9 @@ class EngineProcess:
         self._last_beat = 0.0
         # The gauges' last values: (requests waiting, requests running, inputs queued).
         self._shown: tuple[int, int, int] | None = None
-        # Each lane's forward pass while it runs: when it started (the I/O thread reports how long the oldest has
-        # run: a hang), its requests (the flight recorder holds every lane's), its torch threads and its inputs.
-        self._pass_started: dict[int, float] = {}
-        self._running: dict[int, list[tuple[bytes, int]]] = {}
-        self._threads_of: dict[int, int] = {}
-        self._inputs_of: dict[int, int] = {}
+        # Each lane's forward pass while it runs: its start (the I/O thread reports how long the oldest has run: a
+        # hang), its requests (the flight recorder holds every lane's) and its batch.
+        self._passes: dict[int, StartedPass] = {}
         self._lock = threading.Lock()
         # torch's thread count is each OS thread's own: a plan per lane
         self._plans = {MAIN: self.core.threads, LANE: ThreadPlan(loaded.card.device, self.core.threads.full)}
@@ -136,12 +133,12 @@ class EngineProcess:
             while not self.should_exit:
                 self._lane_wanted.wait(IDLE_WAIT_S)
                 with self._lock:
-                    beside = self._inputs_of.get(MAIN) if self._threads_of.get(MAIN) == 1 else None
-                    if beside is None:
+                    main = self._passes.get(MAIN)
+                    if main is None or self._plans[MAIN].current != 1:
                         self._lane_wanted.clear()
                         continue
                     self._drain()
-                    started = self._start_pass(LANE) if 2 * self.core.queued_inputs() >= beside else None
+                    started = self._start_pass(LANE) if 2 * self.core.queued_inputs() >= len(main.batch) else None
                 if started is None:
                     time.sleep(LANE_POLL_S)
                     continue
@@ -155,20 +152,16 @@ class EngineProcess:
         batch = self.core.next_batch()
         if batch is None:
             return None
+        started = self._passes[lane] = self.core.begin_pass(batch)
         # Written before the forward pass, so that a restarted engine knows what was running.
-        self._running[lane] = [request.key for request in requests_of(batch)]
-        self.recorder.record(key for keys in self._running.values() for key in keys)
-        started = self.core.begin_pass(batch)
-        self._pass_started[lane] = started.started
+        self._record_running()
         plan = self._plans[lane]
-        if lane == LANE or (self._lane is not None and (LANE in self._running or self._more_queued(started))):
+        if lane == LANE or (self._lane is not None and (LANE in self._passes or self._more_queued(started))):
             plan.use(1)  # two passes at once (or the second lane's about to start)
             if lane == MAIN:
                 self._lane_wanted.set()
         else:
             plan.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
-        self._threads_of[lane] = plan.current
-        self._inputs_of[lane] = len(batch)
         return started
 
     def _more_queued(self, started: StartedPass) -> bool:
@@ -191,9 +184,13 @@ class EngineProcess:
             self._reply(self.core.end_pass(started, rows), outbox)
 
     def _end_pass(self, lane: int) -> None:
-        del self._pass_started[lane], self._running[lane], self._threads_of[lane], self._inputs_of[lane]
-        if self._running:
-            self.recorder.record(key for keys in self._running.values() for key in keys)
+        del self._passes[lane]
+        self._record_running()
+
+    def _record_running(self) -> None:
+        """The flight record: every running pass's requests, or none."""
+        if self._passes:
+            self.recorder.record(request.key for started in self._passes.values() for request in started.requests)
         else:
             self.recorder.clear()
 
@@ -211,7 +208,7 @@ class EngineProcess:
 
     def stalled_for(self) -> float:
         """How long the longest-running forward pass has run (0 when none runs)."""
-        started = list(self._pass_started.values())
+        started = [running.started for running in list(self._passes.values())]
         return 0.0 if not started else time.monotonic() - min(started)
 
     def _heartbeat(self) -> None:
@@ -219,7 +216,7 @@ class EngineProcess:
         now = time.monotonic()
         # Beats come from this loop between its passes; a second lane's pass that has run since before the last
         # beat holds them back, so that a pass that never returns stops them, in either lane.
-        if beat_is_due(now, self._last_beat, self._pass_started.values()):
+        if beat_is_due(now, self._last_beat, [running.started for running in self._passes.values()]):
             self._last_beat = now
             self._beat()
         # Written only when they change: each write is a label look-up and a write to the metric file, and
