@@ -18,6 +18,7 @@ import torch
 from bench.harness.corpus import make_sentence
 from engine_core.core import EngineCore, StartedPass
 from engine_core.engine import BEAT_INTERVAL_S, beat_is_due
+from poolserve.config import usable_cores
 from tests.in_process.stack_server import InProcessServer, served
 from tests.utils import FLOAT32_CPU
 
@@ -35,8 +36,12 @@ class Pass:
 
 @pytest.fixture(scope="module")
 def watched() -> Iterator[tuple[InProcessServer, list[Pass]]]:
-    if torch.get_num_threads() < 2:
+    if usable_cores() < 2:
         pytest.skip("two passes at once need two torch threads (a CPU of one core gives one)")
+    # Two threads whatever an earlier test of this process left (a core's run_batch sets one for a small batch): the
+    # engine reads them at load, and its thread takes them as its first use of torch.
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
     passes: list[Pass] = []
     original = EngineCore.forward
 
@@ -53,6 +58,7 @@ def watched() -> Iterator[tuple[InProcessServer, list[Pass]]]:
             yield server, passes
     finally:
         EngineCore.forward = original  # type: ignore[method-assign]
+        torch.set_num_threads(before)
 
 
 def embed(server: InProcessServer, texts: list[str]) -> np.ndarray:
@@ -84,7 +90,7 @@ def test_a_lone_request_has_every_thread(watched: tuple[InProcessServer, list[Pa
     server, passes = watched
     passes.clear()
     embed(server, ["one sentence, alone in the engine"])
-    assert [(p.inputs, p.threads) for p in passes] == [(1, torch.get_num_threads())]
+    assert [(p.inputs, p.threads) for p in passes] == [(1, 2)]
 
 
 def test_a_pass_that_never_returns_stops_the_beats_in_either_lane() -> None:
