@@ -200,6 +200,11 @@ class EngineCore:
                 return live
         return None
 
+    def put_back(self, batch: list[WorkItem], keep: int) -> list[WorkItem]:
+        """The batch's first `keep` inputs; the rest goes back to the front of the window's batches, to run next."""
+        self._batches.appendleft(batch[keep:])
+        return batch[:keep]
+
     def run_batch(self, batch: list[WorkItem]) -> StepOutputs:
         """One forward pass, and the requests it completed or failed (a failed pass fails all of its requests): its
         three parts in turn, on this thread's torch threads as `threads` plans them (engine.py runs the parts itself,

@@ -32,7 +32,7 @@ from engine_core.io_thread import OUTBOX_ENDPOINT, EngineIO, InboxItem
 from engine_core.loader import LoadedModel
 from engine_core.metrics import INPUTS_QUEUED, REQUESTS_RUNNING, REQUESTS_WAITING, engine_labels
 from engine_core.request_state import PendingRequest
-from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy
+from engine_core.scheduler import DEFAULT_PRIORITY, PriorityPolicy, WorkItem
 from engine_core.threads import ThreadPlan
 from poolserve.protocol import EngineWire
 
@@ -152,11 +152,17 @@ class EngineProcess:
         batch = self.core.next_batch()
         if batch is None:
             return None
+        one_thread = lane == LANE or (self._lane is not None and (LANE in self._passes or self._more_queued(batch)))
+        most = max(1, self.core.card.max_batch_size // 2)
+        if one_thread and len(batch) > most:
+            # A pass on one thread holds at most half a batch: it lasts about what a whole one on two threads does,
+            # so an urgent request still waits about one batch's time. The rest runs next, in either lane.
+            batch = self.core.put_back(batch, most)
         started = self._passes[lane] = self.core.begin_pass(batch)
         # Written before the forward pass, so that a restarted engine knows what was running.
         self._record_running()
         plan = self._plans[lane]
-        if lane == LANE or (self._lane is not None and (LANE in self._passes or self._more_queued(started))):
+        if one_thread:
             plan.use(1)  # two passes at once (or the second lane's about to start)
             if lane == MAIN:
                 self._lane_wanted.set()
@@ -164,11 +170,11 @@ class EngineProcess:
             plan.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
         return started
 
-    def _more_queued(self, started: StartedPass) -> bool:
+    def _more_queued(self, batch: list[WorkItem]) -> bool:
         """Whether another pass is worth a lane of its own: at least half as many inputs are queued behind this batch
         as it holds (of this request or others; the second lane starts on no less), and the batch is not urgent
         (urgent work gets every thread). Less would leave the second lane idle and this pass on one thread."""
-        return not started.is_urgent and 2 * self.core.queued_inputs() >= len(started.batch)
+        return 2 * self.core.queued_inputs() >= len(batch) and not any(item.request.priority < 0 for item in batch)
 
     def _run_pass(self, lane: int, started: StartedPass, outbox: zmq.Socket[bytes]) -> None:
         """The forward pass outside the lock; its answers, and the end of its record, under it."""
