@@ -5,29 +5,39 @@ Why this scheme (docs/benchmarks.md, "The fast mode (`--dtype int8`)"): torch's 
 batch for the activations) moved the bundled MiniLM's vectors to cosine 0.876 of sentence-transformers' (0.955 with
 per-channel weights, 0.986 with the full 8 bits, 0.994 after balancing), short of the 0.995 a fast mode must keep:
 the feed-forward down projections (a layer wider in than out, whose input is the activation function's output) carry
-the error. Kept out of int8, with the input on the full 8 bits (uint8 and a zero point) and balanced, the lowest
-cosine is 0.9969 ("!!!"; 0.9987 on the bench corpus). They, attention, the norms and the activations run in bfloat16
-where the CPU has it natively (as `--dtype auto` would), else float32, and so does every layer for an input of few
-tokens (one sentence; on several threads a few), where quantising costs more than int8 saves. The int8 op applies the
-bias and a BERT intermediate block's GELU and writes bfloat16: the quantisation around a bare int32 product (per-token
-scales, `torch._int_mm`) cost as much as the product saved. A layer's query, key and value quantise their input once.
-The input channels' maxima are measured on the probe set (engine_core/cpu_precision.py) while its float32 reference is
-computed; the quantized model must then agree with that reference before it serves.
+the error: a few of their input channels reach values several times the rest's, and a quantiser of its own around
+them cost as much as int8 saved. So in a BERT-family feed-forward block (`Int8FeedForward`) the intermediate product's
+own int8 op writes the GELU's output as uint8 at a step fixed from the probe set's range, and the down projection
+takes that as its int8 input, with the channels of the largest values kept out in the model's dtype: the lowest
+cosine is 0.9953 ("!!!", the hardest of tests/sentences.py; 0.9970 on 256 bench corpus sentences in any batching)
+against 0.9969 and 0.9977 with the down projections out of int8, and a batch's pass takes 0.90-0.96 of the time.
+Attention, the norms and the residual adds run in bfloat16 where the CPU has it natively (as `--dtype auto` would),
+else float32, and so does every layer for an input of few tokens (one sentence; on several threads a few), where
+quantising costs more than int8 saves. The int8 op applies the bias and a BERT intermediate block's GELU: the
+quantisation around a bare int32 product (per-token scales, `torch._int_mm`) cost as much as the product saved. A
+layer's query, key and value quantise their input once. The input channels' maxima are measured on the probe set
+(engine_core/cpu_precision.py) while its float32 reference is computed; the quantized model must then agree with that
+reference before it serves.
 """
 
 from __future__ import annotations
 
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 from transformers.activations import GELUActivation
+from transformers.models.bert.modeling_bert import BertIntermediate, BertLayer, BertOutput
 
 from engine_core.cpu_precision import MIN_TOP_OVERLAP, TOP_K, Agreement
+from engine_core.fused_layers import same_code
+from engine_core.packed_linear import PackedLinear
 
 # The bound int8 must meet on the probe set: closer than ONNX Runtime's int8 MiniLM (cosine 0.987) by issue 33's rule.
 MIN_COSINE_INT8 = 0.995
@@ -43,6 +53,12 @@ LEVELS = 254
 # against 12.25 (docs/benchmarks.md, "The fast mode at one client").
 MIN_INT8_ROWS = 32
 MIN_INT8_ROWS_THREADED = 128
+# The down projections' int8 input (Int8FeedForward): the exact GELU's least value, below 0 (-0.16997); how many input
+# channels, the largest on the probe set, stay out of int8; how far above the probe set's largest value the rest may
+# go before they saturate.
+GELU_FLOOR = 0.17
+OUTLIERS = 16
+HEADROOM = 1.25
 
 
 def min_int8_rows() -> int:
@@ -93,6 +109,13 @@ class InputQuantizer:
         return quantized
 
 
+def per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A weight in int8, packed for oneDNN, with a scale per output channel (row); and the zero points."""
+    scale = weight.abs().amax(1).clamp(min=1e-12) / 127
+    quantized = torch.round(weight / scale[:, None]).to(torch.int8)
+    return torch.ops.onednn.qlinear_prepack(quantized, None), scale, torch.zeros(len(weight), dtype=torch.long)
+
+
 class Int8Linear(torch.nn.Module):
     """A linear layer in int8 through oneDNN's fused int8 product (the op inductor's x86 quantizer emits): weights per
     output channel, the input per tensor (`InputQuantizer`), the bias and optionally GELU applied in the same op,
@@ -102,8 +125,7 @@ class Int8Linear(torch.nn.Module):
         self, linear: torch.nn.Linear, quantizer: InputQuantizer, balance: torch.Tensor, *, is_gelu: bool = False
     ):
         super().__init__()
-        balanced = linear.weight.detach().float() * balance
-        scale = balanced.abs().amax(1).clamp(min=1e-12) / 127
+        self.balance = balance  # Int8FeedForward quantizes this layer's weights again, in groups of rows
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.quantizer = quantizer
@@ -113,10 +135,10 @@ class Int8Linear(torch.nn.Module):
         self.weight_scale: torch.Tensor
         self.weight_zero: torch.Tensor
         self.bias: torch.Tensor
-        weight = torch.round(balanced / scale[:, None]).to(torch.int8)
-        self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(weight, None))
+        packed, scale, zero = per_row_int8(linear.weight.detach().float() * balance)
+        self.register_buffer("packed_weight", packed)
         self.register_buffer("weight_scale", scale)
-        self.register_buffer("weight_zero", torch.zeros(linear.out_features, dtype=torch.long))
+        self.register_buffer("weight_zero", zero)
         bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(linear.out_features)
         self.register_buffer("bias", bias)
 
@@ -130,6 +152,115 @@ class Int8Linear(torch.nn.Module):
             1.0, 0, x.dtype, self.post_op, [], "none" if self.post_op == "gelu" else "",
         )  # fmt: skip
         return out[: q.rows].reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8FeedForward(torch.nn.Module):
+    """A BERT feed-forward block (intermediate product, GELU, down projection, plus the block's input) in int8 where
+    the down projection is too: its input, the GELU's output, is written as uint8 by the intermediate product's own
+    oneDNN op at one step fixed from the probe set's range (`HEADROOM` above it), so nothing quantizes it on the way
+    (the rows stay padded as the block's input was). A few channels reach values several times the rest's (one of
+    1536 reaches 24.7 in the bundled model's first layer where the others stay under 6.4) and would take the step
+    with them: the OUTLIERS largest stay out of int8, computed in the model's dtype beside it. An input of fewer rows
+    than `min_int8_rows()` runs through the block's layers as they were. It takes the place of the block's
+    `output.dense` (the intermediate becomes a pass-through): `plus(hidden, input)` is the block's output before its
+    LayerNorm, `output.dense(intermediate(input)) + input`."""
+
+    def __init__(self, up: Int8Linear, down: torch.nn.Linear, maxima: torch.Tensor):
+        super().__init__()
+        self.in_features, self.out_features = up.in_features, up.out_features  # the block's: 384 -> 1536 -> 384
+        self.native_up, self.native_down = up.native, down
+        self.quantizer = up.quantizer
+        up_weight = up.native.weight.detach().float() * up.balance
+        up_bias = up.native.bias.detach().float() if up.native.bias is not None else torch.zeros(len(up_weight))
+        down_weight = down.weight.detach().float()
+        self.down_bias: torch.Tensor
+        self.register_buffer(
+            "down_bias", down.bias.detach().float() if down.bias is not None else torch.zeros(len(down_weight))
+        )
+        order = maxima.argsort(descending=True)
+        kept_out = min(OUTLIERS, len(order) - 1)
+        outliers, channels = order[:kept_out], order[kept_out:]
+        self.step = (float(maxima[channels].max()) * HEADROOM + GELU_FLOOR) / LEVELS
+        self.zero = round(GELU_FLOOR / self.step)
+        self.up_weight: torch.Tensor
+        self.up_scale: torch.Tensor
+        self.up_zero: torch.Tensor
+        self.up_bias: torch.Tensor
+        self.down_weight: torch.Tensor
+        self.down_scale: torch.Tensor
+        self.down_zero: torch.Tensor
+        for name, value in zip(
+            ("up_weight", "up_scale", "up_zero", "down_weight", "down_scale", "down_zero"),
+            (*per_row_int8(up_weight[channels]), *per_row_int8(down_weight[:, channels])),
+            strict=True,
+        ):
+            self.register_buffer(name, value)
+        self.register_buffer("up_bias", up_bias[channels])
+        # the outliers' side: GELU(input @ their intermediate rows + their bias) @ their down columns, + the input
+        self.side_up: PackedLinear | None = None
+        self.side_down: PackedLinear | None = None
+        if len(outliers):
+            dtype = down.weight.dtype
+            side_up = torch.nn.Linear(self.in_features, len(outliers), dtype=dtype)
+            side_down = torch.nn.Linear(len(outliers), self.in_features, bias=False, dtype=dtype)
+            with torch.no_grad():
+                side_up.weight.copy_(up.native.weight[outliers])
+                side_up.bias.copy_(up_bias[outliers])
+                side_down.weight.copy_(down_weight[:, outliers])
+            self.side_up, self.side_down = PackedLinear(side_up), PackedLinear(side_down)
+            self.side_up.post = "gelu"
+
+    def plus(self, hidden: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The block's output before its LayerNorm; `hidden` is the pass-through intermediate's, `x` itself."""
+        if x.numel() < min_int8_rows() * self.in_features:
+            out: torch.Tensor = self.native_down(F.gelu(self.native_up(x)))
+            return out + x
+        q = self.quantizer(x)
+        qlinear = torch.ops.onednn.qlinear_pointwise
+        gelu = qlinear(
+            q.values, q.step, q.zero, self.up_weight, self.up_scale, self.up_zero, self.up_bias,
+            self.step, self.zero, None, "gelu", [], "none",
+        )  # fmt: skip
+        summed: torch.Tensor = qlinear(
+            gelu, self.step, self.zero, self.down_weight, self.down_scale, self.down_zero, self.down_bias,
+            1.0, 0, x.dtype, "none", [], "",
+        )  # fmt: skip
+        side = x if self.side_up is None or self.side_down is None else self.side_down.plus(self.side_up(x), x)
+        return summed[: q.rows].reshape(x.shape).add_(side)
+
+
+def output_int8(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+    """BERT's output in eval, LayerNorm(dense(hidden) + input), with an Int8FeedForward as `dense`."""
+    out: torch.Tensor = self.LayerNorm(self.dense.plus(hidden_states, input_tensor))
+    return out
+
+
+def quantize_feed_forwards(model: torch.nn.Module, record: InputRecord) -> int:
+    """Replaces, in place, each BERT feed-forward block whose intermediate product is an Int8Linear with its GELU (after
+    `quantize_linears`) by an Int8FeedForward; returns how many down projections went to int8. A block whose code
+    is not BERT's is left as it is."""
+    replaced = 0
+    for name, layer in model.named_modules():
+        intermediate, output = getattr(layer, "intermediate", None), getattr(layer, "output", None)
+        if intermediate is None or output is None or "forward" in vars(output):
+            continue
+        if not (
+            same_code(type(layer).feed_forward_chunk, BertLayer.feed_forward_chunk)
+            and same_code(type(intermediate).forward, BertIntermediate.forward)
+            and same_code(type(output).forward, BertOutput.forward)
+        ):
+            continue
+        up, down = getattr(intermediate, "dense", None), getattr(output, "dense", None)
+        maxima = record.maxima.get(f"{name}.output.dense" if name else "output.dense")
+        if not isinstance(up, Int8Linear) or up.post_op != "gelu" or type(down) is not torch.nn.Linear:
+            continue
+        if maxima is None:
+            continue
+        output.dense = Int8FeedForward(up, down, maxima)
+        output.forward = types.MethodType(output_int8, output)
+        intermediate.dense = torch.nn.Identity()
+        replaced += 1
+    return replaced
 
 
 @dataclass
@@ -185,7 +316,8 @@ def record_inputs(
 
 
 def takes_int8(linear: torch.nn.Linear) -> bool:
-    """Whether a layer runs in int8: not a down projection (more inputs than outputs), whose error dominates."""
+    """Whether a layer runs in int8 on its own: not a down projection (more inputs than outputs), whose input needs the
+    scheme of `Int8FeedForward`."""
     return linear.in_features <= linear.out_features
 
 

@@ -68,7 +68,7 @@ from engine_core.folder_choices import (
 )
 from engine_core.fused_layers import fuse_layers_checked
 from engine_core.image_config import ImageConfigError, read_image_processing
-from engine_core.int8_linear import int8_refusal, quantize_linears, record_inputs
+from engine_core.int8_linear import int8_refusal, quantize_feed_forwards, quantize_linears, record_inputs
 from engine_core.multi_vector import (
     LATE_INTERACTION_TASKS,
     MultiVectorRunner,
@@ -543,6 +543,7 @@ def choose_precision(
         dtype = torch.bfloat16 if has_native_bf16() else torch.float32  # what the layers left out of int8 run in
         model.to(dtype)
         replaced = quantize_linears(model, inputs)
+        replaced += quantize_feed_forwards(model, inputs)
         runner = build_runner(model, dtype)
         measured = measure_agreement(reference, runner.run_texts(probe, None))
         if (strays := int8_refusal(measured)) is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +16,10 @@ from engine_core.int8_linear import (
     MIN_INT8_ROWS,
     MIN_INT8_ROWS_THREADED,
     InputQuantizer,
+    Int8FeedForward,
     Int8Linear,
     padded_rows,
+    quantize_feed_forwards,
     quantize_linears,
     record_inputs,
 )
@@ -126,6 +128,97 @@ def test_layers_fed_one_tensor_share_one_quantisation_of_it(monkeypatch: pytest.
         got = model(inputs).numpy()
     assert len(ranges) == 2  # query, key and value's input once, the output layer's once
     assert cosines(got, expected).min() > 0.999
+
+
+def feed_forward(x: torch.Tensor, *, outlier: float) -> tuple[torch.nn.Linear, torch.nn.Linear, Int8FeedForward]:
+    """A BERT feed-forward block's two layers (64 -> 256 -> 64) whose intermediate channel 3 reaches `outlier` times
+    the others' values, and the block in int8 built from their ranges on `x`."""
+    torch.manual_seed(0)
+    up, down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+    with torch.no_grad():
+        up.weight[3] *= outlier
+        maxima = torch.nn.functional.gelu(up(x)).abs().amax(0)
+    balance = x.abs().amax(0).clamp(min=1e-5).sqrt() / up.weight.detach().abs().amax(0).sqrt()
+    up_int8 = Int8Linear(up, InputQuantizer(1 / balance), balance, is_gelu=True)
+    return up, down, Int8FeedForward(up_int8, down, maxima)
+
+
+def test_a_feed_forward_block_in_int8_follows_its_float_block_despite_an_outlier_channel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = torch.randn(100, 64)
+    up, down, block = feed_forward(x, outlier=20.0)
+    with torch.no_grad():
+        expected = (down(torch.nn.functional.gelu(up(x))) + x).numpy()
+        got = block.plus(x, x)
+        assert got.shape == (100, 64) and got.dtype == torch.float32
+        assert cosines(got.numpy(), expected).min() > 0.9995
+        assert not np.array_equal(got.numpy(), expected)  # int8 indeed
+        # the outlier channel in the uint8 step with the rest: every other channel loses its resolution
+        monkeypatch.setattr("engine_core.int8_linear.OUTLIERS", 0)
+        together = feed_forward(x, outlier=20.0)[2].plus(x, x).numpy()
+    assert cosines(together, expected).min() < cosines(got.numpy(), expected).min()
+    assert np.abs(together - expected).max() > 2 * np.abs(got.numpy() - expected).max()
+
+
+def test_a_feed_forward_block_of_fewer_rows_than_the_int8_minimum_runs_as_it_was() -> None:
+    x = torch.randn(MIN_INT8_ROWS - 1, 64)
+    up, down, block = feed_forward(x, outlier=1.0)
+    with torch.no_grad():
+        assert torch.equal(block.plus(x, x), down(torch.nn.functional.gelu(up(x))) + x)
+
+
+def run_on(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], np.ndarray]:
+    """The model's answer to `ids` when called (record_inputs runs it with its hooks on)."""
+
+    def run() -> np.ndarray:
+        return model(input_ids=ids).last_hidden_state.numpy()  # type: ignore[no-any-return]
+
+    return run
+
+
+def tiny_bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256
+    )
+    return BertModel(config, add_pooling_layer=False).eval()
+
+
+def test_a_bert_models_feed_forward_blocks_go_to_int8_whole() -> None:
+    model = tiny_bert()
+    ids = torch.randint(1, 100, (12, 16))
+    with torch.no_grad():
+        expected = model(input_ids=ids).last_hidden_state.reshape(-1, 64).numpy()
+        _, record = record_inputs(model, run_on(model, ids))
+        linears = quantize_linears(model, record)
+        assert linears == 2 * 5  # query, key, value, attention output, intermediate
+        assert quantize_feed_forwards(model, record) == 2
+        for layer in model.encoder.layer:
+            assert isinstance(layer.output.dense, Int8FeedForward)
+            assert isinstance(layer.intermediate.dense, torch.nn.Identity)
+        got = model(input_ids=ids).last_hidden_state.reshape(-1, 64).numpy()
+    assert cosines(got, expected).min() > 0.995
+
+
+def test_a_feed_forward_block_whose_code_is_not_berts_keeps_its_down_projection() -> None:
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    class OwnLayer(BertLayer):
+        def feed_forward_chunk(self, attention_output: torch.Tensor) -> torch.Tensor:
+            return self.output(self.intermediate(attention_output), 2 * attention_output)  # type: ignore[no-any-return]
+
+    model = tiny_bert()
+    for layer in model.encoder.layer:
+        layer.__class__ = OwnLayer
+    ids = torch.randint(1, 100, (12, 16))
+    with torch.no_grad():
+        _, record = record_inputs(model, run_on(model, ids))
+        quantize_linears(model, record)
+        assert quantize_feed_forwards(model, record) == 0
+    assert all(type(layer.output.dense) is torch.nn.Linear for layer in model.encoder.layer)
 
 
 def test_int8_serves_the_bundled_model_within_cosine_0995_of_sentence_transformers(bundled_model: Path) -> None:

@@ -1,0 +1,148 @@
+"""`--dtype int8` with BERT's feed-forward blocks in int8 whole (engine_core/int8_linear.py, `Int8FeedForward`) against
+the same mode with the down projections in the model's dtype, in one process (issue 33).
+
+    python -m bench.int8_feed_forward [--threads 2] [--rounds 10] [--sentences 256] [--sizes 32,16,8]
+
+Loads the bundled model three times as the engine does (`load_model`): float32 (the reference), `--dtype int8` with
+`quantize_feed_forwards` turned into a no-op from outside (the down projections in bfloat16 where native, as before
+Int8FeedForward), and `--dtype int8` as shipped. Accuracy: each int8 model's lowest cosine against float32 over
+`--sentences` bench corpus sentences and over tests/sentences.py, run in batches of 4, 8, 16 and 32 in two orders (the
+int8 layers' input scale is per batch, so a sentence's answer depends on its batch-mates): the lowest and the median
+of those lowest. Speed: passes of `--sizes` corpus sentences on `--threads` torch threads, the two models alternating
+within each of `--rounds` rounds: the lowest and the median ms a pass, and shipped / before. docs/benchmarks.md,
+"The down projections in int8 through the intermediate product's uint8 output".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+if TYPE_CHECKING:
+    from engine_core.loader import LoadedModel
+    from poolserve.config import DType
+
+Batch = list[npt.NDArray[np.int32]]
+
+
+def load(dtype: DType, *, feed_forwards: bool = True) -> LoadedModel:
+    """The bundled model as the engine loads it; without `feed_forwards`, the loader's step that puts BERT's
+    feed-forward blocks in int8 whole does nothing (set from outside, for this comparison)."""
+    from engine_core import loader
+    from engine_core.load_model import load_model
+    from poolserve.config import Config
+
+    shipped = getattr(loader, "quantize_feed_forwards")  # noqa: B009 (set back below)
+    if not feed_forwards:
+        setattr(loader, "quantize_feed_forwards", lambda model, record: 0)  # noqa: B010
+    try:
+        return load_model(Config(device="cpu", dtype=dtype))
+    finally:
+        setattr(loader, "quantize_feed_forwards", shipped)  # noqa: B010
+
+
+def embed(model: LoadedModel, ids: Batch, size: int) -> npt.NDArray[np.float32]:
+    with torch.inference_mode():
+        return np.concatenate(
+            [np.asarray(model.runner.run_texts(ids[i : i + size], None)) for i in range(0, len(ids), size)]
+        )
+
+
+def lowest_cosines(reference: npt.NDArray[np.float32], model: LoadedModel, ids: Batch) -> list[float]:
+    """The lowest cosine against `reference` in each batching: sizes 4, 8, 16, 32, in two orders."""
+    lowest = []
+    for size in (4, 8, 16, 32):
+        for seed in range(2):
+            order = list(range(len(ids)))
+            random.Random(seed).shuffle(order)
+            got = embed(model, [ids[i] for i in order], size)
+            wanted = reference[order]
+            cosines = np.einsum("ij,ij->i", got, wanted) / np.linalg.norm(got, axis=1) / np.linalg.norm(wanted, axis=1)
+            lowest.append(float(cosines.min()))
+    return lowest
+
+
+def run_batch(model: LoadedModel, batch: Batch) -> object:
+    return model.runner.run_texts(batch, None)
+
+
+def pass_ms(models: dict[str, LoadedModel], batches: list[Batch], rounds: int) -> dict[str, list[float]]:
+    """Each model's ms a pass over `batches`, per round, the models alternating (the order flips every round)."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    runs: dict[str, Callable[[Batch], object]] = {name: partial(run_batch, model) for name, model in models.items()}
+    with torch.inference_mode():
+        for run in runs.values():
+            for batch in batches * 2:  # warm: oneDNN builds its kernels for the row counts met
+                run(batch)
+        for round_ in range(rounds):
+            names = list(runs) if round_ % 2 == 0 else list(reversed(runs))
+            for name in names:
+                started = time.perf_counter()
+                for batch in batches:
+                    runs[name](batch)
+                times[name].append((time.perf_counter() - started) / len(batches) * 1e3)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--sizes", default="32,16,8")
+    args = parser.parse_args()
+
+    from tokenizers import Tokenizer
+
+    from bench.harness.corpus import make_sentence
+    from bench.pass_contention import corpus_batches
+    from tests.sentences import SENTENCES
+
+    torch.set_num_threads(args.threads)
+    reference_model = load("float32")
+    models = {"before": load("int8", feed_forwards=False), "shipped": load("int8")}
+    tokenizer = Tokenizer.from_str(reference_model.card.tokenizer_json)
+
+    def tokenize(text: str) -> list[int]:
+        return list(tokenizer.encode(text).ids)
+
+    rng = random.Random(0)
+    texts = {"corpus": [make_sentence(rng) for _ in range(args.sentences)], "tests/sentences.py": list(SENTENCES)}
+    for name, group in texts.items():
+        ids = [np.asarray(tokenize(text), dtype=np.int32) for text in group]
+        reference = embed(reference_model, ids, 1)
+        for label, model in models.items():
+            lowest = lowest_cosines(reference, model, ids)
+            summary = {"texts": name, "model": label, "cos_min": round(min(lowest), 5)}
+            print(json.dumps(summary | {"median_of_lowest": round(statistics.median(lowest), 5)}), flush=True)
+    for size in map(int, args.sizes.split(",")):
+        times = pass_ms(models, corpus_batches(tokenize, size, 8), args.rounds)
+        best = {name: min(values) for name, values in times.items()}
+        median = {name: statistics.median(values) for name, values in times.items()}
+        print(
+            json.dumps(
+                {
+                    "inputs": size,
+                    "threads": args.threads,
+                    "ms_lowest": {name: round(value, 2) for name, value in best.items()},
+                    "ms_median": {name: round(value, 2) for name, value in median.items()},
+                    "shipped_over_before": round(best["shipped"] / best["before"], 3),
+                    "shipped_over_before_median": round(median["shipped"] / median["before"], 3),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
