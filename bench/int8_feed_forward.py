@@ -6,11 +6,12 @@ the same mode with the down projections in the model's dtype, in one process (is
 Loads the bundled model three times as the engine does (`load_model`): float32 (the reference), `--dtype int8` with
 `quantize_feed_forwards` turned into a no-op from outside (the down projections in bfloat16 where native, as before
 Int8FeedForward), and `--dtype int8` as shipped. Accuracy: each int8 model's lowest cosine against float32 over
-`--sentences` bench corpus sentences and over tests/sentences.py, run in batches of 4, 8, 16 and 32 in two orders (the
-int8 layers' input scale is per batch, so a sentence's answer depends on its batch-mates): the lowest and the median
-of those lowest. Speed: passes of `--sizes` corpus sentences on `--threads` torch threads, the two models alternating
-within each of `--rounds` rounds: the lowest and the median ms a pass, and shipped / before. docs/benchmarks.md,
-"The down projections in int8 through the intermediate product's uint8 output".
+`--sentences` bench corpus sentences and over the start-up probe set (engine_core/cpu_precision.py), run in batches
+of 4, 8, 16 and 32 in two orders (the int8 layers' input scale is per batch, so a sentence's answer depends on its
+batch-mates): the lowest and the median of those lowest. Speed: passes of `--sizes` corpus sentences on `--threads`
+torch threads, the two models alternating within each of `--rounds` rounds: the lowest and the median ms a pass,
+and shipped / before. docs/benchmarks.md, "The down projections in int8 through the intermediate product's uint8
+output".
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def main() -> None:
 
     from bench.harness.corpus import make_sentence
     from bench.pass_contention import corpus_batches
-    from tests.sentences import SENTENCES
+    from engine_core.cpu_precision import PROBE_TEXTS
 
     torch.set_num_threads(args.threads)
     reference_model = load("float32")
@@ -117,7 +118,7 @@ def main() -> None:
         return list(tokenizer.encode(text).ids)
 
     rng = random.Random(0)
-    texts = {"corpus": [make_sentence(rng) for _ in range(args.sentences)], "tests/sentences.py": list(SENTENCES)}
+    texts = {"corpus": [make_sentence(rng) for _ in range(args.sentences)], "probe set": list(PROBE_TEXTS)}
     for name, group in texts.items():
         ids = [np.asarray(tokenize(text), dtype=np.int32) for text in group]
         reference = embed(reference_model, ids, 1)

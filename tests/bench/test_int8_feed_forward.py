@@ -17,7 +17,7 @@ def test_the_feed_forward_bench_measures_both_int8_models() -> None:
     )  # fmt: skip
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     accuracy = {(row["texts"], row["model"]): row["cos_min"] for row in rows if "cos_min" in row}
-    assert set(accuracy) == {(t, m) for t in ("corpus", "tests/sentences.py") for m in ("before", "shipped")}
+    assert set(accuracy) == {(t, m) for t in ("corpus", "probe set") for m in ("before", "shipped")}
     assert all(0.99 < cosine < 1.0 for cosine in accuracy.values())  # int8 both, and close to float32
     (speed,) = [row for row in rows if "inputs" in row]
     assert speed["inputs"] == 4 and speed["threads"] == 1
