@@ -48,7 +48,8 @@ def is_exact_gelu(module: object) -> bool:
 
 
 def output_with_add(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    """BERT's output in eval: LayerNorm(dense(hidden) + input), the sum made by oneDNN with the product."""
+    """BERT's output in eval: LayerNorm(dense(hidden) + input), the sum made by `dense.plus` (a PackedLinear's: by
+    oneDNN with the product; engine_core/int8_linear.py's Int8FeedForward: the whole feed-forward block's)."""
     out: torch.Tensor = self.LayerNorm(self.dense.plus(hidden_states, input_tensor))
     return out
 

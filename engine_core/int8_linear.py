@@ -26,7 +26,6 @@ import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +35,7 @@ from transformers.activations import GELUActivation
 from transformers.models.bert.modeling_bert import BertIntermediate, BertLayer, BertOutput
 
 from engine_core.cpu_precision import MIN_TOP_OVERLAP, TOP_K, Agreement
-from engine_core.fused_layers import same_code
+from engine_core.fused_layers import output_with_add, same_code
 from engine_core.packed_linear import PackedLinear
 
 # The bound int8 must meet on the probe set: closer than ONNX Runtime's int8 MiniLM (cosine 0.987) by issue 33's rule.
@@ -125,7 +124,7 @@ class Int8Linear(torch.nn.Module):
         self, linear: torch.nn.Linear, quantizer: InputQuantizer, balance: torch.Tensor, *, is_gelu: bool = False
     ):
         super().__init__()
-        self.balance = balance  # Int8FeedForward quantizes this layer's weights again, in groups of rows
+        self.balance = balance  # Int8FeedForward quantizes an intermediate layer's weights again, outlier rows aside
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.quantizer = quantizer
@@ -167,7 +166,7 @@ class Int8FeedForward(torch.nn.Module):
 
     def __init__(self, up: Int8Linear, down: torch.nn.Linear, maxima: torch.Tensor):
         super().__init__()
-        self.in_features, self.out_features = up.in_features, up.out_features  # the block's: 384 -> 1536 -> 384
+        self.in_features = self.out_features = down.out_features  # the block's input and output (MiniLM: 384)
         self.native_up, self.native_down = up.native, down
         self.quantizer = up.quantizer
         up_weight = up.native.weight.detach().float() * up.balance
@@ -229,12 +228,6 @@ class Int8FeedForward(torch.nn.Module):
         return summed[: q.rows].reshape(x.shape).add_(side)
 
 
-def output_int8(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    """BERT's output in eval, LayerNorm(dense(hidden) + input), with an Int8FeedForward as `dense`."""
-    out: torch.Tensor = self.LayerNorm(self.dense.plus(hidden_states, input_tensor))
-    return out
-
-
 def quantize_feed_forwards(model: torch.nn.Module, record: InputRecord) -> int:
     """Replaces, in place, each BERT feed-forward block whose intermediate product is an Int8Linear with its GELU (after
     `quantize_linears`) by an Int8FeedForward; returns how many down projections went to int8. A block whose code
@@ -257,7 +250,7 @@ def quantize_feed_forwards(model: torch.nn.Module, record: InputRecord) -> int:
         if maxima is None:
             continue
         output.dense = Int8FeedForward(up, down, maxima)
-        output.forward = types.MethodType(output_int8, output)
+        output.forward = types.MethodType(output_with_add, output)  # LayerNorm(dense.plus(hidden, input))
         intermediate.dense = torch.nn.Identity()
         replaced += 1
     return replaced
