@@ -95,6 +95,29 @@ def pass_ms(models: dict[str, LoadedModel], batches: list[Batch], rounds: int) -
     return times
 
 
+def print_pass_times(
+    models: dict[str, LoadedModel],
+    tokenize: Callable[[str], list[int]],
+    args: argparse.Namespace,
+    *,
+    over: tuple[str, str],
+) -> None:
+    """A JSON line for each of `args.sizes`: the models' ms a pass (`pass_ms` over 8 batches of that many corpus
+    sentences), lowest and median, and the ratio `over[0]` / `over[1]` of each, from the figures printed (rounded
+    first), so that they can be checked against them."""
+    from bench.pass_contention import corpus_batches
+
+    for size in map(int, args.sizes.split(",")):
+        times = pass_ms(models, corpus_batches(tokenize, size, 8), args.rounds)
+        best = {name: round(min(values), 2) for name, values in times.items()}
+        median = {name: round(statistics.median(values), 2) for name, values in times.items()}
+        ratio = f"{over[0]}_over_{over[1]}"
+        row = {"inputs": size, "threads": args.threads, "ms_lowest": best, "ms_median": median}
+        row[ratio] = round(best[over[0]] / best[over[1]], 3)
+        row[f"{ratio}_median"] = round(median[over[0]] / median[over[1]], 3)
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -106,7 +129,6 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     from bench.harness.corpus import make_sentence
-    from bench.pass_contention import corpus_batches
     from engine_core.cpu_precision import PROBE_TEXTS
 
     torch.set_num_threads(args.threads)
@@ -126,24 +148,7 @@ def main() -> None:
             lowest = lowest_cosines(reference, model, ids)
             summary = {"texts": name, "model": label, "cos_min": round(min(lowest), 5)}
             print(json.dumps(summary | {"median_of_lowest": round(statistics.median(lowest), 5)}), flush=True)
-    for size in map(int, args.sizes.split(",")):
-        times = pass_ms(models, corpus_batches(tokenize, size, 8), args.rounds)
-        # the ratios from the figures printed, so that they can be checked against them
-        best = {name: round(min(values), 2) for name, values in times.items()}
-        median = {name: round(statistics.median(values), 2) for name, values in times.items()}
-        print(
-            json.dumps(
-                {
-                    "inputs": size,
-                    "threads": args.threads,
-                    "ms_lowest": best,
-                    "ms_median": median,
-                    "shipped_over_before": round(best["shipped"] / best["before"], 3),
-                    "shipped_over_before_median": round(median["shipped"] / median["before"], 3),
-                }
-            ),
-            flush=True,
-        )
+    print_pass_times(models, tokenize, args, over=("shipped", "before"))
 
 
 if __name__ == "__main__":

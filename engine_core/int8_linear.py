@@ -22,6 +22,7 @@ reference before it serves.
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from collections.abc import Callable
@@ -58,6 +59,33 @@ MIN_INT8_ROWS_THREADED = 128
 GELU_FLOOR = 0.17
 OUTLIERS = 16
 HEADROOM = 1.25
+
+
+# A weight's int8 levels either side of 0. Without VNNI (AVX2, AVX512 before Cascade Lake) oneDNN multiplies uint8 by
+# int8 with an instruction that sums each pair of products in 16 bits and saturates there: 2 x 255 x 127 = 64,770
+# overflows 32,767, and the bundled model's probe cosine fell to 0.9885 (ONEDNN_MAX_CPU_ISA=AVX2 on an AVX512-VNNI
+# host). With weights of 7 bits a pair stays within it (2 x 255 x 63 = 32,130): probe cosine 0.9967 there.
+WEIGHT_LEVELS = 127
+WEIGHT_LEVELS_SATURATING = 63
+
+
+@functools.cache
+def products_saturate() -> bool:
+    """Whether oneDNN's int8 product on this CPU saturates pairs of uint8 x int8 products (no VNNI), measured rather
+    than read from the CPU's flags: one product of all 255s by all 127s against its exact sum, which float32 holds
+    exactly (384 x 255 x 127 < 2^24)."""
+    rows, width = 128, 384
+    values = torch.full((rows, width), 255, dtype=torch.uint8)
+    weight = torch.ops.onednn.qlinear_prepack(torch.full((width, width), 127, dtype=torch.int8), None)
+    ones, zeros = torch.ones(width), torch.zeros(width)
+    out = torch.ops.onednn.qlinear_pointwise(
+        values, 1.0, 0, weight, ones, zeros.long(), zeros, 1.0, 0, torch.float32, "none", [], "",
+    )  # fmt: skip
+    return bool((out != width * 255 * 127).any())
+
+
+def weight_levels() -> int:
+    return WEIGHT_LEVELS_SATURATING if products_saturate() else WEIGHT_LEVELS
 
 
 def min_int8_rows() -> int:
@@ -109,8 +137,9 @@ class InputQuantizer:
 
 
 def per_row_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A weight in int8, packed for oneDNN, with a scale per output channel (row); and the zero points."""
-    scale = weight.abs().amax(1).clamp(min=1e-12) / 127
+    """A weight in int8 (`weight_levels()` either side of 0), packed for oneDNN, with a scale per output channel
+    (row); and the zero points."""
+    scale = weight.abs().amax(1).clamp(min=1e-12) / weight_levels()
     quantized = torch.round(weight / scale[:, None]).to(torch.int8)
     return torch.ops.onednn.qlinear_prepack(quantized, None), scale, torch.zeros(len(weight), dtype=torch.long)
 

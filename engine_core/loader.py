@@ -68,7 +68,13 @@ from engine_core.folder_choices import (
 )
 from engine_core.fused_layers import fuse_layers_checked
 from engine_core.image_config import ImageConfigError, read_image_processing
-from engine_core.int8_linear import int8_refusal, quantize_feed_forwards, quantize_linears, record_inputs
+from engine_core.int8_linear import (
+    int8_refusal,
+    products_saturate,
+    quantize_feed_forwards,
+    quantize_linears,
+    record_inputs,
+)
 from engine_core.multi_vector import (
     LATE_INTERACTION_TASKS,
     MultiVectorRunner,
@@ -548,9 +554,10 @@ def choose_precision(
         measured = measure_agreement(reference, runner.run_texts(probe, None))
         if (strays := int8_refusal(measured)) is not None:
             raise LoadError(strays)
-        logger.info("--dtype int8: %d linear layers in int8, the rest in %s; probe min cosine %.4f, top-%d overlap "
-                    "%.3f against float32", replaced, str(dtype).removeprefix("torch."), measured.min_cosine, TOP_K,
-                    measured.top_overlap)  # fmt: skip
+        weights = " (7-bit weights: this CPU's int8 products, without VNNI, saturate 8-bit ones)" * products_saturate()
+        logger.info("--dtype int8: %d linear layers in int8%s, the rest in %s; probe min cosine %.4f, top-%d overlap "
+                    "%.3f against float32", replaced, weights, str(dtype).removeprefix("torch."), measured.min_cosine,
+                    TOP_K, measured.top_overlap)  # fmt: skip
     # A sparse model's rows are which vocabulary entries are non-zero: bfloat16 would change that set, which no
     # agreement of cosines measures; it stays float32, as classifiers do (and so does bge-m3, for its lexical weights).
     if config.dtype == "auto" and device.type == "cpu" and kind != SPARSE and not m3:

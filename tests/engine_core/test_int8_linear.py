@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from engine_core.int8_linear import (
     Int8FeedForward,
     Int8Linear,
     padded_rows,
+    products_saturate,
     quantize_feed_forwards,
     quantize_linears,
     record_inputs,
@@ -252,3 +257,55 @@ def test_int8_is_refused_where_torch_has_no_onednn(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     with pytest.raises(LoadError, match="--dtype int8 runs oneDNN's int8 product, which this torch build lacks"):
         load_model(Config(device="cpu", dtype="int8"))
+
+
+def test_int8_products_saturate_exactly_where_the_cpu_has_no_vnni() -> None:
+    flags = torch._C._cpu._get_cpu_capability()
+    vnni = any(flags.get(flag, False) for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+    assert products_saturate() is not vnni, flags
+
+
+# Run where oneDNN is held to AVX2 (its own ONEDNN_MAX_CPU_ISA), as on a CPU without VNNI; the loader told the CPU has
+# no native bfloat16, as such a CPU's flags say (this host's still claim it, and oneDNN held to AVX2 refuses bf16).
+WITHOUT_VNNI = """
+import json, logging
+from engine_core import int8_linear, loader
+from engine_core.folder_choices import LoadError
+from engine_core.load_model import load_model
+from poolserve.config import Config
+
+loader.has_native_bf16 = lambda: False
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+logging.getLogger().addHandler(handler)
+logging.getLogger().setLevel(logging.INFO)
+found = {"saturate": int8_linear.products_saturate()}
+load_model(Config(device="cpu", dtype="int8"))
+found["log"] = [line for line in lines if line.startswith("--dtype int8:")]
+int8_linear.WEIGHT_LEVELS_SATURATING = int8_linear.WEIGHT_LEVELS
+try:
+    load_model(Config(device="cpu", dtype="int8"))
+    found["eight_bit"] = "served"
+except LoadError as exc:
+    found["eight_bit"] = str(exc)
+print(json.dumps(found))
+"""
+
+
+def test_without_vnni_int8_serves_with_7_bit_weights_where_8_bit_ones_saturate(bundled_model: Path) -> None:
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_VNNI], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["saturate"] is True
+    [line] = found["log"]
+    assert (
+        "in int8 (7-bit weights: this CPU's int8 products, without VNNI, saturate 8-bit ones), the rest in float32"
+        in line
+    )
+    assert float(line.split("probe min cosine ")[1].split(",")[0]) >= 0.995
+    # the same CPU with 8-bit weights: the saturated products stray, and the probe refuses them
+    assert found["eight_bit"].startswith("--dtype int8 is refused for this model"), found["eight_bit"]
