@@ -1,17 +1,22 @@
-"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` (with torch, or with
-`--runtime onnxruntime`: "poolserve float32 onnx") and `--dtype int8` beside
-Infinity's ONNX Runtime engine in fp32 and int8, every target under the same closed-loop loads, in one run.
+"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` (with torch, or with `--runtime
+onnxruntime`: "poolserve float32 onnx") and `--dtype int8` beside Infinity's ONNX Runtime engine in fp32 and int8,
+every target under the same closed-loop loads, in one run.
 
     make bench-onnx-peer
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
-        [--warmup 2] [--poolserve-flags "--torch-threads 1"] [--out FILE]
+        [--warmup 2] [--poolserve-flags "--torch-threads 1"] [--interleave] [--out FILE]
 
 A point is `clients:workload` (bench/harness/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
 target once and runs every point on it; the second pass runs the targets in the opposite order, so neither side
-always goes first on this shared host. Per run: requests/s, p50 and p99, and the cores the target's whole process
-tree used over the measured window (CPU seconds from /proc over wall seconds). Each target's vectors are checked
-against sentence-transformers' float32 ones first (cos min over 64 corpus sentences). At the end, per point and
-pass: the issue's ratios (throughput, and p99 the other way up), each computed within one pass.
+always goes first on this shared host. With `--interleave` every target is started at once and kept up, and each
+point is measured on every target in turn (the order flipping each pass), so that the runs a ratio compares are
+seconds apart rather than minutes: on this shared host a target's own figure drifted 15-30 % between passes, more
+than the targets differ by. Each target's CPU at idle (the others idle too) is read over 5 s first and reported
+(`idle_cores`): it is what the idle targets take from the one measured. Per run: requests/s, p50 and p99, and the
+cores the target's whole process tree used over the measured window (CPU seconds from /proc over wall seconds). Each
+target's vectors are checked against sentence-transformers' float32 ones first (cos min over 64 corpus sentences). At
+the end, per point and pass: the issue's ratios (throughput, and p99 the other way up), each computed within one
+pass.
 """
 
 from __future__ import annotations
@@ -83,6 +88,15 @@ def measure(
     }
 
 
+def idle_cores(servers: dict[str, ServerProcess], seconds: float = 5.0) -> dict[str, float]:
+    """Each server's process tree's cores over `seconds` with no load on any."""
+    before = {name: tree_cpu(server.pid) for name, server in servers.items()}
+    started = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - started
+    return {name: round((tree_cpu(server.pid) - before[name]) / elapsed, 3) for name, server in servers.items()}
+
+
 # The issue's ratios: (numerator, denominator).
 RATIOS = {
     "float32 / onnx fp32": ("poolserve float32", "infinity onnx fp32"),
@@ -125,6 +139,9 @@ def main() -> None:
     parser.add_argument(
         "--poolserve-flags", default="", help='more flags for every poolserve target, e.g. "--torch-threads 1"'
     )
+    parser.add_argument(
+        "--interleave", action="store_true", help="every target up at once, each point measured on each in turn"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     extra = tuple(args.poolserve_flags.split())
@@ -153,21 +170,45 @@ def main() -> None:
     reference = onnx_peer.reference_vectors(bundled_model_folder(), texts)
     runs: list[dict[str, Any]] = []
     parity: dict[str, float] = {}
-    for pass_ in range(args.passes):
-        for target in order if pass_ % 2 == 0 else order[::-1]:
-            server = target.start()
-            try:
-                if target.name not in parity:
-                    served = onnx_peer.vectors(server.url, target.path, SERVED_NAME, texts)
-                    parity[target.name] = round(onnx_peer.cosine_min(served, reference), 5)
+    extras: dict[str, Any] = {}
+
+    def check(target: Target, server: ServerProcess) -> None:
+        if target.name not in parity:
+            served = onnx_peer.vectors(server.url, target.path, SERVED_NAME, texts)
+            parity[target.name] = round(onnx_peer.cosine_min(served, reference), 5)
+
+    def run(pass_: int, target: Target, server: ServerProcess, clients: int, workload: str) -> None:
+        measured = measure(server, target.path, clients, workload, args.seconds, warmup=args.warmup)
+        row = {"pass": pass_, "target": target.name, **measured}
+        print(json.dumps(row), flush=True)
+        runs.append(row)
+
+    if args.interleave:
+        servers: dict[str, ServerProcess] = {}
+        try:
+            for target in order:
+                servers[target.name] = target.start()
+                check(target, servers[target.name])
+            extras["idle_cores"] = idle_cores(servers)
+            print(json.dumps(extras), flush=True)
+            for pass_ in range(args.passes):
                 for clients, workload in points:
-                    measured = measure(server, target.path, clients, workload, args.seconds, warmup=args.warmup)
-                    row = {"pass": pass_, "target": target.name, **measured}
-                    print(json.dumps(row), flush=True)
-                    runs.append(row)
-            finally:
+                    for target in order if pass_ % 2 == 0 else order[::-1]:
+                        run(pass_, target, servers[target.name], clients, workload)
+        finally:
+            for server in servers.values():
                 server.stop()
-    summary = {"cos_min": parity, "ratios": ratios(runs)}
+    else:
+        for pass_ in range(args.passes):
+            for target in order if pass_ % 2 == 0 else order[::-1]:
+                server = target.start()
+                try:
+                    check(target, server)
+                    for clients, workload in points:
+                        run(pass_, target, server, clients, workload)
+                finally:
+                    server.stop()
+    summary = {"cos_min": parity, **extras, "ratios": ratios(runs)}
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, **summary}, indent=1) + "\n")

@@ -47,3 +47,22 @@ def test_the_race_runs_briefly(tmp_path: Path) -> None:
     # Each is what sentence-transformers gives, at float32's precision.
     assert all(cos > 0.9999 for cos in result["cos_min"].values()), result["cos_min"]
     assert len(result["ratios"]) == len(targets) - 1
+
+
+def test_interleaved_every_target_is_up_at_once_and_each_point_runs_on_each_in_turn(tmp_path: Path) -> None:
+    targets = ["poolserve float32", "poolserve int8"]
+    out = tmp_path / "race.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench.cpu_race", "--targets", ",".join(targets), "--points", "1:a,2:a", "--seconds",
+         "1", "--warmup", "0.5", "--passes", "2", "--interleave", "--out", str(out)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    order = [(run["pass"], run["clients"], run["target"]) for run in result["runs"]]
+    assert order == [
+        (0, 1, "poolserve float32"), (0, 1, "poolserve int8"), (0, 2, "poolserve float32"), (0, 2, "poolserve int8"),
+        (1, 1, "poolserve int8"), (1, 1, "poolserve float32"), (1, 2, "poolserve int8"), (1, 2, "poolserve float32"),
+    ]  # fmt: skip
+    assert all(run["errors"] == 0 and run["requests_per_s"] > 0 for run in result["runs"])
+    assert set(result["idle_cores"]) == set(targets)
+    assert all(0 <= cores < 0.5 for cores in result["idle_cores"].values()), result["idle_cores"]
