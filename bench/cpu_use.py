@@ -3,9 +3,10 @@
     python -m bench.cpu_use [--clients 1,8,32] [--seconds 10] [--api-servers 1] [--variant ARGS]...
 
 Starts a server per variant (each `--variant` is extra `launch` flags, quoted; the first run is
-the defaults), drives workload (a) (one sentence per request) with bench.loadgen in a closed loop
-at each client count, and reads every server process's CPU time from /proc over the measured
-window. Printed per run: requests/s, p99, and cores used by the engine, the API servers and the
+the defaults; a leading `cwd=DIR` runs that checkout's code, a `git worktree` of another commit),
+drives workload (a) (one sentence per request) with bench.loadgen in a closed loop at each client
+count (0: no load, the server idle), and reads every server process's CPU time from /proc over the
+measured window. Printed per run: requests/s, p99, and cores used by the engine, the API servers and the
 load generator. An engine that spins its threads between small batches shows as engine cores
 well above what its forward passes need at one client. docs/benchmarks.md, "CPU engine", holds
 the figures and the command.
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness.server_process import PoolserveProcess, cmdline, process_tree, role_of
+from bench.harness.server_process import REPO, PoolserveProcess, cmdline, process_tree, role_of
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -72,8 +73,20 @@ def cpu_by_role(root: int) -> dict[str, float]:
     return totals
 
 
+def idle(root: int, seconds: float, warmup: float) -> dict[str, object]:
+    """The server's CPU with no load at all, over `seconds` after `warmup`."""
+    time.sleep(warmup)
+    before, started = cpu_by_role(root), time.monotonic()
+    time.sleep(seconds)
+    after, window = cpu_by_role(root), time.monotonic() - started
+    cores = {role: round((after.get(role, 0.0) - before.get(role, 0.0)) / window, 4) for role in after}
+    return {"clients": 0, "requests_per_s": 0.0, "cores": cores}
+
+
 def measure(url: str, root: int, clients: int, seconds: float, warmup: float) -> dict[str, object]:
     """One closed-loop run; the server's CPU is sampled over (about) loadgen's measured window."""
+    if clients == 0:
+        return idle(root, seconds, warmup)
     argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--workload", "a", "--concurrency", str(clients),
             "--duration", str(seconds), "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
     loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -117,9 +130,10 @@ def main() -> None:
 
 def run_variant(variant: str, args: argparse.Namespace, counts: list[int]) -> None:
     words = shlex.split(variant)
+    cwd = Path(words.pop(0).removeprefix("cwd=")) if words and words[0].startswith("cwd=") else REPO
     env = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
     flags = [word for word in words if not ("=" in word and not word.startswith("-"))]
-    server = PoolserveProcess("--api-server-count", str(args.api_servers), *flags, env=env)
+    server = PoolserveProcess("--api-server-count", str(args.api_servers), *flags, env=env, cwd=cwd)
     try:
         server.wait_ready(300)
         for clients in counts:

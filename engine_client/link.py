@@ -36,9 +36,15 @@ from poolserve.protocol import (
 logger = logging.getLogger("poolserve.engine_client")
 
 HELLO_RETRY_S = 1.0
-# The engine is pinged in the background this often; /health reads the latest answer, so a probe
-# never waits on the engine's GIL, and an answer older than PONG_STALE_S means a silent engine.
+# The engine is pinged in the background this often while this API server has work on it (a request sent or
+# answered within IDLE_AFTER_S); /health reads the latest answer, so a probe never waits on the engine's GIL, and an
+# answer older than PONG_STALE_S means a silent engine. Idle, every IDLE_PING_INTERVAL_S: the answers only say that
+# the engine is there (and what other API servers queued on it), and ten a second were ~1.4 ms of CPU a second in
+# each API server and twice that in the engine (docs/benchmarks.md, "A server at idle"); the first request wakes the
+# pinger at once.
 PING_INTERVAL_S = 0.1
+IDLE_PING_INTERVAL_S = 0.5
+IDLE_AFTER_S = 1.0
 PONG_STALE_S = 2.0
 
 
@@ -80,6 +86,11 @@ class EngineLink:
         self.restarts_seen = 0
         self.last_pong: Pong | None = None
         self._last_pong_at = 0.0
+        # When this server last sent the engine a request or had an answer from it (loop time); the idle pinger
+        # waits on `_work` so that a request ends its wait.
+        self._busy_at = 0.0
+        self._is_idle = False
+        self._work = asyncio.Event()
 
     @property
     def is_ready(self) -> bool:
@@ -107,10 +118,21 @@ class EngineLink:
         self._socket.close()
 
     async def send(self, frames: list[Frame]) -> None:
+        """Send a request (or an abort) to the engine."""
+        self._note_work()
+        await self._send(frames)
+
+    async def _send(self, frames: list[Frame]) -> None:
         try:
             await self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again as exc:
             raise EngineUnavailable("the engine is not accepting requests") from exc
+
+    def _note_work(self) -> None:
+        self._busy_at = asyncio.get_running_loop().time()
+        if self._is_idle:
+            self._is_idle = False
+            self._work.set()
 
     async def ping(self, timeout: float) -> Pong | None:
         """A timed round trip to the engine; None when it does not answer in time."""
@@ -120,7 +142,7 @@ class EngineLink:
         future: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
         self._pings[nonce] = future
         try:
-            await self.send(self._wire.encode(Ping(nonce)))
+            await self._send(self._wire.encode(Ping(nonce)))
             async with asyncio.timeout(timeout):
                 return await future
         except (TimeoutError, EngineUnavailable):
@@ -146,9 +168,17 @@ class EngineLink:
             pong = await self.ping(PONG_STALE_S)
             if pong is not None:
                 self.last_pong, self._last_pong_at = pong, loop.time()
-            await asyncio.sleep(PING_INTERVAL_S)
+            if loop.time() - self._busy_at < IDLE_AFTER_S:
+                await asyncio.sleep(PING_INTERVAL_S)
+                continue
+            self._is_idle = True
+            self._work.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(IDLE_PING_INTERVAL_S):
+                    await self._work.wait()
 
     async def _read_replies(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             frames = await self._socket.recv_multipart()
             try:
@@ -158,6 +188,7 @@ class EngineLink:
                 logger.exception("dropped an undecodable reply from engine %d", self.index)
                 continue
             if isinstance(msg, Outputs):
+                self._busy_at = loop.time()
                 self._owner.on_outputs(self, msg, rows)
             elif isinstance(msg, Pong):
                 ping = self._pings.get(msg.nonce)
@@ -186,7 +217,7 @@ class EngineLink:
         hello = self._wire.encode(Hello(self.server_index, os.getpid()))
         while not self.ready.is_set():
             with contextlib.suppress(EngineUnavailable):
-                await self.send(hello)
+                await self._send(hello)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(HELLO_RETRY_S):
                     await self.ready.wait()

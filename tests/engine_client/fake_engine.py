@@ -47,6 +47,8 @@ class FakeEngine:
         self.is_full = False
         # Whether it answers pings (a test answers them itself, at the moment it chooses).
         self.answers_pings = True
+        # The loop times of the pings it received.
+        self.pinged_at: list[float] = []
         self.held: list[tuple[bytes, EngineRequest]] = []
         self.refused = 0
         self._wire = EngineWire()
@@ -62,6 +64,7 @@ class FakeEngine:
             if isinstance(msg, Hello):
                 await self._router.send_multipart([identity, *self._wire.encode(Ready(CARD, self.suspects))])
             elif isinstance(msg, Ping):
+                self.pinged_at.append(asyncio.get_running_loop().time())
                 if self.answers_pings:
                     pong = Pong(msg.nonce, self.stalled_for, self.queued_inputs)
                     await self._router.send_multipart([identity, *self._wire.encode(pong)])

@@ -8,6 +8,7 @@ import zmq
 import zmq.asyncio
 
 from engine_client import EngineClient, EngineOverloaded, EngineUnavailable, PoisonPill
+from engine_client.link import IDLE_AFTER_S, IDLE_PING_INTERVAL_S, PING_INTERVAL_S
 from poolserve.protocol import EngineRequest, Pong
 from tests.cards import CARD
 from tests.engine_client.fake_engine import FakeEngine, answered, connected_client, job, shut_down, two_engines, until
@@ -227,5 +228,38 @@ def test_a_link_s_pinger_cancelled_in_the_turn_its_pong_lands_stops_and_the_clie
         await asyncio.wait_for(client.close(), 2)
         await engine.die()
         context.term()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_link_pings_its_engine_twice_a_second_and_a_request_brings_back_ten(tmp_path: Path) -> None:
+    """Idle, an API server pings its engine every IDLE_PING_INTERVAL_S (/health needs an answer within PONG_STALE_S);
+    a request wakes the pinger at once, and while it has work the pings come every PING_INTERVAL_S."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        context = zmq.asyncio.Context()
+        endpoint = f"ipc://{tmp_path}/engine.sock"
+        engine = FakeEngine(context, endpoint, 0)
+        client = await connected_client([endpoint])
+        await asyncio.sleep(IDLE_AFTER_S)
+
+        def pings_since(start: float) -> int:
+            return sum(at >= start for at in engine.pinged_at)
+
+        idle_from = loop.time()
+        await asyncio.sleep(1.5)
+        assert pings_since(idle_from) <= 1.5 / IDLE_PING_INTERVAL_S + 1, engine.pinged_at
+        assert pings_since(idle_from) >= 1  # the engine is still asked whether it is there
+        held = asyncio.ensure_future(client.pool(job()))
+        await until(lambda: len(engine.held) == 1)
+        sent_at = loop.time()
+        await until(lambda: pings_since(sent_at) >= 1, timeout=IDLE_PING_INTERVAL_S / 2)  # woken, not at its timer
+        await asyncio.sleep(1.0)
+        assert pings_since(sent_at) >= 0.5 / PING_INTERVAL_S, engine.pinged_at
+        await engine.answer_all()
+        await asyncio.wait_for(held, 2)
+        assert client.links[0].latest_pong() is not None
+        await shut_down(client, [engine], context)
 
     asyncio.run(scenario())
