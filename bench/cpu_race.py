@@ -4,7 +4,7 @@ every target under the same closed-loop loads, in one run.
 
     make bench-onnx-peer
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
-        [--warmup 2] [--poolserve-flags "--torch-threads 1"] [--interleave] [--out FILE]
+        [--warmup 2] [--poolserve-flags "--torch-threads 1"] [--interleave] [--generator wrk_load] [--out FILE]
 
 A point is `clients:workload` (bench/harness/workloads.py: (a) one sentence a request, (b) 16). Each pass starts each
 target once and runs every point on it; the second pass runs the targets in the opposite order, so neither side
@@ -12,7 +12,9 @@ always goes first on this shared host. With `--interleave` every target is start
 point is measured on every target in turn (the order flipping each pass), so that the runs a ratio compares are
 seconds apart rather than minutes: on this shared host a target's own figure drifted 15-30 % between passes, more
 than the targets differ by. Each target's CPU at idle (the others idle too) is read over 5 s first and reported
-(`idle_cores`): it is what the idle targets take from the one measured. Per run: requests/s, p50 and p99, and the
+(`idle_cores`): it is what the idle targets take from the one measured. `--generator wrk_load` drives the load with
+Debian's wrk (bench.wrk_load) instead of bench.loadgen, whose Python costs ~150 µs a request beside the servers. Per
+run: requests/s, p50 and p99, and the
 cores the target's whole process tree used over the measured window (CPU seconds from /proc over wall seconds). Each
 target's vectors are checked against sentence-transformers' float32 ones first (cos min over 64 corpus sentences). At
 the end, per point and pass: the issue's ratios (throughput, and p99 the other way up), each computed within one
@@ -63,13 +65,22 @@ def tree_cpu(root: int) -> float:
 
 
 def measure(
-    server: ServerProcess, path: str, clients: int, workload: str, seconds: float, *, warmup: float = 2.0
+    server: ServerProcess,
+    path: str,
+    clients: int,
+    workload: str,
+    seconds: float,
+    *,
+    warmup: float = 2.0,
+    generator: str = "loadgen",
 ) -> dict[str, Any]:
-    """One closed-loop run of bench.loadgen after `warmup` seconds of the same load; the target's CPU is read over
-    (about) its measured window."""
-    argv = [sys.executable, "-m", "bench.loadgen", "--url", server.url, "--workload", workload, "--path", path,
+    """One closed-loop run of `generator` (bench.loadgen, or bench.wrk_load: Debian's wrk) after `warmup` seconds of
+    the same load; the target's CPU is read over (about) its measured window."""
+    argv = [sys.executable, "-m", f"bench.{generator}", "--url", server.url, "--workload", workload, "--path", path,
             "--model-name", SERVED_NAME, "--concurrency", str(clients), "--duration", str(seconds),
-            "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
+            "--warmup", str(warmup)]  # fmt: skip
+    if generator == "loadgen":
+        argv += ["--prober-interval", "0"]
     loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     time.sleep(warmup + 0.5)  # loadgen's start-up and warm-up
     before, started = tree_cpu(server.pid), time.monotonic()
@@ -142,6 +153,12 @@ def main() -> None:
     parser.add_argument(
         "--interleave", action="store_true", help="every target up at once, each point measured on each in turn"
     )
+    parser.add_argument(
+        "--generator",
+        choices=("loadgen", "wrk_load"),
+        default="loadgen",
+        help="the load: bench.loadgen (Python, ~150 µs a request of its own) or bench.wrk_load (Debian's wrk)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     extra = tuple(args.poolserve_flags.split())
@@ -178,7 +195,9 @@ def main() -> None:
             parity[target.name] = round(onnx_peer.cosine_min(served, reference), 5)
 
     def run(pass_: int, target: Target, server: ServerProcess, clients: int, workload: str) -> None:
-        measured = measure(server, target.path, clients, workload, args.seconds, warmup=args.warmup)
+        measured = measure(
+            server, target.path, clients, workload, args.seconds, warmup=args.warmup, generator=args.generator
+        )
         row = {"pass": pass_, "target": target.name, **measured}
         print(json.dumps(row), flush=True)
         runs.append(row)

@@ -12,6 +12,7 @@ Warm-up is a first wrk run whose figures are dropped (wrk has no warm-up of its 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -79,10 +80,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--model-name", default="")
+    parser.add_argument("--path", default="", help="the route, where not the workload's own (a peer's /embeddings)")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk); or use bench.loadgen")
     workload = build_workload(args.workload, model_name=args.model_name)
+    if args.path:
+        workload = dataclasses.replace(workload, path=args.path)
     with tempfile.TemporaryDirectory() as folder:
         script = write_script(workload, Path(folder))
         if args.warmup > 0:
