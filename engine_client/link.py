@@ -39,9 +39,9 @@ HELLO_RETRY_S = 1.0
 # The engine is pinged in the background this often while this API server has work on it (a request sent or
 # answered within IDLE_AFTER_S); /health reads the latest answer, so a probe never waits on the engine's GIL, and an
 # answer older than PONG_STALE_S means a silent engine. Idle, every IDLE_PING_INTERVAL_S: the answers only say that
-# the engine is there (and what other API servers queued on it), and ten a second were ~1.4 ms of CPU a second in
-# each API server and twice that in the engine (docs/benchmarks.md, "A server at idle"); the first request wakes the
-# pinger at once.
+# the engine is there (and what other API servers queued on it), and at ten a second an idle server (two API servers)
+# took a third more CPU (0.025-0.031 against 0.017-0.021 cores: docs/benchmarks.md, "A server at idle"); the first
+# request wakes the pinger at once.
 PING_INTERVAL_S = 0.1
 IDLE_PING_INTERVAL_S = 0.5
 IDLE_AFTER_S = 1.0

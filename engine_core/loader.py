@@ -554,7 +554,8 @@ def choose_precision(
         measured = measure_agreement(reference, runner.run_texts(probe, None))
         if (strays := int8_refusal(measured)) is not None:
             raise LoadError(strays)
-        weights = " (7-bit weights: this CPU's int8 products, without VNNI, saturate 8-bit ones)" * products_saturate()
+        saturate = products_saturate()
+        weights = " (7-bit weights: this CPU's int8 products, without VNNI, saturate 8-bit ones)" if saturate else ""
         logger.info("--dtype int8: %d linear layers in int8%s, the rest in %s; probe min cosine %.4f, top-%d overlap "
                     "%.3f against float32", replaced, weights, str(dtype).removeprefix("torch."), measured.min_cosine,
                     TOP_K, measured.top_overlap)  # fmt: skip
