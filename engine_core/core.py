@@ -69,7 +69,7 @@ class StartedPass:
     started_ns: int
     padded: int  # the batch's tokens, padding included
     is_urgent: bool  # it holds a request with priority < 0
-    is_alone: bool  # its request is the only one the engine holds
+    nothing_waits: bool  # nothing is queued behind it: no other work wants the cores
 
 
 class EngineCore:
@@ -210,7 +210,7 @@ class EngineCore:
         three parts in turn, on this thread's torch threads as `threads` plans them (engine.py runs the parts itself,
         the middle one outside its lock)."""
         started = self.begin_pass(batch)
-        self.threads.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
+        self.threads.apply(started.padded, is_urgent=started.is_urgent, nothing_waits=started.nothing_waits)
         try:
             rows = self.forward(started)
         except Exception as exc:
@@ -229,7 +229,7 @@ class EngineCore:
         padded = len(batch) * (self.card.image_tokens if batch[0].is_image else max(item.length for item in batch))
         return StartedPass(
             batch, requests, traced, started, time.time_ns() if traced else 0, padded,
-            is_urgent=any(item.request.priority < 0 for item in batch), is_alone=len(self._requests) == 1,
+            is_urgent=any(item.request.priority < 0 for item in batch), nothing_waits=self.queued_inputs() == 0,
         )  # fmt: skip
 
     def fail_pass(self, started: StartedPass, exc: Exception) -> StepOutputs:

@@ -44,6 +44,10 @@ BEAT_INTERVAL_S = 1.0
 MAIN, LANE = 0, 1
 # How often the second lane looks for work while the main loop's one-thread pass runs.
 LANE_POLL_S = 0.002
+# A pass waits at most this long after the last one ended for the rest of a cohort of at most COHORT_MOST requests
+# (_cohort_hold): a client's round trip from its answer to its next request reaching the engine is ~1.5-2 ms here.
+COHORT_HOLD_S = 0.003
+COHORT_MOST = 4
 
 
 class EngineProcess:
@@ -75,6 +79,9 @@ class EngineProcess:
         # torch's thread count is each OS thread's own: a plan per lane
         self._plans = {MAIN: self.core.threads, LANE: ThreadPlan(loaded.card.device, self.core.threads.full)}
         self._lane_wanted = threading.Event()
+        # When the last forward pass ended, and its cohort: the requests it answered and those queued behind it then.
+        self._last_pass_end = 0.0
+        self._cohort = 0
         self._lane = (
             threading.Thread(target=self._run_lane, name="engine-lane", daemon=True)
             if loaded.passes_at_once > 1
@@ -107,7 +114,11 @@ class EngineProcess:
                     from_cache = self.core.take_answered_from_cache()
                     if from_cache is not None:
                         self._reply(from_cache, self._outbox)
-                    started = self._start_pass(MAIN)
+                    hold = self._cohort_hold()
+                    started = None if hold else self._start_pass(MAIN)
+                if hold:
+                    self._wait_for_work(hold)
+                    continue
                 if started is None:
                     self._wait_for_work()
                     continue
@@ -167,7 +178,7 @@ class EngineProcess:
             if lane == MAIN:
                 self._lane_wanted.set()
         else:
-            plan.apply(started.padded, is_urgent=started.is_urgent, is_alone=started.is_alone)
+            plan.apply(started.padded, is_urgent=started.is_urgent, nothing_waits=started.nothing_waits)
         return started
 
     def _more_queued(self, batch: list[WorkItem]) -> bool:
@@ -187,7 +198,11 @@ class EngineProcess:
             return
         with self._lock:
             self._end_pass(lane)
-            self._reply(self.core.end_pass(started, rows), outbox)
+            step = self.core.end_pass(started, rows)
+            self._last_pass_end = time.monotonic()
+            self._drain()  # what came during the pass: it waited behind it
+            self._cohort = sum(map(len, step.outputs.values())) + self.core.waiting
+            self._reply(step, outbox)
 
     def _end_pass(self, lane: int) -> None:
         del self._passes[lane]
@@ -200,10 +215,24 @@ class EngineProcess:
         else:
             self.recorder.clear()
 
-    def _wait_for_work(self) -> None:
-        """Nothing queued: wait for the I/O thread's next items (or IDLE_WAIT_S, for the heartbeat), then take them."""
+    def _cohort_hold(self) -> float:
+        """How long the next pass waits for the rest of a small cohort (0: it starts now). Lock held.
+
+        Two to four clients, each sending as its last answer comes, kept out of step: each request's pass waited for
+        the other's, and the engine served two clients at about one's rate. When the last pass answered a few
+        requests, or some waited behind it, their clients are expected back: a pass waits up to COHORT_HOLD_S after
+        the last one ended for as many requests as that cohort held (at most COHORT_MOST), and they run together on
+        every thread (a second sentence costs 0.57-0.66 of the first). One client's cohort is one request: never
+        held. A CPU engine that runs two lanes only; not while a pass runs (docs/benchmarks.md, "Two clients in
+        step")."""
+        if self._lane is None or self._passes:
+            return 0.0
+        return cohort_hold(self._cohort, self.core.waiting, self._last_pass_end, time.monotonic())
+
+    def _wait_for_work(self, timeout: float = IDLE_WAIT_S) -> None:
+        """Wait for the I/O thread's next items (at most `timeout`: IDLE_WAIT_S, for the heartbeat), then take them."""
         try:
-            items = self.io.inbox.get(timeout=IDLE_WAIT_S)
+            items = self.io.inbox.get(timeout=timeout)
         except queue.Empty:
             return
         with self._lock:
@@ -260,6 +289,15 @@ class EngineProcess:
             self.io.replies.put([identity, *frames])
         if servers:
             outbox.send(b"")
+
+
+def cohort_hold(cohort: int, waiting: int, last_pass_end: float, now: float) -> float:
+    """Engine._cohort_hold's rule: seconds left to wait for `cohort` requests (at most COHORT_MOST) when `waiting` are
+    queued, counted from the end of the last pass; 0 when nothing waits, the cohort is one or is all there."""
+    expected = min(cohort, COHORT_MOST)
+    if expected <= 1 or waiting == 0 or waiting >= expected:
+        return 0.0
+    return max(0.0, last_pass_end + COHORT_HOLD_S - now)
 
 
 def beat_is_due(now: float, last_beat: float, passes_started: Iterable[float]) -> bool:

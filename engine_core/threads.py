@@ -1,14 +1,15 @@
-"""How many torch threads a forward pass gets on a CPU: one for a small batch, every engine thread for a large one
-or for a request alone in the engine.
+"""How many torch threads a forward pass gets on a CPU: one for a small batch with work queued behind it, every
+engine thread for a large one, or for a batch nothing waits behind.
 
 A few short inputs run on two threads only a little faster than on one while both cores spin and wait for each
 other, and on a loaded 2-core host a two-thread pass stalls whenever the API servers take its second core
 (docs/benchmarks.md, "CPU engine"). A large batch divides well across threads: at 32 clients two threads served 110
 requests/s where one served 72-78. So the thread count follows the batch's padded tokens, except that a batch
-holding urgent work (a request with priority < 0: someone waits for it) gets every thread, and so does the one
-request the engine holds when it holds no other: nothing else waits, the API servers are idle until it is answered,
-and with weights packed once (engine_core/packed_linear.py) two threads answer a lone MiniLM sentence in 0.8 of one
-thread's time (docs/benchmarks.md, "Weights packed once"), which is what a single client's latency is made of.
+holding urgent work (a request with priority < 0: someone waits for it) gets every thread, and so does a batch with
+nothing queued behind it: nothing else wants the cores, and with weights packed once (engine_core/packed_linear.py)
+two threads answer a lone MiniLM sentence in 0.8 of one thread's time (docs/benchmarks.md, "Weights packed once"),
+which is what a single client's latency is made of; two to four clients' requests paired in one pass (engine.py's
+cohort hold) are such a batch too.
 
 With more work queued than one pass takes, the engine runs two passes at once on one thread each instead
 (engine.py's second lane): a two-thread pass loses 14-16 % of its rate to the API servers' 0.15 of a core on 2 cores,
@@ -33,14 +34,14 @@ class ThreadPlan:
         self.full = threads if device == "cpu" else 0
         self.current = threads
 
-    def threads_for(self, padded_tokens: int, *, is_urgent: bool = False, is_alone: bool = False) -> int:
-        return 1 if padded_tokens <= SMALL_BATCH_TOKENS and not is_urgent and not is_alone else self.full
+    def threads_for(self, padded_tokens: int, *, is_urgent: bool = False, nothing_waits: bool = False) -> int:
+        return 1 if padded_tokens <= SMALL_BATCH_TOKENS and not is_urgent and not nothing_waits else self.full
 
-    def apply(self, padded_tokens: int, *, is_urgent: bool = False, is_alone: bool = False) -> None:
-        """`is_alone`: the batch is the one request the engine holds."""
+    def apply(self, padded_tokens: int, *, is_urgent: bool = False, nothing_waits: bool = False) -> None:
+        """`nothing_waits`: no input is queued behind the batch."""
         if self.full <= 1:
             return
-        self.use(self.threads_for(padded_tokens, is_urgent=is_urgent, is_alone=is_alone))
+        self.use(self.threads_for(padded_tokens, is_urgent=is_urgent, nothing_waits=nothing_waits))
 
     def use(self, wanted: int) -> None:
         """`wanted` threads for this thread's next passes (on a CPU with more than one)."""

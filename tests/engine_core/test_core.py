@@ -325,9 +325,9 @@ def test_every_engine_series_carries_its_engine_and_its_model(loaded: LoadedMode
         set_engine_index(0, "")
 
 
-def test_a_lone_short_request_gets_every_thread_and_two_together_get_one(core: EngineCore) -> None:
-    """engine_core/threads.py: a few short inputs run on one torch thread, unless they are the one request the
-    engine holds (nothing else waits; a single client's latency)."""
+def test_short_requests_with_nothing_behind_them_get_every_thread_and_with_work_behind_one(core: EngineCore) -> None:
+    """engine_core/threads.py: a few short inputs run on one torch thread while work is queued behind them, and on
+    every thread when nothing is (a single client's request, or a few clients' paired in one pass)."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -335,9 +335,21 @@ def test_a_lone_short_request_gets_every_thread_and_two_together_get_one(core: E
         submit(core, b"api-0", 1, pool_request([HELLO]))
         run_until_idle(core)
         assert torch.get_num_threads() == 2
+
+        def threads_of_each_pass() -> list[tuple[int, int]]:
+            ran = []
+            while (batch := core.next_batch()) is not None:
+                core.run_batch(batch)
+                ran.append((len(batch), torch.get_num_threads()))
+            return ran
+
+        # two requests in one pass (batches of two), nothing behind them
         submit(core, b"api-0", 2, pool_request([HELLO]))
         submit(core, b"api-1", 2, pool_request([HELLO]))
-        run_until_idle(core)
-        assert torch.get_num_threads() == 1
+        assert threads_of_each_pass() == [(2, 2)]
+        # three: the first pass of two has one queued behind it
+        for server in (b"api-0", b"api-1", b"api-2"):
+            submit(core, server, 3, pool_request([HELLO]))
+        assert threads_of_each_pass() == [(2, 1), (1, 2)]
     finally:
         torch.set_num_threads(before)

@@ -31,7 +31,7 @@ def test_a_small_batch_runs_on_one_thread_and_a_large_one_on_all(restore_threads
     assert torch.get_num_threads() == 2
     plan.apply(SMALL_BATCH_TOKENS)
     assert torch.get_num_threads() == 1
-    plan.apply(8, is_alone=True)  # the one request the engine holds: nothing else wants the cores
+    plan.apply(8, nothing_waits=True)  # nothing queued behind the batch: nothing else wants the cores
     assert torch.get_num_threads() == 2
 
 

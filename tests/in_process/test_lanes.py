@@ -17,7 +17,7 @@ import torch
 
 from bench.harness.corpus import make_sentence
 from engine_core.core import EngineCore, StartedPass
-from engine_core.engine import BEAT_INTERVAL_S, beat_is_due
+from engine_core.engine import BEAT_INTERVAL_S, COHORT_HOLD_S, COHORT_MOST, beat_is_due, cohort_hold
 from poolserve.config import usable_cores
 from tests.in_process.stack_server import InProcessServer, served
 from tests.utils import FLOAT32_CPU
@@ -101,3 +101,17 @@ def test_a_pass_that_never_returns_stops_the_beats_in_either_lane() -> None:
     assert beat_is_due(last + BEAT_INTERVAL_S, last, [last + 0.1])
     # it has run since before the last beat: no beat until it ends
     assert not beat_is_due(last + 5 * BEAT_INTERVAL_S, last, [last - 0.1])
+
+
+def test_a_pass_waits_briefly_for_the_rest_of_a_small_cohort_and_never_for_one_client() -> None:
+    end = 50.0
+    # one client: its cohort is its own request
+    assert cohort_hold(1, 1, end, end) == 0.0
+    # two clients: one waited behind the last pass, the other's next request is on its way
+    assert cohort_hold(2, 1, end, end + 0.001) == pytest.approx(COHORT_HOLD_S - 0.001)
+    assert cohort_hold(2, 1, end, end + COHORT_HOLD_S + 0.001) == 0.0  # not past the hold
+    assert cohort_hold(2, 2, end, end) == 0.0  # all there
+    assert cohort_hold(2, 0, end, end) == 0.0  # nothing to run yet: the engine just waits for work
+    # a large cohort (32 clients) waits only for COHORT_MOST
+    assert cohort_hold(32, COHORT_MOST - 1, end, end) == pytest.approx(COHORT_HOLD_S)
+    assert cohort_hold(32, COHORT_MOST, end, end) == 0.0
