@@ -14,11 +14,10 @@ seconds apart rather than minutes: on this shared host a target's own figure dri
 than the targets differ by. Each target's CPU at idle (the others idle too) is read over 5 s first and reported
 (`idle_cores`): it is what the idle targets take from the one measured. `--generator wrk_load` drives the load with
 Debian's wrk (bench.wrk_load) instead of bench.loadgen, whose Python costs ~150 µs a request beside the servers. Per
-run: requests/s, p50 and p99, and the
-cores the target's whole process tree used over the measured window (CPU seconds from /proc over wall seconds). Each
-target's vectors are checked against sentence-transformers' float32 ones first (cos min over 64 corpus sentences). At
-the end, per point and pass: the issue's ratios (throughput, and p99 the other way up), each computed within one
-pass.
+run: requests/s, p50 and p99, and the cores the target's whole process tree used over the measured window (CPU
+seconds from /proc over wall seconds). Each target's vectors are checked against sentence-transformers' float32 ones
+first (cos min over 64 corpus sentences). At the end, per point and pass: the issue's ratios (throughput, and p99 the
+other way up), each computed within one pass.
 """
 
 from __future__ import annotations
@@ -81,12 +80,12 @@ def measure(
             "--warmup", str(warmup)]  # fmt: skip
     if generator == "loadgen":
         argv += ["--prober-interval", "0"]
-    loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    time.sleep(warmup + 0.5)  # loadgen's start-up and warm-up
+    load = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    time.sleep(warmup + 0.5)  # the generator's start-up and warm-up
     before, started = tree_cpu(server.pid), time.monotonic()
     time.sleep(max(seconds - 1.0, 0.5))
     cores = (tree_cpu(server.pid) - before) / (time.monotonic() - started)
-    out, _ = loadgen.communicate(timeout=seconds + 120)
+    out, _ = load.communicate(timeout=seconds + 120)
     result = json.loads(out.splitlines()[-1])
     return {
         "clients": clients,

@@ -118,29 +118,37 @@ def print_pass_times(
         print(json.dumps(row), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def speed_and_accuracy_parser(doc: str, sizes: str) -> argparse.ArgumentParser:
+    """The options of both int8 benches: torch threads, rounds, corpus sentences, and the batch sizes timed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--sizes", default="32,16,8")
-    args = parser.parse_args()
+    parser.add_argument("--sizes", default=sizes)
+    return parser
 
+
+def tokenizer_of(model: LoadedModel) -> Callable[[str], list[int]]:
     from tokenizers import Tokenizer
 
-    from bench.harness.corpus import make_sentence
-    from engine_core.cpu_precision import PROBE_TEXTS
-
-    torch.set_num_threads(args.threads)
-    reference_model = load("float32")
-    models = {"before": load("int8", feed_forwards=False), "shipped": load("int8")}
-    tokenizer = Tokenizer.from_str(reference_model.card.tokenizer_json)
+    tokenizer = Tokenizer.from_str(model.card.tokenizer_json)
 
     def tokenize(text: str) -> list[int]:
         return list(tokenizer.encode(text).ids)
 
+    return tokenize
+
+
+def print_accuracy(
+    reference_model: LoadedModel, models: dict[str, LoadedModel], tokenize: Callable[[str], list[int]], sentences: int
+) -> None:
+    """A JSON line per text set (`sentences` bench corpus sentences, the start-up probe set) and model: its lowest
+    cosine against `reference_model` over the batchings of `lowest_cosines`, and the median of those lowest."""
+    from bench.harness.corpus import make_sentence
+    from engine_core.cpu_precision import PROBE_TEXTS
+
     rng = random.Random(0)
-    texts = {"corpus": [make_sentence(rng) for _ in range(args.sentences)], "probe set": list(PROBE_TEXTS)}
+    texts = {"corpus": [make_sentence(rng) for _ in range(sentences)], "probe set": list(PROBE_TEXTS)}
     for name, group in texts.items():
         ids = [np.asarray(tokenize(text), dtype=np.int32) for text in group]
         reference = embed(reference_model, ids, 1)
@@ -148,6 +156,15 @@ def main() -> None:
             lowest = lowest_cosines(reference, model, ids)
             summary = {"texts": name, "model": label, "cos_min": round(min(lowest), 5)}
             print(json.dumps(summary | {"median_of_lowest": round(statistics.median(lowest), 5)}), flush=True)
+
+
+def main() -> None:
+    args = speed_and_accuracy_parser(__doc__ or "", "32,16,8").parse_args()
+    torch.set_num_threads(args.threads)
+    reference_model = load("float32")
+    models = {"before": load("int8", feed_forwards=False), "shipped": load("int8")}
+    tokenize = tokenizer_of(reference_model)
+    print_accuracy(reference_model, models, tokenize, args.sentences)
     print_pass_times(models, tokenize, args, over=("shipped", "before"))
 
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import subprocess
 import sys
 
@@ -29,12 +27,9 @@ HELD_TO = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--sizes", default="32,16,8,1")
-    args = parser.parse_args()
+    from bench.int8_feed_forward import speed_and_accuracy_parser
+
+    args = speed_and_accuracy_parser(__doc__ or "", "32,16,8,1").parse_args()
     if any(os.environ.get(name) != value for name, value in HELD_TO.items()):
         # the instruction sets are read when torch loads: a process of its own
         env = {**os.environ, **HELD_TO, "HF_HUB_OFFLINE": "1"}
@@ -44,14 +39,10 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace) -> None:
-    import numpy as np
     import torch
-    from tokenizers import Tokenizer
 
-    from bench.harness.corpus import make_sentence
-    from bench.int8_feed_forward import embed, lowest_cosines, print_pass_times
+    from bench.int8_feed_forward import print_accuracy, print_pass_times, tokenizer_of
     from engine_core import int8_linear, loader
-    from engine_core.cpu_precision import PROBE_TEXTS
     from engine_core.folder_choices import LoadError
     from engine_core.load_model import load_model
     from poolserve.config import Config
@@ -71,19 +62,8 @@ def measure(args: argparse.Namespace) -> None:
     finally:
         setattr(int8_linear, "WEIGHT_LEVELS_SATURATING", seven_bit)  # noqa: B010
     print(json.dumps({"int8_with_8_bit_weights": eight_bit}), flush=True)
-
-    tokenizer = Tokenizer.from_str(models["float32"].card.tokenizer_json)
-
-    def tokenize(text: str) -> list[int]:
-        return list(tokenizer.encode(text).ids)
-
-    rng = random.Random(0)
-    texts = {"corpus": [make_sentence(rng) for _ in range(args.sentences)], "probe set": list(PROBE_TEXTS)}
-    for name, group in texts.items():
-        ids = [np.asarray(tokenize(text), dtype=np.int32) for text in group]
-        lowest = lowest_cosines(embed(models["float32"], ids, 1), models["int8"], ids)
-        summary = {"texts": name, "model": "int8", "cos_min": round(min(lowest), 5)}
-        print(json.dumps(summary | {"median_of_lowest": round(statistics.median(lowest), 5)}), flush=True)
+    tokenize = tokenizer_of(models["float32"])
+    print_accuracy(models["float32"], {"int8": models["int8"]}, tokenize, args.sentences)
     print_pass_times(models, tokenize, args, over=("int8", "float32"))
 
 
