@@ -42,7 +42,8 @@ def read_image_processing(folder: Path) -> ImageProcessing | None:
     # The PIL backend, because the API servers resize with pillow: transformers' torchvision backend
     # resizes tensors and pads small images on the other side, so it is not the reference we match.
     try:
-        processor = AutoImageProcessor.from_pretrained(folder, backend="pil")  # type: ignore[no-untyped-call]
+        # (transformers 5.25 types from_pretrained; earlier 5.x releases did not)
+        processor = AutoImageProcessor.from_pretrained(folder, backend="pil")  # type: ignore[no-untyped-call, unused-ignore]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ImageConfigError(f"transformers cannot load {folder / 'preprocessor_config.json'}: {exc}") from exc
     name = type(processor).__name__
