@@ -44,9 +44,15 @@ BEAT_INTERVAL_S = 1.0
 MAIN, LANE = 0, 1
 # How often the second lane looks for work while the main loop's one-thread pass runs.
 LANE_POLL_S = 0.002
-# A pass waits at most this long after the last one ended for the rest of a cohort of at most COHORT_MOST requests
-# (_cohort_hold): a client's round trip from its answer to its next request reaching the engine is ~1.5-2 ms here.
+# A pass waits for the rest of a cohort of at most COHORT_MOST requests (_cohort_hold) up to COHORT_HOLD_SHARE of the
+# last pass's time after it ended, at least COHORT_HOLD_S and at most COHORT_HOLD_MOST_S: a second sentence in a pass
+# costs 0.4-0.6 of a pass of one (docs/benchmarks.md, "Two clients in step"), so a hold of 0.3 of a pass costs less
+# than the pairing saves. A client's round trip from its answer to its next request reaching the engine is ~1.5-2 ms
+# on an AVX512 host whose lone pass takes 5-7 ms, and longer on a slower one (AVX2, 19 ms a lone pass: 3 ms paired
+# 1.5-1.6 inputs a pass at two clients, 8 ms 2.0).
 COHORT_HOLD_S = 0.003
+COHORT_HOLD_SHARE = 0.3
+COHORT_HOLD_MOST_S = 0.010
 COHORT_MOST = 4
 
 
@@ -81,6 +87,7 @@ class EngineProcess:
         self._lane_wanted = threading.Event()
         # When the last forward pass ended, and its cohort: the requests it answered and those queued behind it then.
         self._last_pass_end = 0.0
+        self._last_pass_s = 0.0
         self._cohort = 0
         self._lane = (
             threading.Thread(target=self._run_lane, name="engine-lane", daemon=True)
@@ -200,6 +207,7 @@ class EngineProcess:
             self._end_pass(lane)
             step = self.core.end_pass(started, rows)
             self._last_pass_end = time.monotonic()
+            self._last_pass_s = self._last_pass_end - started.started
             self._drain()  # what came during the pass: it waited behind it
             self._cohort = sum(map(len, step.outputs.values())) + self.core.waiting
             self._reply(step, outbox)
@@ -220,14 +228,15 @@ class EngineProcess:
 
         Two to four clients, each sending as its last answer comes, kept out of step: each request's pass waited for
         the other's, and the engine served two clients at about one's rate. When the last pass answered a few
-        requests, or some waited behind it, their clients are expected back: a pass waits up to COHORT_HOLD_S after
-        the last one ended for as many requests as that cohort held (at most COHORT_MOST), and they run together on
-        every thread (a second sentence costs 0.57-0.66 of the first). One client's cohort is one request: never
-        held. A CPU engine that runs two lanes only; not while a pass runs (docs/benchmarks.md, "Two clients in
-        step")."""
+        requests, or some waited behind it, their clients are expected back: a pass waits for as many requests as that
+        cohort held (at most COHORT_MOST), up to a share of the last pass's time after it ended (`hold_limit`), and
+        they run together on every thread (a second sentence costs 0.4-0.6 of the first). One client's cohort is one
+        request: never held. A CPU engine that runs two lanes only; not while a pass runs (docs/benchmarks.md, "Two
+        clients in step")."""
         if self._lane is None or self._passes:
             return 0.0
-        return cohort_hold(self._cohort, self.core.waiting, self._last_pass_end, time.monotonic())
+        limit = hold_limit(self._last_pass_s)
+        return cohort_hold(self._cohort, self.core.waiting, self._last_pass_end, time.monotonic(), limit)
 
     def _wait_for_work(self, timeout: float = IDLE_WAIT_S) -> None:
         """Wait for the I/O thread's next items (at most `timeout`: IDLE_WAIT_S, for the heartbeat), then take them."""
@@ -291,13 +300,18 @@ class EngineProcess:
             outbox.send(b"")
 
 
-def cohort_hold(cohort: int, waiting: int, last_pass_end: float, now: float) -> float:
+def hold_limit(last_pass_s: float) -> float:
+    """How long after a pass of `last_pass_s` seconds ended the next may wait for the rest of its cohort."""
+    return min(COHORT_HOLD_MOST_S, max(COHORT_HOLD_S, COHORT_HOLD_SHARE * last_pass_s))
+
+
+def cohort_hold(cohort: int, waiting: int, last_pass_end: float, now: float, limit: float) -> float:
     """Engine._cohort_hold's rule: seconds left to wait for `cohort` requests (at most COHORT_MOST) when `waiting` are
-    queued, counted from the end of the last pass; 0 when nothing waits, the cohort is one or is all there."""
+    queued, up to `limit` after the end of the last pass; 0 when nothing waits, the cohort is one or is all there."""
     expected = min(cohort, COHORT_MOST)
     if expected <= 1 or waiting == 0 or waiting >= expected:
         return 0.0
-    return max(0.0, last_pass_end + COHORT_HOLD_S - now)
+    return max(0.0, last_pass_end + limit - now)
 
 
 def beat_is_due(now: float, last_beat: float, passes_started: Iterable[float]) -> bool:

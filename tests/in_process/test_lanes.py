@@ -17,7 +17,16 @@ import torch
 
 from bench.harness.corpus import make_sentence
 from engine_core.core import EngineCore, StartedPass
-from engine_core.engine import BEAT_INTERVAL_S, COHORT_HOLD_S, COHORT_MOST, beat_is_due, cohort_hold
+from engine_core.engine import (
+    BEAT_INTERVAL_S,
+    COHORT_HOLD_MOST_S,
+    COHORT_HOLD_S,
+    COHORT_HOLD_SHARE,
+    COHORT_MOST,
+    beat_is_due,
+    cohort_hold,
+    hold_limit,
+)
 from poolserve.config import usable_cores
 from tests.in_process.stack_server import InProcessServer, served
 from tests.utils import FLOAT32_CPU
@@ -104,14 +113,25 @@ def test_a_pass_that_never_returns_stops_the_beats_in_either_lane() -> None:
 
 
 def test_a_pass_waits_briefly_for_the_rest_of_a_small_cohort_and_never_for_one_client() -> None:
-    end = 50.0
+    end, limit = 50.0, 0.004
     # one client: its cohort is its own request
-    assert cohort_hold(1, 1, end, end) == 0.0
+    assert cohort_hold(1, 1, end, end, limit) == 0.0
     # two clients: one waited behind the last pass, the other's next request is on its way
-    assert cohort_hold(2, 1, end, end + 0.001) == pytest.approx(COHORT_HOLD_S - 0.001)
-    assert cohort_hold(2, 1, end, end + COHORT_HOLD_S + 0.001) == 0.0  # not past the hold
-    assert cohort_hold(2, 2, end, end) == 0.0  # all there
-    assert cohort_hold(2, 0, end, end) == 0.0  # nothing to run yet: the engine just waits for work
+    assert cohort_hold(2, 1, end, end + 0.001, limit) == pytest.approx(limit - 0.001)
+    assert cohort_hold(2, 1, end, end + limit + 0.001, limit) == 0.0  # not past the hold
+    assert cohort_hold(2, 2, end, end, limit) == 0.0  # all there
+    assert cohort_hold(2, 0, end, end, limit) == 0.0  # nothing to run yet: the engine just waits for work
     # a large cohort (32 clients) waits only for COHORT_MOST
-    assert cohort_hold(32, COHORT_MOST - 1, end, end) == pytest.approx(COHORT_HOLD_S)
-    assert cohort_hold(32, COHORT_MOST, end, end) == 0.0
+    assert cohort_hold(32, COHORT_MOST - 1, end, end, limit) == pytest.approx(limit)
+    assert cohort_hold(32, COHORT_MOST, end, end, limit) == 0.0
+
+
+def test_the_hold_is_a_share_of_the_last_pass_within_its_bounds() -> None:
+    # a fast host's lone pass (5 ms): the floor, a client's round trip there
+    assert hold_limit(0.005) == COHORT_HOLD_S
+    # a slower host's (20 ms): its clients' round trips are longer too
+    assert hold_limit(0.020) == pytest.approx(COHORT_HOLD_SHARE * 0.020)
+    assert COHORT_HOLD_S < hold_limit(0.020) < COHORT_HOLD_MOST_S
+    # a large model's (200 ms): no longer than the ceiling
+    assert hold_limit(0.200) == COHORT_HOLD_MOST_S
+    assert hold_limit(0.0) == COHORT_HOLD_S
