@@ -18,7 +18,8 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[T]) -> T:
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise from_validation_error(exc) from None
     except UnicodeDecodeError as exc:
-        # msgspec raises this, not a DecodeError, for a string that is not UTF-8.
+        # Earlier msgspec releases raise this, not a DecodeError, for a string that is not UTF-8 (0.23 raises a
+        # DecodeError that says "Invalid UTF-8 encoded string").
         raise bad_request(
             f"The request body holds a string that is not valid UTF-8 ({exc.reason}).", code="invalid_json"
         ) from None

@@ -10,9 +10,13 @@ import pytest
 import torch
 
 from engine_core.packed_linear import PackedLinear, pack_linears, plain_linears, release_file_pages
+from tests.engine_core.cpu_support import BF16_PACKS, NO_BF16_PACKING
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not BF16_PACKS, reason=NO_BF16_PACKING))],
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_packed_layer_answers_as_the_plain_one_at_any_row_count(dtype: torch.dtype, bias: bool) -> None:
     torch.manual_seed(0)

@@ -82,3 +82,23 @@ def serve_in_process(loaded: LoadedModel, **flags: Any) -> Iterator[httpx.Client
     finally:
         preprocess.close()
         board.close()
+
+
+class AppTransport(httpx.BaseTransport):
+    """An httpx transport that hands each request to a Starlette TestClient, so that a client library built on httpx
+    (cohere's) can call the in-process app: the TestClient is an httpx2 client since Starlette 1.10, which such a
+    library refuses to take as its own."""
+
+    def __init__(self, client: Any):
+        self.client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self.client.request(
+            request.method, str(request.url), headers=request.headers.multi_items(), content=request.read()
+        )
+        # the body comes decoded: the headers that described it encoded are left out
+        headers = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in SPENT_HEADERS]
+        return httpx.Response(answer.status_code, headers=headers, content=answer.content)
+
+
+SPENT_HEADERS = ("content-encoding", "content-length", "transfer-encoding")

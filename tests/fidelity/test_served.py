@@ -27,7 +27,7 @@ from tests.fidelity.format_layouts import GEMMA_PROMPT, gemma_scores, mxbai_scor
 from tests.fidelity.layouts import SERVED, Served
 from tests.fidelity.models_doc import documented_rows
 from tests.fidelity.reranker_layouts import qwen3_card_scores
-from tests.fidelity.stack import load, serve_in_process
+from tests.fidelity.stack import AppTransport, load, serve_in_process
 
 LONG = " ".join(["tokens"] * 200)
 
@@ -216,11 +216,10 @@ def check_llm_reranker(client: httpx.Client, folder: Path, *, card_code: bool) -
     score = client.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS})
     assert score.status_code == 200, score.text
     np.testing.assert_allclose([item["score"] for item in score.json()["data"]], expected, atol=1e-5, rtol=1e-4)
-    # Cohere's own client reranks with it (over the in-process app: the TestClient is an httpx.Client).
-    cohere_client = cohere.ClientV2(api_key="unused", base_url=str(client.base_url), httpx_client=client)
+    # Cohere's own client reranks with it (over the in-process app).
     name = client.get("/v1/models").json()["data"][0]["id"]
-    with warnings.catch_warnings():  # cohere sends a per-request timeout, which the TestClient cannot honour
-        warnings.filterwarnings("ignore", "You should not use the 'timeout' argument", UserWarning)
+    with httpx.Client(transport=AppTransport(client)) as http:
+        cohere_client = cohere.ClientV2(api_key="unused", base_url=str(client.base_url), httpx_client=http)
         results = cohere_client.rerank(model=name, query=QUERY, documents=DOCUMENTS).results
     assert [result.index for result in results] == sorted(range(len(expected)), key=lambda i: -expected[i])
     np.testing.assert_allclose([result.relevance_score for result in results], sorted(expected, reverse=True),
