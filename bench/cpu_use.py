@@ -6,7 +6,7 @@ Starts a server per variant (each `--variant` is extra `launch` flags, quoted; t
 the defaults; a leading `cwd=DIR` runs that checkout's code, a `git worktree` of another commit),
 drives workload (a) (one sentence per request) with bench.loadgen in a closed loop at each client
 count (0: no load, the server idle), and reads every server process's CPU time from /proc over the
-measured window. Printed per run: requests/s, p99, and cores used by the engine, the API servers and the
+measured window (from the warm-up's end after the engine's first pass under the load). Printed per run: requests/s, p99, and cores used by the engine, the API servers and the
 load generator. An engine that spins its threads between small batches shows as engine cores
 well above what its forward passes need at one client. docs/benchmarks.md, "CPU engine", holds
 the figures and the command.
@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness.scrape import scrape, total
 from bench.harness.server_process import REPO, PoolserveProcess, cmdline, process_tree, role_of
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -83,14 +84,25 @@ def idle(root: int, seconds: float, warmup: float) -> dict[str, object]:
     return {"clients": 0, "requests_per_s": 0.0, "cores": cores}
 
 
+def wait_for_passes(url: str, passes: float, timeout: float = 60.0) -> None:
+    """Until the engine has run a pass since it had run `passes` (its /metrics): the load has reached it."""
+    deadline = time.monotonic() + timeout
+    while total(scrape(url), "poolserve_batch_inputs_count") <= passes:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no forward pass within {timeout:.0f} s of starting the load")
+        time.sleep(0.05)
+
+
 def measure(url: str, root: int, clients: int, seconds: float, warmup: float) -> dict[str, object]:
     """One closed-loop run; the server's CPU is sampled over (about) loadgen's measured window."""
     if clients == 0:
         return idle(root, seconds, warmup)
     argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--workload", "a", "--concurrency", str(clients),
             "--duration", str(seconds), "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
+    passes = total(scrape(url), "poolserve_batch_inputs_count")
     loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    time.sleep(warmup + 0.5)  # loadgen's own start-up (~0.5 s) and warm-up
+    wait_for_passes(url, passes)  # loadgen's own start-up: ~0.5 s on an AVX512 host, more than a second on a slow one
+    time.sleep(warmup)
     before, started = cpu_by_role(root), time.monotonic()
     time.sleep(seconds - 1.0)
     after, window = cpu_by_role(root), time.monotonic() - started
