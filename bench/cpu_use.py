@@ -6,8 +6,9 @@ Starts a server per variant (each `--variant` is extra `launch` flags, quoted; t
 the defaults; a leading `cwd=DIR` runs that checkout's code, a `git worktree` of another commit),
 drives workload (a) (one sentence per request) with bench.loadgen in a closed loop at each client
 count (0: no load, the server idle), and reads every server process's CPU time from /proc over the
-measured window (from the warm-up's end after the engine's first pass under the load). Printed per run: requests/s, p99, and cores used by the engine, the API servers and the
-load generator. An engine that spins its threads between small batches shows as engine cores
+measured window (from the end of the warm-up that follows the engine's first pass under the load).
+Printed per run: requests/s, p99, and cores used by the engine, the API servers and the load
+generator. An engine that spins its threads between small batches shows as engine cores
 well above what its forward passes need at one client. docs/benchmarks.md, "CPU engine", holds
 the figures and the command.
 """
@@ -101,7 +102,8 @@ def measure(url: str, root: int, clients: int, seconds: float, warmup: float) ->
             "--duration", str(seconds), "--warmup", str(warmup), "--prober-interval", "0"]  # fmt: skip
     passes = total(scrape(url), "poolserve_batch_inputs_count")
     loadgen = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    wait_for_passes(url, passes)  # loadgen's own start-up: ~0.5 s on an AVX512 host, more than a second on a slow one
+    # loadgen's own start-up: ~0.5 s on the AVX512 host; on a slower one a fixed 0.5 s wait read no load at all
+    wait_for_passes(url, passes)
     time.sleep(warmup)
     before, started = cpu_by_role(root), time.monotonic()
     time.sleep(seconds - 1.0)
