@@ -49,7 +49,7 @@ LANE_POLL_S = 0.002
 # costs 0.4-0.6 of a pass of one (docs/benchmarks.md, "Two clients in step"), so a hold of 0.3 of a pass costs less
 # than the pairing saves. A client's round trip from its answer to its next request reaching the engine is ~1.5-2 ms
 # on an AVX512 host whose lone pass takes 5-7 ms, and longer on a slower one (AVX2, 19 ms a lone pass: 3 ms paired
-# 1.5-1.6 inputs a pass at two clients, 8 ms 2.0).
+# 1.5-1.7 inputs a pass at two clients, 8 ms 2.0).
 COHORT_HOLD_S = 0.003
 COHORT_HOLD_SHARE = 0.3
 COHORT_HOLD_MOST_S = 0.010
