@@ -4,8 +4,8 @@ process (issue 33).
     python -m bench.int8_without_vnni [--threads 2] [--rounds 10] [--sentences 256] [--sizes 32,16,8,1]
 
 The bench runs itself again in a process where oneDNN is held to AVX2 (its own `ONEDNN_MAX_CPU_ISA`) and torch's
-kernels too (`ATEN_CPU_CAPABILITY=avx2`), with the loader told that the CPU has no native bfloat16 (what an AVX2
-CPU's flags say; this host's still claim it). There it loads the bundled model as the engine does in float32 and in
+kernels too (`ATEN_CPU_CAPABILITY=avx2`), where the loader finds no native bfloat16 (it reads oneDNN's cap, as an
+AVX2 CPU's flags would say). There it loads the bundled model as the engine does in float32 and in
 `--dtype int8` (7-bit weights where the int8 products saturate: engine_core/int8_linear.py), and tries `--dtype int8`
 with 8-bit weights, which its probe check refuses (the refusal, with its cosine, is printed). Accuracy: int8's lowest
 cosine against float32 over `--sentences` bench corpus sentences and over the probe set, in 8 batchings. Speed: passes
@@ -42,12 +42,11 @@ def measure(args: argparse.Namespace) -> None:
     import torch
 
     from bench.int8_feed_forward import print_accuracy, print_pass_times, tokenizer_of
-    from engine_core import int8_linear, loader
+    from engine_core import int8_linear
     from engine_core.folder_choices import LoadError
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
-    setattr(loader, "has_native_bf16", lambda: False)  # noqa: B010 (what a CPU without AVX512_BF16 answers)
     torch.set_num_threads(args.threads)
     print(json.dumps({"int8_products_saturate": int8_linear.products_saturate(), **HELD_TO}), flush=True)
     models = {"float32": load_model(Config(device="cpu", dtype="float32"))}

@@ -10,6 +10,7 @@ loaded, on a fixed probe set, before it serves.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,8 +72,17 @@ class Agreement:
         return self.min_cosine >= MIN_COSINE and self.top_overlap >= MIN_TOP_OVERLAP
 
 
+# oneDNN's instruction-set caps (its ONEDNN_MAX_CPU_ISA, or the older DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16: held
+# there, oneDNN multiplies no bf16 natively whatever the CPU's flags say.
+CAPS_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"})
+
+
 def has_native_bf16() -> bool:
-    """AVX512_BF16 or AMX: the processor multiplies bf16 itself instead of torch emulating it."""
+    """AVX512_BF16 or AMX: the processor multiplies bf16 itself instead of torch emulating it; not where oneDNN is held
+    below them by its own environment variable."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    if cap.strip().upper() in CAPS_WITHOUT_BF16:
+        return False
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 

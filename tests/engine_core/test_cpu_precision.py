@@ -14,6 +14,7 @@ from engine_core.cpu_precision import (
     PROBE_TEXTS,
     Agreement,
     choose_auto_dtype,
+    has_native_bf16,
     measure_agreement,
 )
 from engine_core.load_model import load_model
@@ -108,3 +109,19 @@ def test_a_model_that_strays_in_bf16_is_served_from_float32_weights_reloaded(
     row = [np.arange(101, 120, dtype=np.int32)]
     # Weights converted to bf16 and back would differ from float32's in their low bits.
     assert np.array_equal(loaded.runner.run_texts(row, None), fp32_model.runner.run_texts(row, None))
+
+
+def test_no_native_bf16_where_onednn_is_held_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # a CPU that has it
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert has_native_bf16()
+    for cap in ("AVX2", "avx512_core_vnni", "AVX512_CORE"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert not has_native_bf16(), cap
+    for cap in ("ALL", "AVX512_CORE_BF16", "AVX512_CORE_AMX"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert has_native_bf16(), cap
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # oneDNN's older name for it
+    assert not has_native_bf16()

@@ -269,16 +269,15 @@ def test_int8_products_saturate_exactly_where_the_cpu_has_no_vnni() -> None:
     assert products_saturate() is not vnni, flags
 
 
-# Run where oneDNN is held to AVX2 (its own ONEDNN_MAX_CPU_ISA), as on a CPU without VNNI; the loader told the CPU has
-# no native bfloat16, as such a CPU's flags say (this host's still claim it, and oneDNN held to AVX2 refuses bf16).
+# Run where oneDNN is held to AVX2 (its own ONEDNN_MAX_CPU_ISA), as on a CPU without VNNI; the loader reads that cap
+# and serves the layers left out of int8 in float32, as on such a CPU (whatever this host's flags say).
 WITHOUT_VNNI = """
 import json, logging
-from engine_core import int8_linear, loader
+from engine_core import int8_linear
 from engine_core.folder_choices import LoadError
 from engine_core.load_model import load_model
 from poolserve.config import Config
 
-loader.has_native_bf16 = lambda: False
 lines = []
 handler = logging.Handler()
 handler.emit = lambda record: lines.append(record.getMessage())
