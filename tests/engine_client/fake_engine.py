@@ -7,9 +7,9 @@ dead engine's requests, blaming suspects); an engine's own behaviour is tested o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -110,6 +110,14 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
 
 
 T = TypeVar("T")
+
+SCENARIO_LIMIT_S = 30.0
+
+
+def run_scenario(scenario: Coroutine[Any, Any, T]) -> T:
+    """Run a test's scenario, failing it after SCENARIO_LIMIT_S: an answer that never comes is a test failure with
+    its own traceback, not pytest-timeout's 300 s of the suite."""
+    return asyncio.run(asyncio.wait_for(scenario, SCENARIO_LIMIT_S))
 
 
 async def answered(work: asyncio.Future[T], engines: list[FakeEngine], timeout: float = 5.0) -> T:

@@ -10,7 +10,15 @@ import zmq
 import zmq.asyncio
 
 from engine_client import EngineClient, PoisonPill, PooledResult
-from tests.engine_client.fake_engine import FakeEngine, connected_client, job, shut_down, two_engines, until
+from tests.engine_client.fake_engine import (
+    FakeEngine,
+    connected_client,
+    job,
+    run_scenario,
+    shut_down,
+    two_engines,
+    until,
+)
 
 
 def records(folder: Path) -> list[Path]:
@@ -64,7 +72,7 @@ def test_a_pill_and_its_batch_mates_wait_for_their_own_engine_while_its_queue_mo
         assert client.in_flight == 0 and client.inputs_in_flight() == [0, 0]
         await shut_down(client, engines, context)
 
-    asyncio.run(scenario())
+    run_scenario(scenario())
 
 
 def test_after_the_last_engine_dies_every_request_gets_an_answer_or_an_error(tmp_path: Path) -> None:
@@ -105,7 +113,7 @@ def test_after_the_last_engine_dies_every_request_gets_an_answer_or_an_error(tmp
         assert client.in_flight == 0
         await shut_down(client, engines[1:], context)
 
-    asyncio.run(scenario())
+    run_scenario(scenario())
 
 
 def test_suspects_of_an_engine_taken_out_of_service_go_to_another_alone_without_waiting_for_it(tmp_path: Path) -> None:
@@ -133,4 +141,4 @@ def test_suspects_of_an_engine_taken_out_of_service_go_to_another_alone_without_
         await asyncio.gather(*work)
         await shut_down(client, engines[1:], context)
 
-    asyncio.run(scenario())
+    run_scenario(scenario())
