@@ -1,6 +1,7 @@
 """The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` (with torch, or with `--runtime
-onnxruntime`: "poolserve float32 onnx") and `--dtype int8` beside Infinity's ONNX Runtime engine in fp32 and int8,
-every target under the same closed-loop loads, in one run.
+onnxruntime`: "poolserve float32 onnx", or `--runtime hybrid`: "poolserve float32 hybrid") and `--dtype int8` (also
+"poolserve int8 hybrid") beside Infinity's ONNX Runtime engine in fp32 and int8, every target under the same
+closed-loop loads, in one run.
 
     make bench-onnx-peer
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
@@ -115,6 +116,8 @@ RATIOS = {
     "int8 / onnx int8": ("poolserve int8", "infinity onnx int8"),
     "float32 onnxruntime / onnx fp32": ("poolserve float32 onnx", "infinity onnx fp32"),
     "float32 onnxruntime / float32": ("poolserve float32 onnx", "poolserve float32"),
+    "float32 hybrid / onnx fp32": ("poolserve float32 hybrid", "infinity onnx fp32"),
+    "int8 hybrid / onnx int8": ("poolserve int8 hybrid", "infinity onnx int8"),
 }
 
 
@@ -173,6 +176,14 @@ def main() -> None:
             "poolserve float32 onnx",
             "/v1/embeddings",
             poolserve("--dtype", "float32", "--runtime", "onnxruntime", extra=extra),
+        ),
+        "poolserve float32 hybrid": Target(
+            "poolserve float32 hybrid",
+            "/v1/embeddings",
+            poolserve("--dtype", "float32", "--runtime", "hybrid", extra=extra),
+        ),
+        "poolserve int8 hybrid": Target(
+            "poolserve int8 hybrid", "/v1/embeddings", poolserve("--dtype", "int8", "--runtime", "hybrid", extra=extra)
         ),
     }
     if any(name.startswith("infinity") for name in wanted):

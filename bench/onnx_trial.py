@@ -48,7 +48,7 @@ def main() -> None:
 
     def onnx_on(threads: int) -> ModelRunner:
         """The ONNX runner with every batch, small or not, on a session of `threads` threads."""
-        pinned = OnnxEncoder(encoder.path, threads, small_batch_tokens=0)
+        pinned = OnnxEncoder(encoder.path, threads, small_session=False)
         return EmbeddingRunner(pinned, pooling=("mean",), pad_token_id=card.pad_token_id, device=torch.device("cpu"))
 
     candidates: dict[str, tuple[ModelRunner, int]] = {}

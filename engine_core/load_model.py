@@ -29,8 +29,10 @@ def load_model(config: Config) -> LoadedModel:
         what = "a static embedding" if st.static_folder is not None else "a Router"
         if config.dtype == "int8":
             raise LoadError(f"--dtype int8 serves a single transformer encoder; {folder} holds {what} model.")
-        if config.runtime == "onnxruntime":
-            raise LoadError(f"--runtime onnxruntime serves a single transformer encoder; {folder} holds {what} model.")
+        if config.runtime != "torch":
+            raise LoadError(
+                f"--runtime {config.runtime} serves a single transformer encoder; {folder} holds {what} model."
+            )
     if st.static_folder is not None:
         loaded = load_static_model(config, folder, st, device)
     elif st.router is not None:

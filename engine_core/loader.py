@@ -99,10 +99,12 @@ from engine_core.packed_encoder import packable
 from engine_core.packed_linear import can_pack, pack_linears
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
+from engine_core.small_passes import SmallPassRunner
 from engine_core.splade import SpladeRunner, split_mlm
 from engine_core.st_heads import build_heads
 from engine_core.st_modules import MetadataError, StFolder
 from engine_core.static_model import StaticRunner, read_static_tokenizer, read_static_weights
+from engine_core.threads import SMALL_BATCH_TOKENS
 from poolserve.config import Config, TokenPacking
 from poolserve.model_card import (
     CLASSIFIER,
@@ -282,7 +284,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     mlm_parts = split_mlm(model) if kind == SPARSE else None
     # Packing computes real tokens only; an expanded query's added places are computed unattended.
     packed = (
-        config.runtime == "torch"
+        config.runtime != "onnxruntime"
         and (late is None or m3)
         and uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
     )
@@ -293,13 +295,26 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     runner = build_runner(model, choice.dtype)
     first = np.asarray(text.backend.encode("first pass").ids, dtype=np.int32)
     check_first_pass(model_config, choice.auto, lambda: runner.run_texts([first], None))
+    small_passes = None
+    if config.runtime == "hybrid":  # exported from the float32 weights, before int8 or packing changes them
+        build_padded = runner_builder(
+            choice, transformer, text_config=text_config, device=device, pad_token_id=text.pad_token_id,
+            packed=False, image=image, padding=padding, modes=modes, heads=heads, m3_heads=m3_heads, late=late,
+        )  # fmt: skip
+        small_passes = onnx_runner(
+            model, runner, build_padded, probe=probe_rows(text.backend, max_model_len),
+            is_multi_vector=late is not None or m3, config=config, transformer=transformer, choice=choice,
+            device=device,
+        )  # fmt: skip
     model, dtype, runner = choose_precision(
         config, device, transformer, choice, backend=text.backend, max_model_len=max_model_len, late=late,
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
-    if config.runtime == "torch":  # ONNX Runtime's graph holds weights of its own
+    if config.runtime != "onnxruntime":  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
+    if small_passes is not None:
+        runner = SmallPassRunner(runner, small_passes)
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -323,7 +338,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
             cap=max_batch_tokens,
         )
-    at_once = 2 if config.runtime == "torch" and device.type == "cpu" and torch.get_num_threads() > 1 else 1
+    at_once = 2 if config.runtime != "onnxruntime" and device.type == "cpu" and torch.get_num_threads() > 1 else 1
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed, passes_at_once=at_once
     )
@@ -630,32 +645,35 @@ def onnx_runner(
     choice: KindChoice,
     device: torch.device,
 ) -> ModelRunner:
-    """`--runtime onnxruntime`: the runner over the model's cached ONNX graph (engine_core/onnx_runtime.py), held to
-    torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot take refused by name."""
-    kind, arch = choice.kind, type(model).__name__
+    """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
+    (engine_core/onnx_runtime.py), held to torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot
+    take refused by name. hybrid's sessions do not spin between passes (engine_core/small_passes.py)."""
+    kind, arch, flag = choice.kind, type(model).__name__, f"--runtime {config.runtime}"
     if kind != EMBEDDING or is_multi_vector or device.type != "cpu":
         what = f"a {kind} model" if kind != EMBEDDING else "a multi-vector model" if is_multi_vector else ""
         raise LoadError(
-            "--runtime onnxruntime serves single-vector embedding models on the CPU; "
+            f"{flag} serves single-vector embedding models on the CPU; "
             + (f"this is {what}." if what else f"the device is {device.type}.")
         )
     if getattr(transformer.config, "auto_map", None):
-        raise LoadError(f"--runtime onnxruntime does not export a model's own code ({arch}); use --runtime torch.")
+        raise LoadError(f"{flag} does not export a model's own code ({arch}); use --runtime torch.")
     reference = runner.run_texts(probe, None)  # the model as loaded, before the export touches it
     cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
     try:
         graph = cached_graph(model, transformer.folder, cache_dir)
     except Exception as exc:
-        raise LoadError(f"--runtime onnxruntime cannot export {arch}: {first_line(exc)}") from exc
-    onnx = build_runner(OnnxEncoder(graph, torch.get_num_threads()), choice.dtype)
+        raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
+    spin = config.runtime == "onnxruntime"
+    onnx = build_runner(OnnxEncoder(graph, torch.get_num_threads(), spin=spin), torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
         raise LoadError(
-            f"--runtime onnxruntime: {arch}'s ONNX graph strays from torch float32 on the probe set (min cosine "
+            f"{flag}: {arch}'s ONNX graph strays from torch float32 on the probe set (min cosine "
             f"{measured.min_cosine:.6f}, needs >= {ONNX_MIN_COSINE}); use --runtime torch."
         )
-    logger.info("--runtime onnxruntime: %s from %s, %d threads; probe min cosine %.7f against torch float32",
-                arch, graph, torch.get_num_threads(), measured.min_cosine)  # fmt: skip
+    where = "" if spin else f", for batches of at most {SMALL_BATCH_TOKENS} padded tokens (torch runs larger ones)"
+    logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
+                flag, arch, graph, torch.get_num_threads(), where, measured.min_cosine)  # fmt: skip
     return onnx
 
 

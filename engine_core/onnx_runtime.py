@@ -24,8 +24,6 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from engine_core.threads import SMALL_BATCH_TOKENS
-
 logger = logging.getLogger(__name__)
 
 # Bump when the export or the optimisation changes, so that graphs cached by an older poolserve are not reused.
@@ -138,7 +136,7 @@ def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
     key = folder_key(folder, type(model).__name__)
     target = cache_dir / key / "model.onnx"
     if target.is_file():
-        logger.info("--runtime onnxruntime: cached graph %s", target)
+        logger.info("ONNX graph from the cache: %s", target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     uses_token_types = int(getattr(config, "type_vocab_size", 0) or 0) > 0 and "token_type_ids" in _forward_names(model)
@@ -150,7 +148,7 @@ def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
             exported, optimized, num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size)
         )
         os.replace(optimized, target)
-    logger.info("--runtime onnxruntime: exported and optimised %s to %s", type(model).__name__, target)
+    logger.info("ONNX graph of %s exported and optimised to %s", type(model).__name__, target)
     return target
 
 
@@ -162,16 +160,17 @@ class OnnxEncoder(torch.nn.Module):
     """ONNX Runtime sessions in the place of the encoder: called as the runner calls the model (input ids, attention
     mask, token types), they answer the last hidden states as a torch tensor over ONNX Runtime's array.
 
-    Two sessions over one graph when the engine has several threads: a batch of at most SMALL_BATCH_TOKENS padded
-    tokens runs on one thread, a larger one on all of them, the rule engine_core/threads.py gives torch (ONNX
-    Runtime fixes a session's threads when it is made)."""
+    Two sessions over one graph when the engine has several threads: a pass runs on the one of as many threads as
+    engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, all of them for a
+    large one or a lone request; ONNX Runtime fixes a session's threads when it is made). `spin`: whether a session's
+    threads spin-wait for the next pass (ONNX Runtime's default), which costs the next pass its cores when torch
+    runs it (`--runtime hybrid`)."""
 
-    def __init__(self, path: Path, threads: int, small_batch_tokens: int = SMALL_BATCH_TOKENS):
+    def __init__(self, path: Path, threads: int, *, small_session: bool = True, spin: bool = True):
         super().__init__()
         self.path = path
-        self.small_batch_tokens = small_batch_tokens
-        self.full = new_session(path, threads)
-        self.small = new_session(path, 1) if threads > 1 and small_batch_tokens > 0 else self.full
+        self.full = new_session(path, threads, spin=spin)
+        self.small = new_session(path, 1, spin=spin) if threads > 1 and small_session else self.full
         self.input_names = [node.name for node in self.small.get_inputs()]
 
     def forward(
@@ -183,15 +182,17 @@ class OnnxEncoder(torch.nn.Module):
             tensor = given[name]
             # a model with segments given none (an embedder's single texts): segment 0, as torch defaults it
             feed[name] = np.zeros_like(input_ids.numpy()) if tensor is None else tensor.numpy()
-        session = self.small if input_ids.numel() <= self.small_batch_tokens else self.full
+        session = self.full if torch.get_num_threads() > 1 else self.small
         (hidden,) = session.run(["last_hidden_state"], feed)
         return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
 
 
-def new_session(path: Path, threads: int) -> Any:
+def new_session(path: Path, threads: int, *, spin: bool = True) -> Any:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL

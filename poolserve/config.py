@@ -22,7 +22,7 @@ DeviceKind = Literal["auto", "cpu", "cuda"]
 DEVICE_KINDS: tuple[DeviceKind, ...] = ("auto", "cpu", "cuda")
 DType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 TokenPacking = Literal["auto", "on", "off"]
-Runtime = Literal["torch", "onnxruntime"]
+Runtime = Literal["torch", "onnxruntime", "hybrid"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -623,7 +623,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "What runs the transformer's forward pass. torch: the model's own modules. onnxruntime (CPU, float32, "
             "single-vector embedding models; opt-in): the model exported to ONNX once from the loaded weights, "
             "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, pooling and heads as with torch; "
-            "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999) "
+            "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999). "
+            "hybrid (CPU, --dtype float32 or int8, single-vector embedding models; opt-in): torch for batches of "
+            "more than 128 padded tokens, that ONNX Runtime graph for smaller ones (a lone sentence in about half "
+            "torch's time on an AVX2 CPU), held to torch float32 the same way "
             "(docs/operations.md, 'ONNX Runtime').",
             per_model=True,
         ),
@@ -632,8 +635,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         str,
         Flag(
             "engine",
-            "Where --runtime onnxruntime keeps its exported graphs, one per model weights and library versions. "
-            "Empty: ~/.cache/poolserve/onnx. Never the model folder, which may be read-only.",
+            "Where --runtime onnxruntime and hybrid keep their exported graphs, one per model weights and library "
+            "versions. Empty: ~/.cache/poolserve/onnx. Never the model folder, which may be read-only.",
             metavar="DIR",
             per_model=True,
         ),
@@ -734,11 +737,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_device(self.device)
         if self.dtype == "int8" and self.device_kind == "cuda":
             raise ConfigError("--dtype int8 is a CPU mode; with --device cuda use --dtype auto, float16 or bfloat16.")
-        if self.runtime == "onnxruntime" and self.device_kind == "cuda":
-            raise ConfigError("--runtime onnxruntime is a CPU mode; with --device cuda use --runtime torch.")
+        if self.runtime != "torch" and self.device_kind == "cuda":
+            raise ConfigError(f"--runtime {self.runtime} is a CPU mode; with --device cuda use --runtime torch.")
         if self.runtime == "onnxruntime" and self.dtype != "float32":
             raise ConfigError(
                 f"--runtime onnxruntime runs float32; --dtype has value '{self.dtype}': pass --dtype float32."
+            )
+        if self.runtime == "hybrid" and self.dtype not in ("float32", "int8"):
+            raise ConfigError(
+                f"--runtime hybrid runs its small passes in float32 beside torch's float32 or int8 ones; --dtype has "
+                f"value '{self.dtype}': pass --dtype float32 or int8."
             )
         check_range("--max-inputs-per-request", self.max_inputs_per_request, 1, 1 << 20)
         check_range("--max-image-bytes", self.max_image_bytes, 1, 1 << 34)

@@ -1,12 +1,14 @@
 """--runtime onnxruntime's loading (engine_core/onnx_runtime.py, engine_core/loader.py's onnx_runner): the cache key
 follows the weights, the libraries and the class; a graph that strays from torch float32 and a model ONNX is not
-given are refused at start-up, each in one sentence."""
+given are refused at start-up, each in one sentence. --runtime hybrid's small passes through that graph
+(engine_core/small_passes.py)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertModel
@@ -14,7 +16,8 @@ from transformers import BertConfig, BertModel
 from bench.harness.models import TINY, save_with_tokenizer
 from engine_core.load_model import load_model
 from engine_core.loader import LoadError
-from engine_core.onnx_runtime import cache_key, folder_key, graph_files
+from engine_core.onnx_runtime import OnnxEncoder, cache_key, folder_key, graph_files
+from engine_core.small_passes import SmallPassRunner
 from poolserve.config import Config, ConfigError
 
 LIBRARIES = {"torch": "2.13.0", "transformers": "5.24.0", "onnx": "1.23.2", "onnxruntime": "1.32.0"}
@@ -77,3 +80,32 @@ def test_onnxruntime_runs_float32_on_the_cpu_only() -> None:
         Config(runtime="onnxruntime")
     with pytest.raises(ConfigError, match="--runtime onnxruntime is a CPU mode"):
         Config(runtime="onnxruntime", dtype="float32", device="cuda")
+
+
+def test_hybrid_runs_beside_float32_or_int8_on_the_cpu_only() -> None:
+    with pytest.raises(ConfigError, match=r"--runtime hybrid runs its small passes in float32 .* 'auto'"):
+        Config(runtime="hybrid")
+    with pytest.raises(ConfigError, match="--runtime hybrid is a CPU mode"):
+        Config(runtime="hybrid", dtype="float32", device="cuda")
+    assert Config(runtime="hybrid", dtype="int8").runtime == "hybrid"
+
+
+def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torch(tmp_path: Path) -> None:
+    """A batch of at most 128 padded tokens goes to ONNX Runtime (a session that does not spin between passes),
+    a larger one to torch's packed modules; both answer torch float32's vectors."""
+    folder = tiny_bert(tmp_path / "model", 3)
+    hybrid = load_model(Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid",
+                               onnx_cache_dir=str(tmp_path / "cache")))  # fmt: skip
+    reference = load_model(Config(model=str(folder), device="cpu", dtype="float32"))
+    runner = hybrid.runner
+    assert isinstance(runner, SmallPassRunner) and hybrid.packs_tokens and hybrid.passes_at_once == 2
+    encoder = runner.small.model  # type: ignore[attr-defined]
+    assert isinstance(encoder, OnnxEncoder)
+    assert encoder.full.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    small = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (10, 30, 60)]  # 3 x 60 = 180 padded tokens
+    assert runner.runner_for(small[:2]) is runner.small  # 2 x 30 = 60
+    assert runner.runner_for(small) is runner.large
+    for rows in (small[:1], small[:2], small):
+        got, expected = runner.run_texts(rows, None), reference.runner.run_texts(rows, None)
+        cosine = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+        assert cosine.min() >= 0.99999

@@ -1,13 +1,16 @@
 """The bundled model served with --runtime onnxruntime: its vectors equal sentence-transformers' float32 ones, and the
-graph is cached where --onnx-cache-dir says, not in the model folder."""
+graph is cached where --onnx-cache-dir says, not in the model folder. And with --runtime hybrid (small passes through
+that graph, larger ones through torch)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sentence_transformers import SentenceTransformer
 
+from engine_core.int8_linear import products_saturate
 from tests.in_process.stack_server import served
 from tests.sentences import SENTENCES
 
@@ -29,3 +32,30 @@ def test_bundled_model_through_onnxruntime_equals_sentence_transformers(bundled_
     assert cosine.min() >= MIN_COSINE, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
     assert float(got_alone @ reference[3] / np.linalg.norm(got_alone) / np.linalg.norm(reference[3])) >= MIN_COSINE
     assert len(list(tmp_path.glob("*/model.onnx"))) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_bundled_model_through_hybrid_equals_sentence_transformers(
+    bundled_model: Path, tmp_path: Path, dtype: str
+) -> None:
+    """--runtime hybrid: a lone sentence (a small pass, through the graph) is float32's vector whatever --dtype says,
+    and a batch of every sentence (through torch) is float32's, or int8's within its bound."""
+    reference = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES, convert_to_numpy=True)
+    args = ("--device", "cpu", "--dtype", dtype, "--runtime", "hybrid", "--onnx-cache-dir", str(tmp_path))
+    with served(*args) as server, server.client() as http:
+        response = http.post("/v1/embeddings", json={"input": SENTENCES})
+        alone = [http.post("/v1/embeddings", json={"input": SENTENCES[i]}) for i in (0, 3)]
+    assert response.status_code == 200, response.text
+    got = np.asarray([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
+    batched = cosines(got, reference)
+    if dtype == "float32":
+        assert batched.min() >= MIN_COSINE
+    else:
+        assert (0.99 if products_saturate() else 0.995) <= batched.min() < 0.99999  # int8 indeed
+    got_alone = np.asarray([one.json()["data"][0]["embedding"] for one in alone], dtype=np.float32)
+    assert cosines(got_alone, reference[[0, 3]]).min() >= MIN_COSINE
+    assert len(list(tmp_path.glob("*/model.onnx"))) == 1
+
+
+def cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    return (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
