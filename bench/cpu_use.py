@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness.polling import poll_until
 from bench.harness.scrape import scrape, total
 from bench.harness.server_process import REPO, PoolserveProcess, cmdline, process_tree, role_of
 
@@ -87,11 +88,8 @@ def idle(root: int, seconds: float, warmup: float) -> dict[str, object]:
 
 def wait_for_passes(url: str, passes: float, timeout: float = 60.0) -> None:
     """Until the engine has run a pass since it had run `passes` (its /metrics): the load has reached it."""
-    deadline = time.monotonic() + timeout
-    while total(scrape(url), "poolserve_batch_inputs_count") <= passes:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no forward pass within {timeout:.0f} s of starting the load")
-        time.sleep(0.05)
+    if not poll_until(lambda: total(scrape(url), "poolserve_batch_inputs_count") > passes, timeout):
+        raise SystemExit(f"no forward pass within {timeout:.0f} s of starting the load")
 
 
 def measure(url: str, root: int, clients: int, seconds: float, warmup: float) -> dict[str, object]:

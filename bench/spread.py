@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import msgspec
 
 from bench.harness.clients import RawClient, RawConnection, prepare_request
+from bench.harness.polling import poll_until
 from bench.harness.scrape import scrape, total
 from bench.harness.server_process import start_poolserve
 
@@ -109,9 +110,7 @@ def takeovers_reported(url: str) -> int:
 
 def wait_until_idle(url: str, timeout: float = 10.0) -> None:
     """Until the servers have seen the previous run's connections close, so each run starts from zero."""
-    deadline = time.monotonic() + timeout
-    while open_connections_reported(url) > 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: open_connections_reported(url) <= 1, timeout)
 
 
 def measure_spread(url: str, *, connections: int = 32, requests: int = 10, runs: int = 10) -> list[SpreadRun]:

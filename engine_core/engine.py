@@ -85,9 +85,9 @@ class EngineProcess:
         # torch's thread count is each OS thread's own: a plan per lane
         self._plans = {MAIN: self.core.threads, LANE: ThreadPlan(loaded.card.device, self.core.threads.full)}
         self._lane_wanted = threading.Event()
-        # When the last forward pass ended, and its cohort: the requests it answered and those queued behind it then.
-        self._last_pass_end = 0.0
-        self._last_pass_s = 0.0
+        # Until when the next pass may wait for the rest of the last pass's cohort (`hold_limit` after it ended), and
+        # that cohort: the requests it answered and those queued behind it then.
+        self._hold_until = 0.0
         self._cohort = 0
         self._lane = (
             threading.Thread(target=self._run_lane, name="engine-lane", daemon=True)
@@ -206,8 +206,8 @@ class EngineProcess:
         with self._lock:
             self._end_pass(lane)
             step = self.core.end_pass(started, rows)
-            self._last_pass_end = time.monotonic()
-            self._last_pass_s = self._last_pass_end - started.started
+            ended = time.monotonic()
+            self._hold_until = ended + hold_limit(ended - started.started)
             self._drain()  # what came during the pass: it waited behind it
             self._cohort = sum(map(len, step.outputs.values())) + self.core.waiting
             self._reply(step, outbox)
@@ -235,8 +235,7 @@ class EngineProcess:
         clients in step")."""
         if self._lane is None or self._passes:
             return 0.0
-        limit = hold_limit(self._last_pass_s)
-        return cohort_hold(self._cohort, self.core.waiting, self._last_pass_end, time.monotonic(), limit)
+        return cohort_hold(self._cohort, self.core.waiting, self._hold_until, time.monotonic())
 
     def _wait_for_work(self, timeout: float = IDLE_WAIT_S) -> None:
         """Wait for the I/O thread's next items (at most `timeout`: IDLE_WAIT_S, for the heartbeat), then take them."""
@@ -305,13 +304,14 @@ def hold_limit(last_pass_s: float) -> float:
     return min(COHORT_HOLD_MOST_S, max(COHORT_HOLD_S, COHORT_HOLD_SHARE * last_pass_s))
 
 
-def cohort_hold(cohort: int, waiting: int, last_pass_end: float, now: float, limit: float) -> float:
+def cohort_hold(cohort: int, waiting: int, hold_until: float, now: float) -> float:
     """Engine._cohort_hold's rule: seconds left to wait for `cohort` requests (at most COHORT_MOST) when `waiting` are
-    queued, up to `limit` after the end of the last pass; 0 when nothing waits, the cohort is one or is all there."""
+    queued, until `hold_until` (the last pass's end plus `hold_limit`); 0 when nothing waits, the cohort is one or is
+    all there."""
     expected = min(cohort, COHORT_MOST)
     if expected <= 1 or waiting == 0 or waiting >= expected:
         return 0.0
-    return max(0.0, last_pass_end + limit - now)
+    return max(0.0, hold_until - now)
 
 
 def beat_is_due(now: float, last_beat: float, passes_started: Iterable[float]) -> bool:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from bench.harness.polling import poll_until
+
 if TYPE_CHECKING:
     import httpx
 
@@ -79,15 +81,17 @@ class ServerProcess:
         return "\n".join(self.output().splitlines()[-lines:])
 
     def wait_for(self, is_ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def ready_or_exited() -> bool:
             if is_ready():
-                self.ready_after = time.monotonic() - self.started_at
-                return
+                return True
             if self.proc.poll() is not None:
                 raise StartError(f"{self.name} exited with {self.proc.returncode} before ready:\n{self.tail()}")
-            time.sleep(0.02)
-        raise StartError(f"{self.name} not ready after {timeout:.0f}s:\n{self.tail()}")
+            return False
+
+        if not poll_until(ready_or_exited, timeout, 0.02):
+            raise StartError(f"{self.name} not ready after {timeout:.0f}s:\n{self.tail()}")
+        self.ready_after = time.monotonic() - self.started_at
 
     def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         found: list[re.Match[str]] = []

@@ -114,16 +114,17 @@ def test_a_pass_that_never_returns_stops_the_beats_in_either_lane() -> None:
 
 def test_a_pass_waits_briefly_for_the_rest_of_a_small_cohort_and_never_for_one_client() -> None:
     end, limit = 50.0, 0.004
+    until = end + limit
     # one client: its cohort is its own request
-    assert cohort_hold(1, 1, end, end, limit) == 0.0
+    assert cohort_hold(1, 1, until, end) == 0.0
     # two clients: one waited behind the last pass, the other's next request is on its way
-    assert cohort_hold(2, 1, end, end + 0.001, limit) == pytest.approx(limit - 0.001)
-    assert cohort_hold(2, 1, end, end + limit + 0.001, limit) == 0.0  # not past the hold
-    assert cohort_hold(2, 2, end, end, limit) == 0.0  # all there
-    assert cohort_hold(2, 0, end, end, limit) == 0.0  # nothing to run yet: the engine just waits for work
+    assert cohort_hold(2, 1, until, end + 0.001) == pytest.approx(limit - 0.001)
+    assert cohort_hold(2, 1, until, end + limit + 0.001) == 0.0  # not past the hold
+    assert cohort_hold(2, 2, until, end) == 0.0  # all there
+    assert cohort_hold(2, 0, until, end) == 0.0  # nothing to run yet: the engine just waits for work
     # a large cohort (32 clients) waits only for COHORT_MOST
-    assert cohort_hold(32, COHORT_MOST - 1, end, end, limit) == pytest.approx(limit)
-    assert cohort_hold(32, COHORT_MOST, end, end, limit) == 0.0
+    assert cohort_hold(32, COHORT_MOST - 1, until, end) == pytest.approx(limit)
+    assert cohort_hold(32, COHORT_MOST, until, end) == 0.0
 
 
 def test_the_hold_is_a_share_of_the_last_pass_within_its_bounds() -> None:
