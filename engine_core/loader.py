@@ -314,7 +314,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     if config.runtime != "onnxruntime":  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
     if small_passes is not None:
-        runner = SmallPassRunner(runner, small_passes)
+        runner = SmallPassRunner(runner, small_passes, torch.get_num_threads())
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -663,15 +663,20 @@ def onnx_runner(
         graph = cached_graph(model, transformer.folder, cache_dir)
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    spin = config.runtime == "onnxruntime"
-    onnx = build_runner(OnnxEncoder(graph, torch.get_num_threads(), spin=spin), torch.float32)
+    alone = config.runtime == "onnxruntime"  # hybrid: one session, that does not spin between passes
+    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=alone)
+    onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
         raise LoadError(
             f"{flag}: {arch}'s ONNX graph strays from torch float32 on the probe set (min cosine "
             f"{measured.min_cosine:.6f}, needs >= {ONNX_MIN_COSINE}); use --runtime torch."
         )
-    where = "" if spin else f", for batches of at most {SMALL_BATCH_TOKENS} padded tokens (torch runs larger ones)"
+    where = (
+        ""
+        if alone
+        else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens on every thread (torch runs the rest)"
+    )
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
                 flag, arch, graph, torch.get_num_threads(), where, measured.min_cosine)  # fmt: skip
     return onnx

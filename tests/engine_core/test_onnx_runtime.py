@@ -91,8 +91,9 @@ def test_hybrid_runs_beside_float32_or_int8_on_the_cpu_only() -> None:
 
 
 def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torch(tmp_path: Path) -> None:
-    """A batch of at most 128 padded tokens goes to ONNX Runtime (a session that does not spin between passes),
-    a larger one to torch's packed modules; both answer torch float32's vectors."""
+    """A batch of at most 128 padded tokens on every engine thread goes to ONNX Runtime (one session, that does not
+    spin between passes), a larger one, or one on a thread of its own (a lane's), to torch's packed modules; both
+    answer torch float32's vectors."""
     folder = tiny_bert(tmp_path / "model", 3)
     hybrid = load_model(Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid",
                                onnx_cache_dir=str(tmp_path / "cache")))  # fmt: skip
@@ -101,10 +102,18 @@ def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torc
     assert isinstance(runner, SmallPassRunner) and hybrid.packs_tokens and hybrid.passes_at_once == 2
     encoder = runner.small.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder)
+    assert encoder.small is encoder.full  # the graph's weights once
     assert encoder.full.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     small = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (10, 30, 60)]  # 3 x 60 = 180 padded tokens
+    threads = torch.get_num_threads()
     assert runner.runner_for(small[:2]) is runner.small  # 2 x 30 = 60
     assert runner.runner_for(small) is runner.large
+    if threads > 1:
+        torch.set_num_threads(1)
+        try:
+            assert runner.runner_for(small[:1]) is runner.large  # a pass on one thread of several
+        finally:
+            torch.set_num_threads(threads)
     for rows in (small[:1], small[:2], small):
         got, expected = runner.run_texts(rows, None), reference.runner.run_texts(rows, None)
         cosine = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
