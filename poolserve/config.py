@@ -624,9 +624,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "single-vector embedding models; opt-in): the model exported to ONNX once from the loaded weights, "
             "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, pooling and heads as with torch; "
             "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999). "
-            "hybrid (CPU, --dtype float32 or int8, single-vector embedding models; opt-in): torch for batches of "
-            "more than 128 padded tokens, that ONNX Runtime graph for smaller ones (a lone sentence in about half "
-            "torch's time on an AVX2 CPU), held to torch float32 the same way "
+            "hybrid (CPU, --dtype float32 or int8, single-vector embedding models; opt-in): that ONNX Runtime graph "
+            "for a pass of at most 128 padded tokens on every engine thread (a lone request, a few clients' paired; "
+            "a lone sentence in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch "
+            "float32 the same way; the engine then holds the weights twice "
             "(docs/operations.md, 'ONNX Runtime').",
             per_model=True,
         ),
