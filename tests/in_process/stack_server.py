@@ -119,6 +119,11 @@ class InProcessServer:
             raise RuntimeError(f"the in-process server did not start within {START_TIMEOUT_S:.0f}s") from self._failure
         return self
 
+    def engine(self) -> EngineProcess:
+        """The engine this server started, for a test that looks into its core."""
+        assert self._engine is not None, "not started"
+        return self._engine
+
     def _start_thread(self, name: str, target: Any) -> None:
         def run() -> None:
             try:

@@ -11,6 +11,8 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from engine_core.int8_linear import products_saturate
+from engine_core.runner import ModelRunner, Rows
+from engine_core.small_passes import SmallPassRunner
 from tests.in_process.stack_server import served
 from tests.sentences import SENTENCES
 
@@ -43,8 +45,22 @@ def test_bundled_model_through_hybrid_equals_sentence_transformers(
     reference = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES, convert_to_numpy=True)
     args = ("--device", "cpu", "--dtype", dtype, "--runtime", "hybrid", "--onnx-cache-dir", str(tmp_path))
     with served(*args) as server, server.client() as http:
+        runner = server.engine().core.runner
+        assert isinstance(runner, SmallPassRunner)
+        # which runner each pass took, recorded from outside the engine
+        took: list[str] = []
+        choose = runner.runner_for
+
+        def recorded(rows: Rows) -> ModelRunner:
+            chosen = choose(rows)
+            took.append("graph" if chosen is runner.small else "torch")
+            return chosen
+
+        runner.runner_for = recorded  # type: ignore[method-assign]
         response = http.post("/v1/embeddings", json={"input": SENTENCES})
         alone = [http.post("/v1/embeddings", json={"input": SENTENCES[i]}) for i in (0, 3)]
+    # the 60 sentences' passes (cut by the batch cap) are large, but a last one of the shortest may be small
+    assert took[-2:] == ["graph", "graph"] and "torch" in took[:-2], took
     assert response.status_code == 200, response.text
     got = np.asarray([item["embedding"] for item in response.json()["data"]], dtype=np.float32)
     batched = cosines(got, reference)
