@@ -647,7 +647,7 @@ def onnx_runner(
 ) -> ModelRunner:
     """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
     (engine_core/onnx_runtime.py), held to torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot
-    take refused by name. hybrid's sessions do not spin between passes (engine_core/small_passes.py)."""
+    take refused by name. hybrid's is one session that does not spin between passes (engine_core/small_passes.py)."""
     kind, arch, flag = choice.kind, type(model).__name__, f"--runtime {config.runtime}"
     if kind != EMBEDDING or is_multi_vector or device.type != "cpu":
         what = f"a {kind} model" if kind != EMBEDDING else "a multi-vector model" if is_multi_vector else ""

@@ -160,11 +160,12 @@ class OnnxEncoder(torch.nn.Module):
     """ONNX Runtime sessions in the place of the encoder: called as the runner calls the model (input ids, attention
     mask, token types), they answer the last hidden states as a torch tensor over ONNX Runtime's array.
 
-    Two sessions over one graph when the engine has several threads: a pass runs on the one of as many threads as
-    engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, all of them for a
-    large one or a lone request; ONNX Runtime fixes a session's threads when it is made). `spin`: whether a session's
-    threads spin-wait for the next pass (ONNX Runtime's default), which costs the next pass its cores when torch
-    runs it (`--runtime hybrid`)."""
+    Two sessions over one graph when the engine has several threads (`small_session`): a pass runs on the one of as
+    many threads as engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, all
+    of them for a large one or a lone request; ONNX Runtime fixes a session's threads when it is made). Without it,
+    one session of every thread, which holds the graph's weights once (`--runtime hybrid`, whose one-thread passes
+    run through torch). `spin`: whether a session's threads spin-wait for the next pass (ONNX Runtime's default),
+    which costs the next pass its cores when torch runs it (hybrid's do not)."""
 
     def __init__(self, path: Path, threads: int, *, small_session: bool = True, spin: bool = True):
         super().__init__()
