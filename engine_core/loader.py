@@ -282,9 +282,11 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     text = serve_text(transformer, choice, text_config, [*prompts.values(), default_prompt], max_model_len)
 
     mlm_parts = split_mlm(model) if kind == SPARSE else None
+    # torch runs the passes (all of them, or hybrid's larger ones): packing, packed weights and two lanes are its own.
+    runs_torch = config.runtime != "onnxruntime"
     # Packing computes real tokens only; an expanded query's added places are computed unattended.
     packed = (
-        config.runtime != "onnxruntime"
+        runs_torch
         and (late is None or m3)
         and uses_token_packing(config.token_packing, device, model if mlm_parts is None else mlm_parts[0])
     )
@@ -311,7 +313,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
-    if config.runtime != "onnxruntime":  # ONNX Runtime's graph holds weights of its own
+    if runs_torch:  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
     if small_passes is not None:
         runner = SmallPassRunner(runner, small_passes, torch.get_num_threads())
@@ -338,7 +340,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
             cap=max_batch_tokens,
         )
-    at_once = 2 if config.runtime != "onnxruntime" and device.type == "cpu" and torch.get_num_threads() > 1 else 1
+    at_once = 2 if runs_torch and device.type == "cpu" and torch.get_num_threads() > 1 else 1
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed, passes_at_once=at_once
     )
