@@ -23,7 +23,7 @@ from poolserve.config import Config
 
 def main() -> None:
     torch.set_num_threads(1)
-    loaded = load_model(Config(device="cpu", api_server_count=1))
+    loaded = load_model(Config(device="cpu", api_server_count=1, runtime="torch"))
     runner = loaded.runner
     backend = Tokenizer.from_str(loaded.card.tokenizer_json)
     rng = random.Random(0)

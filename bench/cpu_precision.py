@@ -49,7 +49,7 @@ def main() -> None:
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
-    models = {name: load_model(Config(device="cpu", dtype=name)) for name in ("float32", "bfloat16")}
+    models = {name: load_model(Config(device="cpu", dtype=name, runtime="torch")) for name in ("float32", "bfloat16")}
     backend = Tokenizer.from_str(models["float32"].card.tokenizer_json)
     rng = random.Random(0)
     documents = [make_sentence(rng) for _ in range(args.sentences)]

@@ -1,7 +1,8 @@
-"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` (with torch, or with `--runtime
-onnxruntime`: "poolserve float32 onnx", or `--runtime hybrid`: "poolserve float32 hybrid") and `--dtype int8` (also
-"poolserve int8 hybrid") beside Infinity's ONNX Runtime engine in fp32 and int8, every target under the same
-closed-loop loads, in one run.
+"""The CPU race against ONNX Runtime (issue 33): poolserve's default, `--dtype float32` (with the default `--runtime
+auto`, hybrid for the bundled model where float32 is served; with `--runtime torch`: "poolserve float32 torch"; with
+`--runtime onnxruntime`: "poolserve float32 onnx"; with `--runtime hybrid`: "poolserve float32 hybrid") and `--dtype
+int8` (also "poolserve int8 torch" and "poolserve int8 hybrid") beside Infinity's ONNX Runtime engine in fp32 and
+int8, every target under the same closed-loop loads, in one run.
 
     make bench-onnx-peer
     python -m bench.cpu_race [--points 1:a,32:a,8:b] [--seconds 10] [--passes 2] [--targets ...]
@@ -118,6 +119,8 @@ RATIOS = {
     "float32 onnxruntime / float32": ("poolserve float32 onnx", "poolserve float32"),
     "float32 hybrid / onnx fp32": ("poolserve float32 hybrid", "infinity onnx fp32"),
     "int8 hybrid / onnx int8": ("poolserve int8 hybrid", "infinity onnx int8"),
+    "float32 torch / onnx fp32": ("poolserve float32 torch", "infinity onnx fp32"),
+    "int8 torch / onnx int8": ("poolserve int8 torch", "infinity onnx int8"),
 }
 
 
@@ -172,6 +175,14 @@ def main() -> None:
             "poolserve float32", "/v1/embeddings", poolserve("--dtype", "float32", extra=extra)
         ),
         "poolserve int8": Target("poolserve int8", "/v1/embeddings", poolserve("--dtype", "int8", extra=extra)),
+        "poolserve float32 torch": Target(
+            "poolserve float32 torch",
+            "/v1/embeddings",
+            poolserve("--dtype", "float32", "--runtime", "torch", extra=extra),
+        ),
+        "poolserve int8 torch": Target(
+            "poolserve int8 torch", "/v1/embeddings", poolserve("--dtype", "int8", "--runtime", "torch", extra=extra)
+        ),
         "poolserve float32 onnx": Target(
             "poolserve float32 onnx",
             "/v1/embeddings",

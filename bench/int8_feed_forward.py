@@ -47,7 +47,7 @@ def load(dtype: DType, *, feed_forwards: bool = True) -> LoadedModel:
     if not feed_forwards:
         setattr(loader, "quantize_feed_forwards", lambda model, record: 0)  # noqa: B010
     try:
-        return load_model(Config(device="cpu", dtype=dtype))
+        return load_model(Config(device="cpu", dtype=dtype, runtime="torch"))
     finally:
         setattr(loader, "quantize_feed_forwards", shipped)  # noqa: B010
 

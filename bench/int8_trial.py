@@ -104,7 +104,9 @@ def time_model(rounds: int) -> None:
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
-    models = {name: load_model(Config(device="cpu", dtype=name)) for name in ("auto", "int8", "float32")}
+    models = {
+        name: load_model(Config(device="cpu", dtype=name, runtime="torch")) for name in ("auto", "int8", "float32")
+    }
     ids = corpus_ids(Tokenizer.from_str(models["auto"].card.tokenizer_json))
     batches = {
         "1 x 16 tokens": [ids[0][:16]],

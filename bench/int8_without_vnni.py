@@ -49,12 +49,12 @@ def measure(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     print(json.dumps({"int8_products_saturate": int8_linear.products_saturate(), **HELD_TO}), flush=True)
-    models = {"float32": load_model(Config(device="cpu", dtype="float32"))}
-    models["int8"] = load_model(Config(device="cpu", dtype="int8"))
+    models = {"float32": load_model(Config(device="cpu", dtype="float32", runtime="torch"))}
+    models["int8"] = load_model(Config(device="cpu", dtype="int8", runtime="torch"))
     seven_bit = int8_linear.WEIGHT_LEVELS_SATURATING
     setattr(int8_linear, "WEIGHT_LEVELS_SATURATING", int8_linear.WEIGHT_LEVELS)  # noqa: B010 (set back below)
     try:
-        load_model(Config(device="cpu", dtype="int8"))
+        load_model(Config(device="cpu", dtype="int8", runtime="torch"))
         eight_bit = "served"
     except LoadError as exc:
         eight_bit = str(exc)

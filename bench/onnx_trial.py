@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--onnx-cache-dir", default="")
     args = parser.parse_args()
-    torch_loaded = load_model(Config(device="cpu", dtype="float32"))
+    torch_loaded = load_model(Config(device="cpu", dtype="float32", runtime="torch"))
     onnx_loaded = load_model(
         Config(device="cpu", dtype="float32", runtime="onnxruntime", onnx_cache_dir=args.onnx_cache_dir)
     )

@@ -63,7 +63,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = str(model_folder(args.model))
-    loaded = load_model(Config(model=folder, device="cpu", dtype=args.dtype, token_packing="off"))
+    loaded = load_model(Config(model=folder, device="cpu", dtype=args.dtype, token_packing="off", runtime="torch"))
     padded = loaded.runner
     assert isinstance(padded, EmbeddingRunner | ClassifierRunner) and packable(padded.model)
     packed = copy.copy(padded)

@@ -102,7 +102,7 @@ def main() -> None:
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
-    model = load_model(Config(device="cpu", dtype=args.dtype))
+    model = load_model(Config(device="cpu", dtype=args.dtype, runtime="torch"))
     tokenizer = Tokenizer.from_str(model.card.tokenizer_json)
     batches = corpus_batches(lambda text: tokenizer.encode(text).ids, args.inputs, 8)
 

@@ -54,8 +54,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,4,16")
     parser.add_argument("--onnx-cache-dir", default="")
     args = parser.parse_args()
-    float32 = load_model(Config(device="cpu", dtype="float32"))
-    int8 = load_model(Config(device="cpu", dtype="int8"))
+    float32 = load_model(Config(device="cpu", dtype="float32", runtime="torch"))
+    int8 = load_model(Config(device="cpu", dtype="int8", runtime="torch"))
     hybrid = load_model(Config(device="cpu", dtype="float32", runtime="hybrid", onnx_cache_dir=args.onnx_cache_dir))
     graph = hybrid.runner.small.model.path  # type: ignore[attr-defined]
     card = hybrid.card

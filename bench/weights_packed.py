@@ -37,10 +37,10 @@ def main() -> None:
     models = {}
     for dtype in ("float32", "auto"):
         with mock.patch("engine_core.loader.can_pack", return_value=False):  # the model as it was served before
-            models[f"{dtype} plain"] = load_model(Config(device="cpu", dtype=dtype))
-        models[f"{dtype} packed"] = load_model(Config(device="cpu", dtype=dtype))
+            models[f"{dtype} plain"] = load_model(Config(device="cpu", dtype=dtype, runtime="torch"))
+        models[f"{dtype} packed"] = load_model(Config(device="cpu", dtype=dtype, runtime="torch"))
     with mock.patch("engine_core.loader.fuse_layers_checked", return_value=0):  # packed, GELU and adds apart
-        models["float32 unfused"] = load_model(Config(device="cpu", dtype="float32"))
+        models["float32 unfused"] = load_model(Config(device="cpu", dtype="float32", runtime="torch"))
     ids = corpus_ids(Tokenizer.from_str(models["auto packed"].card.tokenizer_json))
     batches: dict[str, list[npt.NDArray[np.int32]]] = {
         "1 x 16 tokens": [ids[0][:16]],

@@ -29,7 +29,7 @@ def load_model(config: Config) -> LoadedModel:
         what = "a static embedding" if st.static_folder is not None else "a Router"
         if config.dtype == "int8":
             raise LoadError(f"--dtype int8 serves a single transformer encoder; {folder} holds {what} model.")
-        if config.runtime != "torch":
+        if config.runtime not in ("torch", "auto"):
             raise LoadError(
                 f"--runtime {config.runtime} serves a single transformer encoder; {folder} holds {what} model."
             )

@@ -297,21 +297,36 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     runner = build_runner(model, choice.dtype)
     first = np.asarray(text.backend.encode("first pass").ids, dtype=np.int32)
     check_first_pass(model_config, choice.auto, lambda: runner.run_texts([first], None))
-    small_passes = None
-    if config.runtime == "hybrid":  # exported from the float32 weights, before int8 or packing changes them
+
+    def small_passes_of(served: torch.dtype) -> ModelRunner | None:
+        """hybrid's graph (and auto's, where it applies), exported from the float32 weights before int8 or packing
+        changes them."""
         build_padded = runner_builder(
             choice, transformer, text_config=text_config, device=device, pad_token_id=text.pad_token_id,
             packed=False, image=image, padding=padding, modes=modes, heads=heads, m3_heads=m3_heads, late=late,
         )  # fmt: skip
-        small_passes = onnx_runner(
-            model, runner, build_padded, probe=probe_rows(text.backend, max_model_len),
-            is_multi_vector=late is not None or m3, config=config, transformer=transformer, choice=choice,
-            device=device,
+        is_multi_vector = late is not None or m3
+
+        def build() -> ModelRunner:
+            return onnx_runner(
+                model, runner, build_padded, probe=probe_rows(text.backend, max_model_len),
+                is_multi_vector=is_multi_vector, config=config, transformer=transformer, choice=choice, device=device,
+            )  # fmt: skip
+
+        return graph_for_small_passes(
+            config, choice, build, arch=type(model).__name__,
+            own_code=bool(getattr(transformer.config, "auto_map", None)), is_multi_vector=is_multi_vector,
+            device=device, served=served,
         )  # fmt: skip
+
+    # int8 quantizes the model in place: its graph is exported first; any other precision's once it is chosen
+    small_passes = small_passes_of(torch.float32) if config.dtype == "int8" else None
     model, dtype, runner = choose_precision(
         config, device, transformer, choice, backend=text.backend, max_model_len=max_model_len, late=late,
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
+    if config.dtype != "int8":
+        small_passes = small_passes_of(dtype)
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
     if runs_torch:  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
@@ -635,6 +650,53 @@ def pack_weights(
         )
 
 
+# The architectures whose graph has been raced against torch's packed modules, served (docs/benchmarks.md, "Small
+# passes through ONNX Runtime"): --runtime auto runs hybrid's small passes for these only.
+RACED_GRAPHS = frozenset({"BertModel"})
+
+
+def graph_for_small_passes(
+    config: Config,
+    choice: KindChoice,
+    build: Callable[[], ModelRunner],
+    *,
+    arch: str,
+    own_code: bool,
+    is_multi_vector: bool,
+    device: torch.device,
+    served: torch.dtype,
+) -> ModelRunner | None:
+    """The ONNX Runtime runner of hybrid's small passes (engine_core/small_passes.py; `build` makes it: onnx_runner),
+    or None where torch runs every pass. `--runtime hybrid` refuses a model it cannot serve; `--runtime auto` (the
+    default) serves it through torch and says why: the graph runs where it was measured to win (a BERT embedder served
+    in float32 or int8 on a CPU)."""
+    if config.runtime == "hybrid":
+        return build()
+    if config.runtime != "auto" or device.type != "cpu":
+        return None
+    why_not = (
+        f"{str(served).removeprefix('torch.')} is served, the graph is float32"
+        if served != torch.float32
+        else f"a {choice.kind} model"
+        if choice.kind != EMBEDDING
+        else "a multi-vector model"
+        if is_multi_vector
+        else "the model runs its own code"
+        if own_code
+        else f"{arch}'s graph has not been measured against torch (BertModel's has)"
+        if arch not in RACED_GRAPHS
+        else ""
+    )
+    if why_not:
+        logger.info("--runtime auto: torch runs every pass (%s)", why_not)
+        return None
+    try:
+        return build()
+    except Exception as exc:  # auto chose the graph; a graph it cannot have costs only its speed
+        logger.warning("--runtime auto: torch runs every pass, the ONNX graph failed: %s", first_line(exc))
+        return None
+
+
 def onnx_runner(
     model: torch.nn.Module,
     runner: ModelRunner,
@@ -650,7 +712,8 @@ def onnx_runner(
     """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
     (engine_core/onnx_runtime.py), held to torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot
     take refused by name. hybrid's is one session that does not spin between passes (engine_core/small_passes.py)."""
-    kind, arch, flag = choice.kind, type(model).__name__, f"--runtime {config.runtime}"
+    kind, arch = choice.kind, type(model).__name__
+    flag = "--runtime auto (hybrid)" if config.runtime == "auto" else f"--runtime {config.runtime}"
     if kind != EMBEDDING or is_multi_vector or device.type != "cpu":
         what = f"a {kind} model" if kind != EMBEDDING else "a multi-vector model" if is_multi_vector else ""
         raise LoadError(
@@ -665,7 +728,7 @@ def onnx_runner(
         graph = cached_graph(model, transformer.folder, cache_dir)
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    alone = config.runtime == "onnxruntime"  # hybrid: one session, that does not spin between passes
+    alone = config.runtime == "onnxruntime"  # hybrid and auto: one session, that does not spin between passes
     encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=alone)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))

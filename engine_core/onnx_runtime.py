@@ -118,9 +118,13 @@ def export_graph(model: torch.nn.Module, path: Path, *, uses_token_types: bool) 
 def optimize_graph(source: Path, target: Path, *, num_heads: int, hidden_size: int) -> None:
     """ONNX Runtime's transformer optimiser, BERT fusions (attention, skip LayerNorm, bias GELU). GELU stays exact:
     its tanh approximation would move the vectors beyond float32 noise."""
+    import onnxruntime.transformers
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
+    # Its modules log each fusion at INFO under their bare names ("fusion_base", "onnx_model", ...): not the server's.
+    for module in Path(onnxruntime.transformers.__file__).parent.glob("*.py"):
+        logging.getLogger(module.stem).setLevel(logging.WARNING)
     options = FusionOptions("bert")
     options.enable_gelu_approximation = False
     optimized = optimize_model(

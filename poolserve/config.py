@@ -22,7 +22,7 @@ DeviceKind = Literal["auto", "cpu", "cuda"]
 DEVICE_KINDS: tuple[DeviceKind, ...] = ("auto", "cpu", "cuda")
 DType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 TokenPacking = Literal["auto", "on", "off"]
-Runtime = Literal["torch", "onnxruntime", "hybrid"]
+Runtime = Literal["auto", "torch", "onnxruntime", "hybrid"]
 Pooling = Literal["auto", "mean", "cls", "last"]
 ScoreFormat = Literal["none", "mxbai-rerank-v2", "bge-reranker-v2-gemma"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -624,14 +624,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "single-vector embedding models; opt-in): the model exported to ONNX once from the loaded weights, "
             "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, pooling and heads as with torch; "
             "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999). "
-            "hybrid (CPU, --dtype float32 or int8, single-vector embedding models; opt-in): that ONNX Runtime graph "
+            "hybrid (CPU, --dtype float32 or int8, single-vector embedding models): that ONNX Runtime graph "
             "for a pass of at most 128 padded tokens on every engine thread (a lone request, a few clients' paired; "
             "a lone sentence in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch "
-            "float32 the same way; the engine then holds the weights twice "
+            "float32 the same way; the engine then holds the weights twice. auto: hybrid for a BERT embedding "
+            "model served in float32 or int8 on a CPU (where --dtype auto serves bfloat16, and on CUDA, torch), "
+            "torch if its graph cannot be exported or strays, with the start log saying which and why "
             "(docs/operations.md, 'ONNX Runtime').",
             per_model=True,
         ),
-    ] = "torch"
+    ] = "auto"
     onnx_cache_dir: Annotated[
         str,
         Flag(
@@ -738,7 +740,7 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         check_device(self.device)
         if self.dtype == "int8" and self.device_kind == "cuda":
             raise ConfigError("--dtype int8 is a CPU mode; with --device cuda use --dtype auto, float16 or bfloat16.")
-        if self.runtime != "torch" and self.device_kind == "cuda":
+        if self.runtime not in ("torch", "auto") and self.device_kind == "cuda":
             raise ConfigError(f"--runtime {self.runtime} is a CPU mode; with --device cuda use --runtime torch.")
         if self.runtime == "onnxruntime" and self.dtype != "float32":
             raise ConfigError(

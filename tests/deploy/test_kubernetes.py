@@ -268,8 +268,12 @@ def test_the_pod_runs_as_non_root_on_a_read_only_root(rendered: list[dict[str, A
     assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"]["drop"] == ["ALL"]
     # The runtime folder (sockets, metric files) needs a writable TMPDIR.
+    mounts = [mount["mountPath"] for mount in container(rendered)["volumeMounts"]]
     tmpdir = next(env["value"] for env in container(rendered)["env"] if env["name"] == "TMPDIR")
-    assert tmpdir in [mount["mountPath"] for mount in container(rendered)["volumeMounts"]]
+    assert tmpdir in mounts
+    # --runtime auto's ONNX graph (a CPU serving float32 or int8) is written on a writable volume too.
+    cache = Path(flag_value(container(rendered)["args"], "--onnx-cache-dir") or "~/.cache (the default)")
+    assert any(cache.is_relative_to(mount) for mount in mounts), cache
 
 
 def test_each_variant_asks_for_its_device() -> None:

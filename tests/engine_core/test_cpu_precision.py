@@ -28,7 +28,7 @@ RESHUFFLED = Agreement(min_cosine=0.995, top_overlap=0.7)
 
 @pytest.fixture(scope="module")
 def fp32_model() -> LoadedModel:
-    return load_model(Config(device="cpu", dtype="float32"))
+    return load_model(Config(device="cpu", dtype="float32", runtime="torch"))
 
 
 def never() -> Agreement:
@@ -104,7 +104,7 @@ def test_a_model_that_strays_in_bf16_is_served_from_float32_weights_reloaded(
     monkeypatch.setattr(loader, "has_native_bf16", lambda: True)
     monkeypatch.setattr(loader, "measure_agreement", lambda reference, candidate: FAR)
     monkeypatch.setattr(loader, "measure_batch_overhead", lambda runner, sample, max_model_len, **caps: 0.0)
-    loaded = load_model(Config(device="cpu", dtype="auto"))
+    loaded = load_model(Config(device="cpu", dtype="auto", runtime="torch"))  # torch's weights, compared bit for bit
     assert loaded.card.dtype == "float32"
     row = [np.arange(101, 120, dtype=np.int32)]
     # Weights converted to bf16 and back would differ from float32's in their low bits.

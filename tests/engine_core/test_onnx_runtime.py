@@ -5,6 +5,7 @@ given are refused at start-up, each in one sentence. --runtime hybrid's small pa
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
 
 from bench.harness.models import TINY, save_with_tokenizer
 from engine_core.load_model import load_model
 from engine_core.loader import LoadError
 from engine_core.onnx_runtime import OnnxEncoder, cache_key, folder_key, graph_files
 from engine_core.small_passes import SmallPassRunner
-from poolserve.config import Config, ConfigError
+from poolserve.config import Config, ConfigError, DType
 
 LIBRARIES = {"torch": "2.13.0", "transformers": "5.24.0", "onnx": "1.23.2", "onnxruntime": "1.32.0"}
 FILES = [("config.json", "c0"), ("model.safetensors", "w0")]
@@ -127,3 +128,65 @@ def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torc
         got, expected = runner.run_texts(rows, None), reference.runner.run_texts(rows, None)
         cosine = (got * expected).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
         assert cosine.min() >= 0.99999
+
+
+def test_auto_runs_a_bert_embedder_s_small_passes_through_the_graph_in_float32(
+    tmp_path: Path, two_threads: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--runtime auto (the default) is hybrid for a BERT embedding model served in float32 on a CPU, and says so."""
+    folder = tiny_bert(tmp_path / "model", 4)
+    assert Config().runtime == "auto"
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(
+            Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(tmp_path / "c"))
+        )
+    assert isinstance(loaded.runner, SmallPassRunner) and loaded.passes_at_once == 2
+    assert "--runtime auto (hybrid): BertModel from" in caplog.text
+    assert len(list((tmp_path / "c").glob("*/model.onnx"))) == 1
+
+
+NOT_MEASURED: dict[str, tuple[DType, str]] = {
+    "bert": ("bfloat16", "bfloat16 is served, the graph is float32"),
+    "classifier": ("float32", "a classifier model"),
+    "roberta": ("float32", "RobertaModel's graph has not been measured against torch (BertModel's has)"),
+}
+
+
+@pytest.mark.parametrize("model", NOT_MEASURED)
+def test_auto_serves_torch_where_the_graph_was_not_measured_to_win_and_says_why(
+    tmp_path: Path, classifier_model: Path, caplog: pytest.LogCaptureFixture, model: str
+) -> None:
+    dtype, why = NOT_MEASURED[model]
+    if model == "classifier":
+        folder = classifier_model
+    elif model == "roberta":
+        torch.manual_seed(5)
+        folder = tmp_path / "model"
+        network = RobertaModel(RobertaConfig(vocab_size=30522, max_position_embeddings=130, **TINY)).eval()
+        save_with_tokenizer(network, folder)
+    else:
+        folder = tiny_bert(tmp_path / "model", 5)
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(Config(model=str(folder), device="cpu", dtype=dtype, onnx_cache_dir=str(cache)))
+    assert not isinstance(loaded.runner, SmallPassRunner)
+    assert f"--runtime auto: torch runs every pass ({why})" in caplog.text
+    assert not cache.exists()  # nothing exported
+
+
+def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A graph auto chose but cannot have (here the cache directory cannot be made: a file is in its place) costs
+    only its speed, with a warning; --runtime hybrid, asked for by name, refuses to start."""
+    folder = tiny_bert(tmp_path / "model", 6)
+    cache = tmp_path / "cache"
+    cache.write_bytes(b"not a directory")
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
+    assert not isinstance(loaded.runner, SmallPassRunner)
+    assert "--runtime auto: torch runs every pass, the ONNX graph failed" in caplog.text
+    with pytest.raises(LoadError, match="--runtime hybrid cannot export BertModel"):
+        load_model(
+            Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid", onnx_cache_dir=str(cache))
+        )

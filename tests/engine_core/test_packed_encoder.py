@@ -209,9 +209,9 @@ def test_only_the_encoders_it_reproduces_are_packable() -> None:
 
 
 def test_the_loader_packs_on_the_cpu_unless_told_not_to(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    auto = load_model(Config(device="cpu", dtype="float32"))
+    auto = load_model(Config(device="cpu", dtype="float32", runtime="torch"))
     assert auto.packs_tokens and auto.runner.packed  # type: ignore[attr-defined]
-    off = load_model(Config(device="cpu", dtype="float32", token_packing="off"))
+    off = load_model(Config(device="cpu", dtype="float32", token_packing="off", runtime="torch"))
     assert not off.packs_tokens and not off.runner.packed  # type: ignore[attr-defined]
     torch.manual_seed(7)
     folder = tmp_path / "xlm-roberta"

@@ -310,7 +310,7 @@ def test_a_literal_field_s_values_are_the_flag_s_choices() -> None:
         "long_input": ("refuse", "truncate", "chunk"),
         "dtype": ("auto", "float32", "float16", "bfloat16", "int8"),
         "token_packing": ("auto", "on", "off"),
-        "runtime": ("torch", "onnxruntime", "hybrid"),
+        "runtime": ("auto", "torch", "onnxruntime", "hybrid"),
         "log_level": ("debug", "info", "warning", "error"),
         "log_format": ("text", "json"),
         "trace_sampler": (
