@@ -96,6 +96,7 @@ from engine_core.own_code import (
     untrusted_config,
 )
 from engine_core.packed_encoder import packable
+from engine_core.packed_graph import packed_graph
 from engine_core.packed_linear import can_pack, pack_linears
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -346,7 +347,9 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     # A packing runner's batches are filled to the caps whatever a pass costs: no need to measure it
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).
     overhead = 0.0
-    if not packed:
+    # ONNX Runtime's graph runs packed rows (engine_core/packed_graph.py): no padding to pay for either
+    fills_batches = packed or config.runtime == "onnxruntime"
+    if not fills_batches:
         overhead = measure_batch_overhead(
             runner,
             warm_up,
@@ -355,9 +358,10 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
             large_rows=16 if device.type == "cpu" else max(16, min(max_batch_size, max_batch_tokens // 64)),
             cap=max_batch_tokens,
         )
-    at_once = 2 if runs_torch and device.type == "cpu" and torch.get_num_threads() > 1 else 1
+    # two passes at once on one thread each under a backlog: torch's, or ONNX Runtime's one-thread session
+    at_once = 2 if device.type == "cpu" and torch.get_num_threads() > 1 else 1
     return LoadedModel(
-        card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=packed, passes_at_once=at_once
+        card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once
     )
 
 
@@ -725,11 +729,14 @@ def onnx_runner(
     reference = runner.run_texts(probe, None)  # the model as loaded, before the export touches it
     cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
     try:
-        graph = cached_graph(model, transformer.folder, cache_dir)
+        graph = packed_graph(cached_graph(model, transformer.folder, cache_dir))
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    alone = config.runtime == "onnxruntime"  # hybrid and auto: one session, that does not spin between passes
-    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=alone)
+    # onnxruntime: a session of one thread beside the full one (two passes at once, or a small batch with work queued
+    # behind it); hybrid and auto: the full one only, since torch runs such passes. Neither spins between passes:
+    # spinning threads take the cores of the API servers and of a torch pass (docs/benchmarks.md).
+    alone = config.runtime == "onnxruntime"
+    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=False)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
+from engine_core.packed_graph import BLOCK_MASK, pack_rows, packed_feed, unpacked
+
 logger = logging.getLogger(__name__)
 
 # Bump when the export or the optimisation changes, so that graphs cached by an older poolserve are not reused.
@@ -164,12 +166,16 @@ class OnnxEncoder(torch.nn.Module):
     """ONNX Runtime sessions in the place of the encoder: called as the runner calls the model (input ids, attention
     mask, token types), they answer the last hidden states as a torch tensor over ONNX Runtime's array.
 
+    A graph with a block mask (engine_core/packed_graph.py, as the engine loads it) is given the batch laid end to end
+    in rows and its answer is laid back on the padded batch's places; any other graph, the padded batch itself.
+
     Two sessions over one graph when the engine has several threads (`small_session`): a pass runs on the one of as
-    many threads as engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, all
-    of them for a large one or a lone request; ONNX Runtime fixes a session's threads when it is made). Without it,
-    one session of every thread, which holds the graph's weights once (`--runtime hybrid`, whose one-thread passes
-    run through torch). `spin`: whether a session's threads spin-wait for the next pass (ONNX Runtime's default),
-    which costs the next pass its cores when torch runs it (hybrid's do not)."""
+    many threads as engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, and
+    for each of two passes at once, which then run side by side on the one session; all of them for a large one or a
+    lone request; ONNX Runtime fixes a session's threads when it is made). Without it, one session of every thread,
+    which holds the graph's weights once (`--runtime hybrid`, whose one-thread passes run through torch). `spin`:
+    whether a session's threads spin-wait for the next pass (ONNX Runtime's default), which costs the next pass its
+    cores when torch runs it, and the API servers theirs (the engine's do not)."""
 
     def __init__(self, path: Path, threads: int, *, small_session: bool = True, spin: bool = True):
         super().__init__()
@@ -177,17 +183,21 @@ class OnnxEncoder(torch.nn.Module):
         self.full = new_session(path, threads, spin=spin)
         self.small = new_session(path, 1, spin=spin) if threads > 1 and small_session else self.full
         self.input_names = [node.name for node in self.small.get_inputs()]
+        self.packed = BLOCK_MASK in self.input_names  # engine_core/packed_graph.py's graph
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> BaseModelOutput:
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        feed = {}
-        for name in self.input_names:
-            tensor = given[name]
-            # a model with segments given none (an embedder's single texts): segment 0, as torch defaults it
-            feed[name] = np.zeros_like(input_ids.numpy()) if tensor is None else tensor.numpy()
         session = self.full if torch.get_num_threads() > 1 else self.small
+        ids, types = input_ids.numpy(), None if token_type_ids is None else token_type_ids.numpy()
+        if self.packed:  # a right-padded batch, as the runner gives it, laid end to end in rows
+            rows = pack_rows(attention_mask.numpy().sum(axis=1))
+            packed_inputs = packed_feed(rows, ids, types)
+            (states,) = session.run(["last_hidden_state"], {name: packed_inputs[name] for name in self.input_names})
+            return BaseModelOutput(last_hidden_state=torch.from_numpy(unpacked(rows, states, ids.shape[1])))
+        given = {"input_ids": ids, "attention_mask": attention_mask.numpy(), "token_type_ids": types}
+        # a model with segments given none (an embedder's single texts): segment 0, as torch defaults it
+        feed = {name: np.zeros_like(ids) if given[name] is None else given[name] for name in self.input_names}
         (hidden,) = session.run(["last_hidden_state"], feed)
         return BaseModelOutput(last_hidden_state=torch.from_numpy(hidden))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,3 +191,39 @@ def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
         load_model(
             Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid", onnx_cache_dir=str(cache))
         )
+
+
+def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
+    tmp_path: Path, two_threads: None
+) -> None:
+    """The graph runs a batch laid end to end in rows (engine_core/packed_graph.py; inputs longer than a row widen
+    it): the scheduler fills its batches as for torch's packing, and two passes at once share the one-thread session,
+    each answering torch float32's vectors."""
+    folder = tiny_bert(tmp_path / "model", 7)
+    loaded = load_model(onnx_config(folder, tmp_path / "cache"))
+    reference = load_model(Config(model=str(folder), device="cpu", dtype="float32", runtime="torch")).runner
+    assert loaded.packs_tokens and loaded.passes_at_once == 2
+    encoder = loaded.runner.model  # type: ignore[attr-defined]
+    assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.path.name == "packed.onnx"
+    rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (5, 17, 40, 70, 100, 3)]
+    batches = [rows, rows[::-1][:4], rows[2:3]]
+    expected = [reference.run_texts(batch, None) for batch in batches]
+
+    def agrees(got: np.ndarray, want: np.ndarray) -> bool:
+        cosine = (got * want).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+        return bool(cosine.min() >= 0.99999)
+
+    assert all(agrees(loaded.runner.run_texts(b, None), e) for b, e in zip(batches, expected, strict=True))
+    answers: dict[int, np.ndarray] = {}
+
+    def lane(index: int) -> None:  # as the engine's two passes at once run: one torch thread each
+        torch.set_num_threads(1)
+        for _ in range(5):
+            answers[index] = loaded.runner.run_texts(batches[index], None)
+
+    lanes = [threading.Thread(target=lane, args=(index,)) for index in (0, 1)]
+    for thread in lanes:
+        thread.start()
+    for thread in lanes:
+        thread.join()
+    assert agrees(answers[0], expected[0]) and agrees(answers[1], expected[1])

@@ -1,0 +1,128 @@
+"""ONNX Runtime's fused BERT graph run on packed rows: a batch's inputs laid end to end in rows of about
+PACKED_WIDTH tokens, each attending to its own tokens only, so the graph computes almost no padding.
+
+Why (docs/benchmarks.md, "The graph on packed rows"): the padded graph computes every input to the batch's longest,
+which cost it its lead over torch's packed modules from a few sentences on (a batch of 16 corpus sentences pads 459
+real tokens to 704). Laid end to end in rows of 64, the same graph runs 16 sentences in ~0.7 of torch's packed time
+on a 2-core AVX2 CPU, and two in ~0.6 of the padded graph's.
+
+How: the optimised graph (engine_core/onnx_runtime.py) computes positions from 0 in each row, and its Attention
+nodes read the row's padding from the EmbedLayerNormalization node's mask index. `packed_graph` gives the
+EmbedLayerNormalization node each token's position as an input (each input's own, from 0) and every Attention node a
+block-diagonal mask (rows x width x width: 1 where a token may attend) in place of the mask index; ONNX Runtime's CPU
+Attention takes such a mask as it is. Everything else is the graph as it was optimised, so the weights, fusions and
+kernels are those the start-up probe holds to torch float32 (engine_core/loader.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+# A row's width when the inputs are shorter: rows of 64 ran 16 and 32 corpus sentences fastest of 64, 96, 128 and
+# 256 (docs/benchmarks.md); an input longer than that gets a row of its length, which the shorter ones share.
+PACKED_WIDTH = 64
+POSITIONS = "position_ids"
+BLOCK_MASK = "block_mask"
+
+
+def packed_graph(graph: Path) -> Path:
+    """`graph` (cached, optimised) with positions and a block mask as inputs, written beside it once; ValueError
+    where the graph's embeddings and attention were not fused as BERT's (nothing to give the positions and mask to)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    target = graph.with_name("packed.onnx")
+    if target.is_file():
+        return target
+    model = onnx.load(str(graph), load_external_data=False)
+    nodes = model.graph.node
+    embeddings = [node for node in nodes if node.op_type == "EmbedLayerNormalization"]
+    attention = [node for node in nodes if node.op_type == "Attention"]
+    if len(embeddings) != 1 or not attention:
+        raise ValueError("its ONNX graph has no fused BERT embeddings and attention to pack rows for")
+    (embedding,) = embeddings
+    mask_index = embedding.output[1] if len(embedding.output) > 1 else ""
+    if not mask_index or any(len(node.input) < 4 or node.input[3] != mask_index for node in attention):
+        raise ValueError("its ONNX graph's attention does not read the embeddings' mask index")
+    while len(embedding.input) < 9:
+        embedding.input.append("")
+    embedding.input[8] = POSITIONS  # EmbedLayerNormalization's optional position_ids
+    for node in attention:
+        node.input[3] = BLOCK_MASK  # a raw mask, rows x width x width
+    model.graph.input.append(helper.make_tensor_value_info(POSITIONS, TensorProto.INT32, ["rows", "width"]))
+    model.graph.input.append(helper.make_tensor_value_info(BLOCK_MASK, TensorProto.INT32, ["rows", "width", "width"]))
+    with tempfile.NamedTemporaryFile(dir=graph.parent, suffix=".onnx", delete=False) as file:
+        written = Path(file.name)
+    try:
+        onnx.save(model, str(written))  # weights stored as in `graph` (inline, or the same external files)
+        os.replace(written, target)
+    finally:
+        written.unlink(missing_ok=True)
+    return target
+
+
+@dataclass(frozen=True, slots=True)
+class PackedRows:
+    """Where each input of a padded batch lies in the packed rows: `row[i]`, from `start[i]`, `length[i]` tokens."""
+
+    rows: int
+    width: int
+    row: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
+    length: npt.NDArray[np.int64]
+
+
+def pack_rows(lengths: npt.NDArray[np.int64], most: int = PACKED_WIDTH) -> PackedRows:
+    """First fit, longest first, into rows of `most` tokens (the longest input's length where that is more; the total
+    where that is less, so that a lone input is one row of its own tokens)."""
+    total, longest = int(lengths.sum()), int(lengths.max())
+    width = max(longest, min(most, total))
+    row, start = np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64)
+    used: list[int] = []
+    for i in np.argsort(-lengths, kind="stable"):
+        n = int(lengths[i])
+        place = next((r for r, filled in enumerate(used) if filled + n <= width), len(used))
+        if place == len(used):
+            used.append(0)
+        row[i], start[i] = place, used[place]
+        used[place] += n
+    return PackedRows(len(used), width, row, start, lengths.astype(np.int64))
+
+
+def packed_feed(
+    packed: PackedRows, input_ids: npt.NDArray[np.int64], token_type_ids: npt.NDArray[np.int64] | None
+) -> dict[str, npt.NDArray[np.int64] | npt.NDArray[np.int32]]:
+    """The packed graph's inputs for a right-padded batch (`input_ids`: inputs x longest)."""
+    shape = (packed.rows, packed.width)
+    ids, types = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+    positions = np.zeros(shape, np.int32)
+    mask = np.zeros((packed.rows, packed.width, packed.width), np.int32)
+    for i, (r, at, n) in enumerate(zip(packed.row, packed.start, packed.length, strict=True)):
+        ids[r, at : at + n] = input_ids[i, :n]
+        if token_type_ids is not None:
+            types[r, at : at + n] = token_type_ids[i, :n]
+        positions[r, at : at + n] = np.arange(n)
+        mask[r, at : at + n, at : at + n] = 1
+    return {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": np.ones(shape, np.int64),  # read by nothing now but the graph's own inputs
+        POSITIONS: positions,
+        BLOCK_MASK: mask,
+    }
+
+
+def unpacked(packed: PackedRows, hidden: npt.NDArray[np.float32], longest: int) -> npt.NDArray[np.float32]:
+    """The packed rows' token states back as the padded batch's (inputs x longest x hidden, zeros at the padding)."""
+    places = np.arange(longest)
+    real = places[None, :] < packed.length[:, None]
+    flat = (packed.row * packed.width + packed.start)[:, None] + np.where(real, places[None, :], 0)
+    states: npt.NDArray[np.float32] = hidden.reshape(-1, hidden.shape[-1])[flat]
+    states[~real] = 0.0
+    return states
