@@ -732,11 +732,10 @@ def onnx_runner(
         graph = packed_graph(cached_graph(model, transformer.folder, cache_dir))
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    # onnxruntime: a session of one thread beside the full one (two passes at once, or a small batch with work queued
-    # behind it); hybrid and auto: the full one only, since torch runs such passes. Neither spins between passes:
-    # spinning threads take the cores of the API servers and of a torch pass (docs/benchmarks.md).
-    alone = config.runtime == "onnxruntime"
-    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=False)
+    # One session of the engine's threads, which holds the graph's weights once: onnxruntime's two passes at once run
+    # side by side on it. It does not spin between passes: spinning threads take the cores of the API servers and of
+    # a torch pass (docs/benchmarks.md).
+    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=False, spin=False)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
@@ -746,7 +745,7 @@ def onnx_runner(
         )
     where = (
         ""
-        if alone
+        if config.runtime == "onnxruntime"
         else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens on every thread (torch runs the rest)"
     )
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
