@@ -732,10 +732,12 @@ def onnx_runner(
         graph = packed_graph(cached_graph(model, transformer.folder, cache_dir))
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    # One session of the engine's threads, which holds the graph's weights once: onnxruntime's two passes at once run
-    # side by side on it. It does not spin between passes: spinning threads take the cores of the API servers and of
-    # a torch pass (docs/benchmarks.md).
-    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=False, spin=False)
+    # onnxruntime: a session of one thread beside the full one, for a small batch with work queued behind it and for
+    # each of two passes at once (one session for both cost a fifth of 8 x 16's throughput: docs/benchmarks.md);
+    # hybrid and auto: the full one only, since torch runs such passes. None spins between passes: spinning threads
+    # take the cores of the API servers and of a torch pass.
+    alone = config.runtime == "onnxruntime"
+    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=False)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
