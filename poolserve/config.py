@@ -622,7 +622,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "engine",
             "What runs the transformer's forward pass. torch: the model's own modules. onnxruntime (CPU, float32, "
             "single-vector embedding models; opt-in): the model exported to ONNX once from the loaded weights, "
-            "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, pooling and heads as with torch; "
+            "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, run on packed rows (a batch's "
+            "inputs end to end, each attending to its own tokens), pooling and heads as with torch; "
             "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999). "
             "hybrid (CPU, --dtype float32 or int8, single-vector embedding models): that ONNX Runtime graph "
             "for a pass of at most 128 padded tokens on every engine thread (a lone request, a few clients' paired; "
