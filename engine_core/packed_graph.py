@@ -61,6 +61,7 @@ def packed_graph(graph: Path) -> Path:
         written = Path(file.name)
     try:
         onnx.save(model, str(written))  # weights stored as in `graph` (inline, or the same external files)
+        written.chmod(graph.stat().st_mode & 0o777)  # readable as the graph is (a temporary file is its owner's only)
         os.replace(written, target)
     finally:
         written.unlink(missing_ok=True)

@@ -206,6 +206,7 @@ def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
     encoder = loaded.runner.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.path.name == "packed.onnx"
     assert encoder.small is not encoder.full  # a one-thread session for the passes on one thread
+    assert encoder.path.stat().st_mode & 0o777 == (encoder.path.parent / "model.onnx").stat().st_mode & 0o777
     rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (5, 17, 40, 70, 100, 3)]
     batches = [rows, rows[::-1][:4], rows[2:3]]
     expected = [reference.run_texts(batch, None) for batch in batches]
