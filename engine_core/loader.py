@@ -715,7 +715,8 @@ def onnx_runner(
 ) -> ModelRunner:
     """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
     (engine_core/onnx_runtime.py), held to torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot
-    take refused by name. hybrid's is one session that does not spin between passes (engine_core/small_passes.py)."""
+    take refused by name. It runs packed rows (engine_core/packed_graph.py); hybrid's (and auto's) is one session, and
+    no session spins between passes."""
     kind, arch = choice.kind, type(model).__name__
     flag = "--runtime auto (hybrid)" if config.runtime == "auto" else f"--runtime {config.runtime}"
     if kind != EMBEDDING or is_multi_vector or device.type != "cpu":
