@@ -328,10 +328,14 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     )  # fmt: skip
     if config.dtype != "int8":
         small_passes = small_passes_of(dtype)
+    # --runtime auto serving float32: the graph on packed rows runs every pass, torch none (docs/benchmarks.md)
+    graph_only = small_passes is not None and graph_runs_every_pass(config)
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
-    if runs_torch:  # ONNX Runtime's graph holds weights of its own
+    if runs_torch and not graph_only:  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
-    if small_passes is not None:
+    if graph_only and small_passes is not None:
+        runner = small_passes
+    elif small_passes is not None:
         runner = SmallPassRunner(runner, small_passes, torch.get_num_threads())
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
@@ -348,7 +352,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     # (1.2-1.4 s of start-up for the bundled model on a 2-core CPU).
     overhead = 0.0
     # ONNX Runtime's graph runs packed rows (engine_core/packed_graph.py): no padding to pay for either
-    fills_batches = packed or config.runtime == "onnxruntime"
+    fills_batches = packed or config.runtime == "onnxruntime" or graph_only
     if not fills_batches:
         overhead = measure_batch_overhead(
             runner,
@@ -654,6 +658,13 @@ def pack_weights(
         )
 
 
+def graph_runs_every_pass(config: Config) -> bool:
+    """Whether the ONNX graph, where it is loaded, runs every pass rather than hybrid's small ones: with --runtime
+    onnxruntime, and --runtime auto serving float32 (with --dtype int8, torch's int8 layers run the larger passes,
+    faster there than the float32 graph)."""
+    return config.runtime == "onnxruntime" or (config.runtime == "auto" and config.dtype != "int8")
+
+
 # The architectures whose graph has been raced against torch's packed modules, served (docs/benchmarks.md, "Small
 # passes through ONNX Runtime"): --runtime auto runs hybrid's small passes for these only.
 RACED_GRAPHS = frozenset({"BertModel"})
@@ -718,7 +729,10 @@ def onnx_runner(
     take refused by name. It runs packed rows (engine_core/packed_graph.py); hybrid's (and auto's) is one session, and
     no session spins between passes."""
     kind, arch = choice.kind, type(model).__name__
-    flag = "--runtime auto (hybrid)" if config.runtime == "auto" else f"--runtime {config.runtime}"
+    every_pass = graph_runs_every_pass(config)
+    flag = f"--runtime {config.runtime}"
+    if config.runtime == "auto":
+        flag += " (ONNX Runtime for every pass)" if every_pass else " (hybrid)"
     if kind != EMBEDDING or is_multi_vector or device.type != "cpu":
         what = f"a {kind} model" if kind != EMBEDDING else "a multi-vector model" if is_multi_vector else ""
         raise LoadError(
@@ -733,12 +747,11 @@ def onnx_runner(
         graph = packed_graph(cached_graph(model, transformer.folder, cache_dir))
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    # onnxruntime: a session of one thread beside the full one, for a small batch with work queued behind it and for
-    # each of two passes at once (one session for both cost a fifth of 8 x 16's throughput: docs/benchmarks.md);
-    # hybrid and auto: the full one only, since torch runs such passes. None spins between passes: spinning threads
-    # take the cores of the API servers and of a torch pass.
-    alone = config.runtime == "onnxruntime"
-    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=alone, spin=False)
+    # The graph for every pass (onnxruntime; auto serving float32): a session of one thread beside the full one, for a
+    # small batch with work queued behind it and for each of two passes at once (one session for both cost a fifth of
+    # 8 x 16's throughput: docs/benchmarks.md); for hybrid's small passes the full one only, since torch runs such
+    # passes. None spins between passes: spinning threads take the cores of the API servers and of a torch pass.
+    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=every_pass, spin=False)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
@@ -748,7 +761,7 @@ def onnx_runner(
         )
     where = (
         ""
-        if config.runtime == "onnxruntime"
+        if every_pass
         else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens on every thread (torch runs the rest)"
     )
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",

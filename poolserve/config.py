@@ -628,9 +628,10 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "hybrid (CPU, --dtype float32 or int8, single-vector embedding models): that ONNX Runtime graph "
             "for a pass of at most 128 padded tokens on every engine thread (a lone request, a few clients' paired; "
             "a lone sentence in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch "
-            "float32 the same way; the engine then holds the weights twice. auto: hybrid for a BERT embedding "
-            "model served in float32 or int8 on a CPU (where --dtype auto serves bfloat16, and on CUDA, torch), "
-            "torch if its graph cannot be exported or strays, with the start log saying which and why "
+            "float32 the same way; the engine then holds the weights twice. auto: for a BERT embedding model on a "
+            "CPU, onnxruntime where float32 is served and hybrid with --dtype int8 (where --dtype auto serves "
+            "bfloat16, and on CUDA, torch); torch if its graph cannot be exported or strays; the start log says "
+            "which and why "
             "(docs/operations.md, 'ONNX Runtime').",
             per_model=True,
         ),

@@ -131,19 +131,32 @@ def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torc
         assert cosine.min() >= 0.99999
 
 
-def test_auto_runs_a_bert_embedder_s_small_passes_through_the_graph_in_float32(
+def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed_rows(
     tmp_path: Path, two_threads: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """--runtime auto (the default) is hybrid for a BERT embedding model served in float32 on a CPU, and says so."""
+    """--runtime auto (the default) runs every pass of a BERT embedding model served in float32 on a CPU through the
+    graph on packed rows, batches filled and two passes at once (on the one-thread session) as torch's, and says so."""
     folder = tiny_bert(tmp_path / "model", 4)
     assert Config().runtime == "auto"
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(
             Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(tmp_path / "c"))
         )
+    encoder = loaded.runner.model  # type: ignore[attr-defined]
+    assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.small is not encoder.full
+    assert loaded.packs_tokens and loaded.passes_at_once == 2
+    assert "--runtime auto (ONNX Runtime for every pass): BertModel from" in caplog.text
+    assert len(list((tmp_path / "c").glob("*/model.onnx"))) == 1
+
+
+def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_through_int8(
+    two_threads: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With --dtype int8 torch's int8 layers run the larger passes (faster there than the float32 graph)."""
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(Config(device="cpu", dtype="int8"))  # the bundled model; the graph in the default cache
     assert isinstance(loaded.runner, SmallPassRunner) and loaded.passes_at_once == 2
     assert "--runtime auto (hybrid): BertModel from" in caplog.text
-    assert len(list((tmp_path / "c").glob("*/model.onnx"))) == 1
 
 
 NOT_MEASURED: dict[str, tuple[DType, str]] = {
@@ -171,6 +184,7 @@ def test_auto_serves_torch_where_the_graph_was_not_measured_to_win_and_says_why(
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype=dtype, onnx_cache_dir=str(cache)))
     assert not isinstance(loaded.runner, SmallPassRunner)
+    assert not isinstance(getattr(loaded.runner, "model", None), OnnxEncoder)
     assert f"--runtime auto: torch runs every pass ({why})" in caplog.text
     assert not cache.exists()  # nothing exported
 
@@ -185,7 +199,7 @@ def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
     cache.write_bytes(b"not a directory")
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
-    assert not isinstance(loaded.runner, SmallPassRunner)
+    assert loaded.runner.packed  # type: ignore[attr-defined]  # torch's packed modules
     assert "--runtime auto: torch runs every pass, the ONNX graph failed" in caplog.text
     with pytest.raises(LoadError, match="--runtime hybrid cannot export BertModel"):
         load_model(
