@@ -300,8 +300,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     check_first_pass(model_config, choice.auto, lambda: runner.run_texts([first], None))
 
     def small_passes_of(served: torch.dtype) -> ModelRunner | None:
-        """hybrid's graph (and auto's, where it applies), exported from the float32 weights before int8 or packing
-        changes them."""
+        """hybrid's graph, or auto's where it applies (for every pass where float32 is served), exported from the
+        float32 weights before int8 or packing changes them."""
         build_padded = runner_builder(
             choice, transformer, text_config=text_config, device=device, pad_token_id=text.pad_token_id,
             packed=False, image=image, padding=padding, modes=modes, heads=heads, m3_heads=m3_heads, late=late,
@@ -314,7 +314,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
                 is_multi_vector=is_multi_vector, config=config, transformer=transformer, choice=choice, device=device,
             )  # fmt: skip
 
-        return graph_for_small_passes(
+        return graph_runner(
             config, choice, build, arch=type(model).__name__,
             own_code=bool(getattr(transformer.config, "auto_map", None)), is_multi_vector=is_multi_vector,
             device=device, served=served,
@@ -666,11 +666,11 @@ def graph_runs_every_pass(config: Config) -> bool:
 
 
 # The architectures whose graph has been raced against torch's packed modules, served (docs/benchmarks.md, "Small
-# passes through ONNX Runtime"): --runtime auto runs hybrid's small passes for these only.
+# passes through ONNX Runtime" and after): --runtime auto runs the graph for these only.
 RACED_GRAPHS = frozenset({"BertModel"})
 
 
-def graph_for_small_passes(
+def graph_runner(
     config: Config,
     choice: KindChoice,
     build: Callable[[], ModelRunner],
@@ -681,10 +681,10 @@ def graph_for_small_passes(
     device: torch.device,
     served: torch.dtype,
 ) -> ModelRunner | None:
-    """The ONNX Runtime runner of hybrid's small passes (engine_core/small_passes.py; `build` makes it: onnx_runner),
-    or None where torch runs every pass. `--runtime hybrid` refuses a model it cannot serve; `--runtime auto` (the
-    default) serves it through torch and says why: the graph runs where it was measured to win (a BERT embedder served
-    in float32 or int8 on a CPU)."""
+    """The ONNX Runtime runner (`build` makes it: onnx_runner) of hybrid's small passes (engine_core/small_passes.py),
+    or of every pass where `graph_runs_every_pass`; None where torch runs every pass. `--runtime hybrid` refuses a
+    model it cannot serve; `--runtime auto` (the default) serves it through torch and says why: the graph runs where it
+    was measured to win (a BERT embedder served in float32 or int8 on a CPU)."""
     if config.runtime == "hybrid":
         return build()
     if config.runtime != "auto" or device.type != "cpu":
