@@ -75,6 +75,7 @@ from engine_core.int8_linear import (
     quantize_linears,
     record_inputs,
 )
+from engine_core.later_graph import EXPORT_NICENESS, LaterGraph
 from engine_core.multi_vector import (
     LATE_INTERACTION_TASKS,
     MultiVectorRunner,
@@ -85,7 +86,7 @@ from engine_core.multi_vector import (
     stanford_projection,
 )
 from engine_core.onnx_runtime import MIN_COSINE as ONNX_MIN_COSINE
-from engine_core.onnx_runtime import OnnxEncoder, cached_graph, default_cache_dir
+from engine_core.onnx_runtime import OnnxEncoder, default_cache_dir, exported_graph, graph_target
 from engine_core.own_code import (
     check_first_pass,
     check_own_code,
@@ -96,10 +97,10 @@ from engine_core.own_code import (
     untrusted_config,
 )
 from engine_core.packed_encoder import packable
-from engine_core.packed_graph import packed_graph
+from engine_core.packed_graph import PACKED_NAME
 from engine_core.packed_linear import can_pack, pack_linears
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
-from engine_core.runner import ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
+from engine_core.runner import F32, ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
 from engine_core.small_passes import SmallPassRunner
 from engine_core.splade import SpladeRunner, split_mlm
 from engine_core.st_heads import build_heads
@@ -299,35 +300,45 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     first = np.asarray(text.backend.encode("first pass").ids, dtype=np.int32)
     check_first_pass(model_config, choice.auto, lambda: runner.run_texts([first], None))
 
-    def small_passes_of(served: torch.dtype) -> ModelRunner | None:
+    def small_passes_of(served: torch.dtype) -> ModelRunner | ExportLater | None:
         """hybrid's graph, or auto's where it applies (for every pass where float32 is served), exported from the
-        float32 weights before int8 or packing changes them."""
+        float32 weights before int8 or packing changes them; for auto on a graph not cached yet, what makes it later
+        (engine_core/later_graph.py)."""
         build_padded = runner_builder(
             choice, transformer, text_config=text_config, device=device, pad_token_id=text.pad_token_id,
             packed=False, image=image, padding=padding, modes=modes, heads=heads, m3_heads=m3_heads, late=late,
         )  # fmt: skip
         is_multi_vector = late is not None or m3
+        probe = probe_rows(text.backend, max_model_len)
 
-        def build() -> ModelRunner:
+        arch, threads = type(model).__name__, torch.get_num_threads()
+
+        def build(reference: F32, nice: int) -> ModelRunner:
             return onnx_runner(
-                model, runner, build_padded, probe=probe_rows(text.backend, max_model_len),
-                is_multi_vector=is_multi_vector, config=config, transformer=transformer, choice=choice, device=device,
+                arch, build_padded, probe=probe, reference=reference, is_multi_vector=is_multi_vector, config=config,
+                transformer=transformer, choice=choice, device=device, threads=threads, nice=nice,
             )  # fmt: skip
 
+        def later() -> ExportLater:
+            reference = runner.run_texts(probe, None)  # float32, before int8 or packing changes the model
+            return ExportLater(lambda: build(reference, EXPORT_NICENESS))  # below the passes it serves beside
+
         return graph_runner(
-            config, choice, build, arch=type(model).__name__,
+            config, choice, lambda: build(runner.run_texts(probe, None), 0), arch=arch,
             own_code=bool(getattr(transformer.config, "auto_map", None)), is_multi_vector=is_multi_vector,
-            device=device, served=served,
+            device=device, served=served, later=later, cached=lambda: graph_cached(config, transformer.folder, model),
         )  # fmt: skip
 
     # int8 quantizes the model in place: its graph is exported first; any other precision's once it is chosen
-    small_passes = small_passes_of(torch.float32) if config.dtype == "int8" else None
+    chosen = small_passes_of(torch.float32) if config.dtype == "int8" else None
     model, dtype, runner = choose_precision(
         config, device, transformer, choice, backend=text.backend, max_model_len=max_model_len, late=late,
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
     if config.dtype != "int8":
-        small_passes = small_passes_of(dtype)
+        chosen = small_passes_of(dtype)
+    # a graph not cached yet: torch runs every pass until a thread of the engine has made it (later_graph.py)
+    small_passes, make_later = (None, chosen.make) if isinstance(chosen, ExportLater) else (chosen, None)
     # --runtime auto serving float32: the graph on packed rows runs every pass, torch none (docs/benchmarks.md)
     graph_only = small_passes is not None and graph_runs_every_pass(config)
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
@@ -337,6 +348,9 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         runner = small_passes
     elif small_passes is not None:
         runner = SmallPassRunner(runner, small_passes, torch.get_num_threads())
+    later_graph = None
+    if make_later is not None:
+        runner = later_graph = LaterGraph(runner, swapped_in(make_later, runner, graph_runs_every_pass(config)))
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -364,9 +378,25 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         )
     # two passes at once on one thread each under a backlog: torch's, or ONNX Runtime's one-thread session
     at_once = 2 if device.type == "cpu" and torch.get_num_threads() > 1 else 1
+    if later_graph is not None:
+        later_graph.start()
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once
     )
+
+
+def swapped_in(
+    make: Callable[[], ModelRunner], torch_runner: ModelRunner, every_pass: bool
+) -> Callable[[], ModelRunner]:
+    """What replaces torch's runner once the graph `make` gives is made: the graph for every pass (auto serving
+    float32), or hybrid's small passes beside torch's int8."""
+    threads = torch.get_num_threads()
+
+    def swapped() -> ModelRunner:
+        graph = make()
+        return graph if every_pass else SmallPassRunner(torch_runner, graph, threads)
+
+    return swapped
 
 
 def read_transformer(config: Config, folder: Path, st: StFolder) -> Transformer:
@@ -574,10 +604,11 @@ def choose_precision(
     float32 on the probe set; `--dtype auto` on a CPU bf16 where native and the model agrees."""
     kind, m3, dtype = choice.kind, choice.m3, choice.dtype
     if config.runtime == "onnxruntime":
+        probe = probe_rows(backend, max_model_len)
         runner = onnx_runner(
-            model, runner, build_runner, probe=probe_rows(backend, max_model_len),
+            type(model).__name__, build_runner, probe=probe, reference=runner.run_texts(probe, None),
             is_multi_vector=late is not None or m3, config=config, transformer=transformer, choice=choice,
-            device=device,
+            device=device, threads=torch.get_num_threads(),
         )  # fmt: skip
         return model, dtype, runner
     if config.dtype == "int8":
@@ -670,6 +701,22 @@ def graph_runs_every_pass(config: Config) -> bool:
 RACED_GRAPHS = frozenset({"BertModel"})
 
 
+@dataclass(frozen=True)
+class ExportLater:
+    """auto's graph, not cached yet: `make` exports it from weights of its own and gives its runner, in a thread of
+    the engine once torch serves (engine_core/later_graph.py)."""
+
+    make: Callable[[], ModelRunner]
+
+
+def graph_cached(config: Config, folder: Path, model: torch.nn.Module) -> bool:
+    """Whether `model`'s packed graph is in the cache; the cache directory is made, so that one that cannot be fails
+    now."""
+    cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return graph_target(folder, type(model).__name__, cache_dir).with_name(PACKED_NAME).is_file()
+
+
 def graph_runner(
     config: Config,
     choice: KindChoice,
@@ -680,11 +727,15 @@ def graph_runner(
     is_multi_vector: bool,
     device: torch.device,
     served: torch.dtype,
-) -> ModelRunner | None:
+    later: Callable[[], ExportLater],
+    cached: Callable[[], bool],
+) -> ModelRunner | ExportLater | None:
     """The ONNX Runtime runner (`build` makes it: onnx_runner) of hybrid's small passes (engine_core/small_passes.py),
     or of every pass where `graph_runs_every_pass`; None where torch runs every pass. `--runtime hybrid` refuses a
     model it cannot serve; `--runtime auto` (the default) serves it through torch and says why: the graph runs where it
-    was measured to win (a BERT embedder served in float32 or int8 on a CPU)."""
+    was measured to win (a BERT embedder served in float32 or int8 on a CPU). For auto, a graph not `cached` yet is
+    made `later`, while torch serves (engine_core/later_graph.py); hybrid and onnxruntime, asked for by name, wait for
+    it (and refuse a graph they cannot have)."""
     if config.runtime == "hybrid":
         return build()
     if config.runtime != "auto" or device.type != "cpu":
@@ -706,29 +757,40 @@ def graph_runner(
         logger.info("--runtime auto: torch runs every pass (%s)", why_not)
         return None
     try:
-        return build()
+        if cached():
+            return build()
+        deferred = later()
     except Exception as exc:  # auto chose the graph; a graph it cannot have costs only its speed
         logger.warning("--runtime auto: torch runs every pass, the ONNX graph failed: %s", first_line(exc))
         return None
+    logger.info(
+        "--runtime auto (%s): %s's ONNX graph is not cached yet; torch serves until a thread of the engine has "
+        "exported and optimised it (once: it is cached)",
+        "ONNX Runtime for every pass" if graph_runs_every_pass(config) else "hybrid", arch,
+    )  # fmt: skip
+    return deferred
 
 
 def onnx_runner(
-    model: torch.nn.Module,
-    runner: ModelRunner,
+    arch: str,
     build_runner: RunnerBuilder,
     *,
     probe: list[npt.NDArray[np.int32]],
+    reference: F32,
     is_multi_vector: bool,
     config: Config,
     transformer: Transformer,
     choice: KindChoice,
     device: torch.device,
+    threads: int,
+    nice: int = 0,
 ) -> ModelRunner:
     """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
-    (engine_core/onnx_runtime.py), held to torch float32's vectors (`runner`'s) on the probe set; what ONNX cannot
+    (engine_core/onnx_runtime.py), held to torch float32's vectors on the probe set (`reference`); what ONNX cannot
     take refused by name. It runs packed rows (engine_core/packed_graph.py); hybrid's (and auto's) is one session, and
-    no session spins between passes."""
-    kind, arch = choice.kind, type(model).__name__
+    no session spins between passes. `threads`: the engine's; `nice`: the export's priority where it runs (below the
+    engine's when torch serves meanwhile)."""
+    kind = choice.kind
     every_pass = graph_runs_every_pass(config)
     flag = f"--runtime {config.runtime}"
     if config.runtime == "auto":
@@ -741,17 +803,16 @@ def onnx_runner(
         )
     if getattr(transformer.config, "auto_map", None):
         raise LoadError(f"{flag} does not export a model's own code ({arch}); use --runtime torch.")
-    reference = runner.run_texts(probe, None)  # the model as loaded, before the export touches it
     cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
     try:
-        graph = packed_graph(cached_graph(model, transformer.folder, cache_dir))
+        graph = exported_graph(transformer.folder, choice.auto, arch, cache_dir, nice=nice)
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
     # The graph for every pass (onnxruntime; auto serving float32): a session of one thread beside the full one, for a
     # small batch with work queued behind it and for each of two passes at once (one session for both cost a fifth of
     # 8 x 16's throughput: docs/benchmarks.md); for hybrid's small passes the full one only, since torch runs such
     # passes. None spins between passes: spinning threads take the cores of the API servers and of a torch pass.
-    encoder = OnnxEncoder(graph, torch.get_num_threads(), small_session=every_pass, spin=False)
+    encoder = OnnxEncoder(graph, threads, small_session=every_pass, spin=False)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
@@ -765,7 +826,7 @@ def onnx_runner(
         else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens on every thread (torch runs the rest)"
     )
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
-                flag, arch, graph, torch.get_num_threads(), where, measured.min_cosine)  # fmt: skip
+                flag, arch, graph, threads, where, measured.min_cosine)  # fmt: skip
     return onnx
 
 

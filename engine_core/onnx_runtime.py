@@ -9,11 +9,16 @@ compares its vectors with torch float32's on the probe set before it serves (eng
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterable
 from importlib.metadata import version
@@ -24,7 +29,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from engine_core.packed_graph import BLOCK_MASK, pack_rows, packed_feed, unpacked
+from engine_core.packed_graph import BLOCK_MASK, PACKED_NAME, pack_rows, packed_feed, unpacked
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +42,8 @@ LIBRARIES = ("torch", "transformers", "onnx", "onnxruntime")
 # float32 noise: a fused graph reorders sums, so its vectors move in the 7th digit, never further.
 MIN_COSINE = 0.99999
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+# The name of an export's work directory beside the cached graph, until it is renamed into place.
+EXPORT_PREFIX = "export-"
 
 
 def default_cache_dir() -> Path:
@@ -135,27 +142,86 @@ def optimize_graph(source: Path, target: Path, *, num_heads: int, hidden_size: i
     optimized.save_model_to_file(str(target))
 
 
+def graph_target(folder: Path, model_class: str, cache_dir: Path) -> Path:
+    """Where the optimised graph of `model_class` loaded from `folder` is cached (present or not)."""
+    return cache_dir / folder_key(folder, model_class) / "model.onnx"
+
+
 def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
     """The optimised graph of `model` (loaded from `folder`), exported and optimised on the first start only. Written
-    to a temporary name and renamed, so that engines starting together never read half a file."""
+    to a temporary name and renamed, so that engines starting together never read half a file; one exports at a time
+    (a lock beside the graph), the others wait for its graph rather than export it again."""
     config: Any = model.config
-    key = folder_key(folder, type(model).__name__)
-    target = cache_dir / key / "model.onnx"
+    target = graph_target(folder, type(model).__name__, cache_dir)
     if target.is_file():
         logger.info("ONNX graph from the cache: %s", target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    uses_token_types = int(getattr(config, "type_vocab_size", 0) or 0) > 0 and "token_type_ids" in _forward_names(model)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        exported = Path(work) / "exported.onnx"
-        export_graph(model, exported, uses_token_types=uses_token_types)
-        optimized = Path(work) / "model.onnx"
-        optimize_graph(
-            exported, optimized, num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size)
+    with (target.parent / "export.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if target.is_file():
+            logger.info("ONNX graph from the cache, exported meanwhile: %s", target)
+            return target
+        uses_token_types = int(getattr(config, "type_vocab_size", 0) or 0) > 0 and "token_type_ids" in _forward_names(
+            model
         )
-        os.replace(optimized, target)
+        # An export's work left by an engine that stopped half way (only the lock's holder writes one)
+        for stale in target.parent.glob(f"{EXPORT_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=EXPORT_PREFIX) as work:
+            exported = Path(work) / "exported.onnx"
+            export_graph(model, exported, uses_token_types=uses_token_types)
+            optimized = Path(work) / "model.onnx"
+            optimize_graph(
+                exported, optimized, num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size)
+            )
+            os.replace(optimized, target)
     logger.info("ONNX graph of %s exported and optimised to %s", type(model).__name__, target)
     return target
+
+
+def exporting_elsewhere(target: Path) -> bool:
+    """Whether another process holds the export lock of the graph `target` (cached_graph's), checked without waiting:
+    an engine that finds one waits for that graph rather than start an export of its own that would wait for it."""
+    lock_path = target.parent / "export.lock"
+    if not lock_path.is_file():
+        return False
+    with lock_path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False  # closing the file released it
+
+
+def exported_graph(folder: Path, auto_class: str, model_class: str, cache_dir: Path, *, nice: int) -> Path:
+    """The packed graph of the model `folder` holds (engine_core/packed_graph.py), from the cache, or exported,
+    optimised and packed into it by a process of its own (engine_core/export_graph.py says why), at `nice`."""
+    packed = graph_target(folder, model_class, cache_dir).with_name(PACKED_NAME)
+    if packed.is_file():
+        logger.info("ONNX graph from the cache: %s", packed)
+        return packed
+    cache_dir.mkdir(parents=True, exist_ok=True)  # a cache that cannot be fails here, at once
+    started = time.monotonic()
+    if exporting_elsewhere(packed.with_name("model.onnx")):
+        logger.info("ONNX graph of %s: another process exports it; waiting for its graph", model_class)
+        while exporting_elsewhere(packed.with_name("model.onnx")) and not packed.is_file():
+            time.sleep(1.0)
+        if packed.is_file():
+            logger.info("ONNX graph of %s exported meanwhile by another process: %s", model_class, packed)
+            return packed
+    command = [
+        sys.executable, "-m", "engine_core.export_graph", str(folder), auto_class, str(cache_dir.absolute()),
+        "--parent", str(os.getpid()), "--nice", str(nice),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        raise RuntimeError(said[-1] if said else f"its export exited with status {done.returncode}")
+    graph = Path(done.stdout.split()[-1])
+    logger.info("ONNX graph of %s exported, optimised and packed in %.1f s by a process of its own: %s", model_class,
+                time.monotonic() - started, graph)  # fmt: skip
+    return graph
 
 
 def _forward_names(model: torch.nn.Module) -> set[str]:

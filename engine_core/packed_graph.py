@@ -29,6 +29,8 @@ import numpy.typing as npt
 PACKED_WIDTH = 64
 POSITIONS = "position_ids"
 BLOCK_MASK = "block_mask"
+# The packed graph's name, beside the cached graph it is made from.
+PACKED_NAME = "packed.onnx"
 
 
 def packed_graph(graph: Path) -> Path:
@@ -37,7 +39,7 @@ def packed_graph(graph: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    target = graph.with_name("packed.onnx")
+    target = graph.with_name(PACKED_NAME)
     if target.is_file():
         return target
     model = onnx.load(str(graph), load_external_data=False)

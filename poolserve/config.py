@@ -630,8 +630,9 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "a lone sentence in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch "
             "float32 the same way; the engine then holds the weights twice. auto: for a BERT embedding model on a "
             "CPU, onnxruntime where float32 is served and hybrid with --dtype int8 (where --dtype auto serves "
-            "bfloat16, and on CUDA, torch); torch if its graph cannot be exported or strays; the start log says "
-            "which and why "
+            "bfloat16, and on CUDA, torch); torch if its graph cannot be exported or strays; on a first start, with "
+            "no graph cached, torch serves at once while a process of its own exports the graph, which then takes "
+            "over; the start log says which and why "
             "(docs/operations.md, 'ONNX Runtime').",
             per_model=True,
         ),
@@ -640,8 +641,8 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
         str,
         Flag(
             "engine",
-            "Where --runtime onnxruntime and hybrid keep their exported graphs, one per model weights and library "
-            "versions. Empty: ~/.cache/poolserve/onnx. Never the model folder, which may be read-only.",
+            "Where --runtime onnxruntime, hybrid and auto keep their exported graphs, one per model weights and "
+            "library versions. Empty: ~/.cache/poolserve/onnx. Never the model folder, which may be read-only.",
             metavar="DIR",
             per_model=True,
         ),

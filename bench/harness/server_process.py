@@ -157,10 +157,20 @@ class PoolserveProcess(ServerProcess):
         self.ready_reported = 0.0  # the start-up time the ready line itself states
         self.first_health: httpx.Response | None = None  # /health asked the moment the ready line was out
 
-    def wait_ready(self, timeout: float = 60.0) -> Self:
+    def wait_ready(self, timeout: float = 60.0, graph: bool = True) -> Self:
+        """Until the ready line is out; with `graph`, also until each engine that started without its ONNX graph
+        cached has it, or failed to (engine_core/later_graph.py: torch serves meanwhile while a process exports it,
+        whose CPU a measurement would count), within 300 s more."""
         match = self.wait_for_line(POOLSERVE_READY, timeout)
         self.ready_reported = float(match["reported"])
+        if graph and not wait_until(lambda: self.graphs_pending() == 0, 300, interval=0.2):
+            raise TimeoutError(f"an ONNX graph still exporting 300 s after the start\n{self.log()}")
         return self
+
+    def graphs_pending(self) -> int:
+        """Engines whose ONNX graph is being exported behind torch (their log lines counted)."""
+        log = self.stderr()
+        return log.count(GRAPH_LATER) - log.count(GRAPH_TAKES_OVER) - log.count(GRAPH_FAILED)
 
     def wait_ready_and_ask_health(self, timeout: float = 60.0) -> Self:
         """`wait_ready`, then /health at once: what a load balancer's first probe gets."""
@@ -175,6 +185,12 @@ class PoolserveProcess(ServerProcess):
         import httpx
 
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+
+# engine_core/later_graph.py's lines (the harness imports no engine module).
+GRAPH_LATER = "ONNX graph is not cached yet; torch serves until"
+GRAPH_TAKES_OVER = "--runtime auto: the ONNX graph takes over from torch"
+GRAPH_FAILED = "--runtime auto: torch serves on, the ONNX graph failed: "
 
 
 def start_poolserve(args: Sequence[str], timeout: float = 300.0) -> PoolserveProcess:

@@ -9,6 +9,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,10 @@ import torch
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
 
 from bench.harness.models import TINY, save_with_tokenizer
+from engine_core.later_graph import LaterGraph
 from engine_core.load_model import load_model
 from engine_core.loader import LoadError
-from engine_core.onnx_runtime import OnnxEncoder, cache_key, folder_key, graph_files
+from engine_core.onnx_runtime import OnnxEncoder, cache_key, folder_key, graph_files, graph_target
 from engine_core.small_passes import SmallPassRunner
 from poolserve.config import Config, ConfigError, DType
 
@@ -35,6 +37,22 @@ def tiny_bert(folder: Path, seed: int) -> Path:
     torch.manual_seed(seed)
     save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
     return folder
+
+
+@dataclass(frozen=True)
+class Exported:
+    folder: Path
+    cache: Path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    """A tiny BERT and a cache that holds its graph: one export (a process of its own, engine_core/export_graph.py)
+    for the tests that load a cached graph."""
+    root = tmp_path_factory.mktemp("exported")
+    folder, cache = tiny_bert(root / "model", 3), root / "cache"
+    load_model(onnx_config(folder, cache))
+    return Exported(folder, cache)
 
 
 def test_cache_key_follows_the_weights_the_libraries_and_the_class() -> None:
@@ -59,15 +77,12 @@ def test_the_key_reads_the_config_and_the_weights_only(tmp_path: Path) -> None:
     assert folder_key(tmp_path, "BertModel") != key
 
 
-def test_a_cached_graph_that_strays_from_torch_is_refused(tmp_path: Path) -> None:
+def test_a_cached_graph_that_strays_from_torch_is_refused(tmp_path: Path, exported: Exported) -> None:
     """A graph in the cache under this model's key that is not this model's (here another model's weights; a
     corrupted or hand-edited cache alike) is caught by the probe, not served."""
-    served, other = tiny_bert(tmp_path / "served", 1), tiny_bert(tmp_path / "other", 2)
-    load_model(onnx_config(other, tmp_path / "other-cache"))
-    (other_graph,) = (tmp_path / "other-cache").glob("*/model.onnx")
-    planted = tmp_path / "cache" / folder_key(served, "BertModel") / "model.onnx"
-    planted.parent.mkdir(parents=True)
-    shutil.copy(other_graph, planted)
+    served = tiny_bert(tmp_path / "served", 1)
+    planted = tmp_path / "cache" / folder_key(served, "BertModel")
+    shutil.copytree(next(exported.cache.glob("*/")), planted)
     with pytest.raises(LoadError, match=r"BertModel's ONNX graph strays from torch float32 on the probe set"):
         load_model(onnx_config(served, tmp_path / "cache"))
 
@@ -104,14 +119,14 @@ def two_threads() -> Iterator[None]:
 
 
 def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torch(
-    tmp_path: Path, two_threads: None
+    exported: Exported, two_threads: None
 ) -> None:
     """A batch of at most 128 padded tokens on every engine thread goes to ONNX Runtime (one session, that does not
     spin between passes), a larger one, or one on a thread of its own (a lane's), to torch's packed modules; both
     answer torch float32's vectors."""
-    folder = tiny_bert(tmp_path / "model", 3)
+    folder = exported.folder
     hybrid = load_model(Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid",
-                               onnx_cache_dir=str(tmp_path / "cache")))  # fmt: skip
+                               onnx_cache_dir=str(exported.cache)))  # fmt: skip
     reference = load_model(Config(model=str(folder), device="cpu", dtype="float32"))
     runner = hybrid.runner
     assert isinstance(runner, SmallPassRunner) and hybrid.packs_tokens and hybrid.passes_at_once == 2
@@ -131,22 +146,66 @@ def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torc
         assert cosine.min() >= 0.99999
 
 
+def agrees(got: np.ndarray, want: np.ndarray) -> bool:
+    cosine = (got * want).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    return bool(cosine.min() >= 0.99999)
+
+
 def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed_rows(
     tmp_path: Path, two_threads: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """--runtime auto (the default) runs every pass of a BERT embedding model served in float32 on a CPU through the
-    graph on packed rows, batches filled and two passes at once (on the one-thread session) as torch's, and says so."""
+    graph on packed rows, batches filled and two passes at once (on the one-thread session) as torch's, and says so.
+    On a first start (the graph not cached) torch serves at once while a thread exports the graph, which then takes
+    over; passes running meanwhile are answered throughout, each torch float32's vectors. The next start loads it."""
     folder = tiny_bert(tmp_path / "model", 4)
+    cache = tmp_path / "c"
     assert Config().runtime == "auto"
+    reference = load_model(Config(model=str(folder), device="cpu", dtype="float32", runtime="torch")).runner
+    rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (5, 17, 40, 3)]
+    expected = reference.run_texts(rows, None)
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
-        loaded = load_model(
-            Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(tmp_path / "c"))
-        )
-    encoder = loaded.runner.model  # type: ignore[attr-defined]
+        first = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
+        assert "BertModel's ONNX graph is not cached yet; torch serves until a thread of the engine has" in caplog.text
+        later = first.runner
+        assert isinstance(later, LaterGraph) and first.packs_tokens and first.passes_at_once == 2
+        answered: list[bool] = []
+        while not later.switched.is_set():  # passes while the graph is made, then swapped in
+            answered.append(agrees(later.run_texts(rows, None), expected))
+        answered.append(agrees(later.run_texts(rows, None), expected))
+        assert all(answered) and len(answered) > 1
+    encoder = later.current.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.small is not encoder.full
-    assert loaded.packs_tokens and loaded.passes_at_once == 2
     assert "--runtime auto (ONNX Runtime for every pass): BertModel from" in caplog.text
-    assert len(list((tmp_path / "c").glob("*/model.onnx"))) == 1
+    assert len(list(cache.glob("*/model.onnx"))) == 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
+    assert isinstance(loaded.runner.model, OnnxEncoder)  # type: ignore[attr-defined]  # the cached graph, at once
+    assert loaded.packs_tokens and loaded.passes_at_once == 2
+    assert "not cached yet" not in caplog.text
+    assert agrees(loaded.runner.run_texts(rows, None), expected)
+
+
+def test_a_graph_made_after_the_start_that_fails_leaves_torch_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A graph the thread cannot make (here the cache holds a graph file that is no graph, which the export's process
+    cannot pack) leaves torch serving, with the warning a start would give."""
+    folder = tiny_bert(tmp_path / "model", 8)
+    cache = tmp_path / "c"
+    garbage = graph_target(folder, "BertModel", cache)
+    garbage.parent.mkdir(parents=True)
+    garbage.write_bytes(b"not a graph")
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
+        later = loaded.runner
+        assert isinstance(later, LaterGraph)
+        torch_runner = later.current
+        assert later.switched.wait(120)
+    assert later.current is torch_runner and torch_runner.packed  # type: ignore[attr-defined]
+    assert "--runtime auto: torch serves on, the ONNX graph failed:" in caplog.text
+    assert later.run_texts([np.arange(1000, 1010, dtype=np.int32)], None).shape == (1, TINY["hidden_size"])
 
 
 def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_through_int8(
@@ -155,7 +214,11 @@ def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_thr
     """With --dtype int8 torch's int8 layers run the larger passes (faster there than the float32 graph)."""
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(device="cpu", dtype="int8"))  # the bundled model; the graph in the default cache
-    assert isinstance(loaded.runner, SmallPassRunner) and loaded.passes_at_once == 2
+        runner = loaded.runner
+        if isinstance(runner, LaterGraph):  # the default cache did not hold it yet
+            assert runner.switched.wait(120)
+            runner = runner.current
+    assert isinstance(runner, SmallPassRunner) and loaded.passes_at_once == 2
     assert "--runtime auto (hybrid): BertModel from" in caplog.text
 
 
@@ -208,13 +271,13 @@ def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
 
 
 def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
-    tmp_path: Path, two_threads: None
+    exported: Exported, two_threads: None
 ) -> None:
     """The graph runs a batch laid end to end in rows (engine_core/packed_graph.py; inputs longer than a row widen
     it): the scheduler fills its batches as for torch's packing, and two passes at once share the one-thread session,
     each answering torch float32's vectors."""
-    folder = tiny_bert(tmp_path / "model", 7)
-    loaded = load_model(onnx_config(folder, tmp_path / "cache"))
+    folder = exported.folder
+    loaded = load_model(onnx_config(folder, exported.cache))
     reference = load_model(Config(model=str(folder), device="cpu", dtype="float32", runtime="torch")).runner
     assert loaded.packs_tokens and loaded.passes_at_once == 2
     encoder = loaded.runner.model  # type: ignore[attr-defined]
@@ -224,10 +287,6 @@ def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
     rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (5, 17, 40, 70, 100, 3)]
     batches = [rows, rows[::-1][:4], rows[2:3]]
     expected = [reference.run_texts(batch, None) for batch in batches]
-
-    def agrees(got: np.ndarray, want: np.ndarray) -> bool:
-        cosine = (got * want).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-        return bool(cosine.min() >= 0.99999)
 
     assert all(agrees(loaded.runner.run_texts(b, None), e) for b, e in zip(batches, expected, strict=True))
     answers: dict[int, np.ndarray] = {}

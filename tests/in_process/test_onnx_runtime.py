@@ -20,9 +20,15 @@ from tests.sentences import SENTENCES
 MIN_COSINE = 0.99999
 
 
-def test_bundled_model_through_onnxruntime_equals_sentence_transformers(bundled_model: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module's servers: the first exports the bundled model's graph, the others read it."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+def test_bundled_model_through_onnxruntime_equals_sentence_transformers(bundled_model: Path, onnx_cache: Path) -> None:
     reference = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES, convert_to_numpy=True)
-    args = ("--device", "cpu", "--dtype", "float32", "--runtime", "onnxruntime", "--onnx-cache-dir", str(tmp_path))
+    args = ("--device", "cpu", "--dtype", "float32", "--runtime", "onnxruntime", "--onnx-cache-dir", str(onnx_cache))
     with served(*args) as server, server.client() as http:
         # one request of every sentence (batches of mixed lengths, padded) and one sentence alone (the small session)
         response = http.post("/v1/embeddings", json={"input": SENTENCES})
@@ -33,17 +39,17 @@ def test_bundled_model_through_onnxruntime_equals_sentence_transformers(bundled_
     cosine = (got * reference).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() >= MIN_COSINE, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
     assert float(got_alone @ reference[3] / np.linalg.norm(got_alone) / np.linalg.norm(reference[3])) >= MIN_COSINE
-    assert len(list(tmp_path.glob("*/model.onnx"))) == 1
+    assert len(list(onnx_cache.glob("*/model.onnx"))) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_bundled_model_through_hybrid_equals_sentence_transformers(
-    bundled_model: Path, tmp_path: Path, dtype: str
+    bundled_model: Path, onnx_cache: Path, dtype: str
 ) -> None:
     """--runtime hybrid: a lone sentence (a small pass, through the graph) is float32's vector whatever --dtype says,
     and a batch of every sentence (through torch) is float32's, or int8's within its bound."""
     reference = SentenceTransformer(str(bundled_model), device="cpu").encode(SENTENCES, convert_to_numpy=True)
-    args = ("--device", "cpu", "--dtype", dtype, "--runtime", "hybrid", "--onnx-cache-dir", str(tmp_path))
+    args = ("--device", "cpu", "--dtype", dtype, "--runtime", "hybrid", "--onnx-cache-dir", str(onnx_cache))
     with served(*args) as server, server.client() as http:
         runner = server.engine().core.runner
         assert isinstance(runner, SmallPassRunner)
@@ -70,7 +76,7 @@ def test_bundled_model_through_hybrid_equals_sentence_transformers(
         assert (0.99 if products_saturate() else 0.995) <= batched.min() < 0.99999  # int8 indeed
     got_alone = np.asarray([one.json()["data"][0]["embedding"] for one in alone], dtype=np.float32)
     assert cosines(got_alone, reference[[0, 3]]).min() >= MIN_COSINE
-    assert len(list(tmp_path.glob("*/model.onnx"))) == 1
+    assert len(list(onnx_cache.glob("*/model.onnx"))) == 1
 
 
 def cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
