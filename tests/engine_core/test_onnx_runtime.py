@@ -170,7 +170,7 @@ def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed
         later = first.runner
         assert isinstance(later, LaterGraph) and first.packs_tokens and first.passes_at_once == 2
         answered: list[bool] = []
-        while not later.switched.is_set():  # passes while the graph is made, then swapped in
+        while not later.switched.wait(0.05):  # passes while the graph is made, then swapped in
             answered.append(agrees(later.run_texts(rows, None), expected))
         answered.append(agrees(later.run_texts(rows, None), expected))
         assert all(answered) and len(answered) > 1

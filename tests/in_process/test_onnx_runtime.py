@@ -4,6 +4,7 @@ that graph, larger ones through torch)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from engine_core.int8_linear import products_saturate
+from engine_core.onnx_runtime import default_cache_dir, graph_target
 from engine_core.runner import ModelRunner, Rows
 from engine_core.small_passes import SmallPassRunner
 from tests.in_process.stack_server import served
@@ -21,9 +23,13 @@ MIN_COSINE = 0.99999
 
 
 @pytest.fixture(scope="module")
-def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache for the module's servers: the first exports the bundled model's graph, the others read it."""
-    return tmp_path_factory.mktemp("onnx-cache")
+def onnx_cache(bundled_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache of the module's own, that holds the bundled model's graph: copied from the default cache, where the
+    suite's controller exported it (tests/conftest.py), rather than exported again."""
+    target = graph_target(bundled_model, "BertModel", default_cache_dir())
+    cache = tmp_path_factory.mktemp("onnx-cache")
+    shutil.copytree(target.parent, cache / target.parent.name, ignore=shutil.ignore_patterns("export*"))
+    return cache
 
 
 def test_bundled_model_through_onnxruntime_equals_sentence_transformers(bundled_model: Path, onnx_cache: Path) -> None:
