@@ -43,10 +43,10 @@ def start(cache: Path, seconds: float) -> dict[str, object]:
         started, latencies = time.monotonic(), []
         with httpx.Client(base_url=server.url, timeout=30) as client:
             while time.monotonic() - started < seconds:
-                sent = time.perf_counter()
+                at, sent = time.monotonic() - started, time.perf_counter()
                 response = client.post("/v1/embeddings", json={"input": "a sentence of a few words, as one client's"})
                 response.raise_for_status()
-                latencies.append((time.monotonic() - started, (time.perf_counter() - sent) * 1000))
+                latencies.append((at, (time.perf_counter() - sent) * 1000))
         log = server.stderr()
         took = TOOK_OVER.search(log)
         (engine,) = server.child_pid("engine_core")
