@@ -2,8 +2,9 @@
 (engine_core/onnx_runtime.py, packed_graph.py) by a process of its own, which the engine starts and waits for.
 
 Why a process: the export's peak memory (the float32 weights again, the traced graph, the optimiser's copies) stayed
-in the engine that made it, whose heap does not give it back: the bundled model's engine held 1149 MB after a first
-start that exported in-process against 620 MB after one that read the cached graph. Its Python (tracing, the
+in the engine that made it, whose heap does not give it back: the bundled model's engine held 888 MB after a first
+start that exported in-process against 606 MB after one that read the cached graph (bench/first_start.py; 1149 MB
+where a thread of a serving engine exported it). Its Python (tracing, the
 optimiser's fusions) also held the engine's GIL for up to 0.85 s at a time, which an engine that serves meanwhile
 (`--runtime auto`'s first start, engine_core/later_graph.py) answered with stalls of up to 1.5 s. Here both end with the
 process. The cost is the imports again (~4-5 s of CPU on a 2-core host) on a start that exports, once per graph.
