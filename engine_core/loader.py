@@ -709,10 +709,15 @@ class ExportLater:
     make: Callable[[], ModelRunner]
 
 
+def onnx_cache_dir(config: Config) -> Path:
+    """--onnx-cache-dir, or the default cache where it is empty."""
+    return Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
+
+
 def graph_cached(config: Config, folder: Path, model: torch.nn.Module) -> bool:
     """Whether `model`'s packed graph is in the cache; the cache directory is made, so that one that cannot be fails
     now."""
-    cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
+    cache_dir = onnx_cache_dir(config)
     cache_dir.mkdir(parents=True, exist_ok=True)
     return graph_target(folder, type(model).__name__, cache_dir).with_name(PACKED_NAME).is_file()
 
@@ -803,7 +808,7 @@ def onnx_runner(
         )
     if getattr(transformer.config, "auto_map", None):
         raise LoadError(f"{flag} does not export a model's own code ({arch}); use --runtime torch.")
-    cache_dir = Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
+    cache_dir = onnx_cache_dir(config)
     try:
         graph = exported_graph(transformer.folder, choice.auto, arch, cache_dir, nice=nice)
     except Exception as exc:
