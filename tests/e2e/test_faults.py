@@ -471,11 +471,11 @@ def test_an_engine_template_that_is_gone_costs_one_fresh_start(small_queue: Pool
 def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connections_and_exits_0(
     shared_small_queue: PoolserveProcess,
 ) -> None:
-    """Last on its server: it ends it. Also the start and the stop of a server (ready within 20 s; its runtime folder
-    gone after SIGTERM).
-    20 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
-    bench/): the engine's imports of torch and transformers alone took 7.9-9.5 s on one day's shared 2-core
-    machine, where CI once saw 10.3 s in all.
+    """Last on its server: it ends it. Also the start and the stop of a server (ready within 10 s of the engine
+    template's imports; its runtime folder gone after SIGTERM).
+    10 s is a bound that catches a start-up gone wrong, not a speed target (bench target 7, <= 5 s, is measured in
+    bench/): the imports of torch and transformers took 7.9-9.5 s of a quiet 2-core host's 11.3 s start, and CI saw
+    a whole start of 20.8 s under the suite's load.
 
     It logs JSON with the access log on (no flag of its launch changes a start or a stop): every process's lines are
     JSON objects, one a line, the supervisor's shutdown included. Its load keeps under the queue's 32 inputs."""
@@ -516,8 +516,17 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
     assert any("request_id=json-7" in r["message"] for r in access), access
     assert {r["process"] for r in records} >= {"supervisor", "engine", "api-0"}
     assert any(r["process"] == "supervisor" and "shutting down" in r["message"] for r in records), records[-5:]
-    # Last, so that a slow start on a busy host leaves the stop tested.
-    assert server.ready_after < 20, f"ready after {server.ready_after:.1f}s"
+    # Last, so that a slow start on a busy host leaves the stop tested. What the start does beyond the engine
+    # template's imports of torch and transformers (8-9 s of one core on this 2-core host, twice that while the suite's
+    # other workers share it; the supervisor logs how long they took): the supervisor's own start, the engine's fork
+    # and load, the API servers' connections. A start gone wrong (stop 51's export of the ONNX graph before ready,
+    # +12 s) shows here and in the log; the imports' own cost is bench/'s (bench target 7).
+    messages = " ".join(r["message"] for r in records)
+    imported = re.search(r"engine-template \(pid \d+\) is ready \(imported in ([\d.]+)s\)", messages)
+    assert imported is not None, records[:20]
+    assert "exported, optimised and packed" not in messages  # the suite's controller cached the bundled graph
+    beyond = server.ready_after - float(imported.group(1))
+    assert beyond < 10, f"ready after {server.ready_after:.1f}s, {beyond:.1f}s of it beyond the template's imports"
 
 
 def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: PoolserveProcess) -> None:

@@ -1,7 +1,7 @@
-"""The process model itself: torch only in the engine, a clean stop, no hangs. (A fresh
-server ready within 20 s, and SIGTERM leaving nothing behind: tests/e2e/test_faults.py's SIGTERM test, on its own
-launch; a SIGKILLed supervisor's children leaving by themselves: test_faults.py, on the full-TMPDIR test's launch. A
-model that cannot load: tests/fidelity/test_refused.py's launch, and tests/engine_core/test_loader.py.)
+"""The process model itself: torch only in the engine, a clean stop, no hangs. (A fresh server ready within 10 s
+of its engine template's imports, and SIGTERM leaving nothing behind: tests/e2e/test_faults.py's SIGTERM test, on
+its own launch; a SIGKILLed supervisor's children leaving by themselves: test_faults.py, on the full-TMPDIR test's
+launch. A model that cannot load: tests/fidelity/test_refused.py's launch, and tests/engine_core/test_loader.py.)
 
 The supervisor's decisions on their own (a port in use, a crash loop that makes it give up, boot failures,
 restarts, scaling) are tested on stub children in tests/supervisor/test_arbiter.py."""
