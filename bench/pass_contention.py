@@ -1,6 +1,6 @@
 """A CPU forward pass beside other work: why a served pass takes longer than the same pass in-process (issue 33).
 
-    python -m bench.pass_contention [--dtype int8] [--inputs 16] [--passes 16] [--rounds 3]
+    python -m bench.pass_contention [--dtype int8] [--runtime torch] [--inputs 16] [--passes 16] [--rounds 3]
         [--busy-ms 1] [--period-ms 6.7]
 
 Served at 32 clients on 2 cores, a two-thread pass of ~17 sentences took 51 ms where the same batch takes 34-38 ms
@@ -90,6 +90,7 @@ def start_competitor(busy_ms: float, period_ms: float) -> subprocess.Popen[bytes
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="int8")
+    parser.add_argument("--runtime", default="torch", help="--runtime as the engine takes it (default: torch)")
     parser.add_argument("--inputs", type=int, default=16)
     parser.add_argument("--passes", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
@@ -102,7 +103,7 @@ def main() -> None:
     from engine_core.load_model import load_model
     from poolserve.config import Config
 
-    model = load_model(Config(device="cpu", dtype=args.dtype, runtime="torch"))
+    model = load_model(Config(device="cpu", dtype=args.dtype, runtime=args.runtime))
     tokenizer = Tokenizer.from_str(model.card.tokenizer_json)
     batches = corpus_batches(lambda text: tokenizer.encode(text).ids, args.inputs, 8)
 
@@ -127,6 +128,7 @@ def main() -> None:
         print(json.dumps({"round": round_, "inputs_per_s": rates}), flush=True)
     summary = {
         "dtype": model.card.dtype,
+        "runtime": args.runtime,
         "inputs": args.inputs,
         "torch_threads": torch.get_num_threads(),
         "competitor_cores": round(args.busy_ms / args.period_ms, 3),
