@@ -35,12 +35,13 @@ EXPORT_NICENESS = 5
 
 class LaterGraph:
     """`now` (torch) runs every pass until `make` (run once, in a thread of its own, from `start`) gives the runner
-    that replaces it; None from `make`, or an error, leaves `now`. `switched` is set when it has ended either way."""
+    that replaces it; an error leaves `now` (`failure` says why). `switched` is set when it has ended either way."""
 
     def __init__(self, now: ModelRunner, make: Callable[[], ModelRunner]):
         self.current = now
         self.make = make
         self.switched = threading.Event()
+        self.failure = ""
         self.thread = threading.Thread(target=self._switch, name="onnx-export", daemon=True)
 
     def start(self) -> None:
@@ -51,7 +52,8 @@ class LaterGraph:
             self.current = self.make()
             logger.info("%s", TAKES_OVER)
         except Exception as exc:  # auto chose the graph; a graph it cannot have costs only its speed
-            logger.warning("%s%s", FAILED, first_line(exc))
+            self.failure = first_line(exc)
+            logger.warning("%s%s", FAILED, self.failure)
         finally:
             self.make = _made  # the closure holds torch's runner, which the graph may have replaced
             self.switched.set()

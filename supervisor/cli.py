@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+
+import msgspec
 
 from poolserve.config import Config, ConfigError
 from poolserve.config_flags import add_flag, configs_of, flag_fields
@@ -24,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "launch run-batch --input FILE --output FILE [these flags]: run a file (OpenAI's batch JSONL, or texts "
             "in JSONL, CSV or Parquet) through the same server, answers in input order, resumable; "
-            "`launch run-batch --help` says more."
+            "`launch run-batch --help` says more. "
+            "launch prepare [these flags]: make what a start of these flags caches (the model's files, and the ONNX "
+            "graph --runtime auto serves a BERT embedder through on a CPU) and exit; `launch prepare --help` says "
+            "more."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -36,9 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_configs(argv: list[str] | None = None) -> list[Config]:
+PREPARE_DESCRIPTION = (
+    "Make what a start of these flags would cache, for each model they name, then exit: the model's files (into "
+    "Hugging Face's cache, where the hub can be reached) and, where the engine would serve the model through ONNX "
+    "Runtime's graph (--runtime auto on a CPU for a BERT embedder served in float32 or int8), the graph exported, "
+    "optimised and packed into --onnx-cache-dir and held to torch as a start holds it. Each model is loaded as an "
+    "engine loads it: one that a server could not serve fails here. Run it where an image is built, or in an init "
+    "container on the servers' cache volume: a first start on an empty cache serves through torch, slower, until "
+    "its graph is made. Exit status 0 when every model is prepared, 1 with the reason otherwise."
+)
+
+
+def parse_configs(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> list[Config]:
     """Each model's Config (one, unless --model is repeated or --config lists several), the default first."""
-    parser = build_parser()
+    parser = parser or build_parser()
     args = parser.parse_args(argv)
     try:
         return configs_of(args, flag_fields())
@@ -57,8 +74,21 @@ def main(argv: list[str] | None = None) -> None:
         from run_batch.cli import main as run_batch
 
         sys.exit(run_batch(args[1:]))
+    if args[:1] == ["prepare"]:
+        sys.exit(prepare(args[1:]))
     configs = parse_configs(argv)
     config = configs[0]
     configure_logging("supervisor", config.log_level, config.log_format)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     sys.exit(Supervisor(config, configs).run())
+
+
+def prepare(argv: list[str]) -> int:
+    """`launch prepare`: the flags checked here, the models loaded by engine_core/prepare.py in a process of its own
+    (torch is the engine's, not the supervisor's)."""
+    parser = build_parser()
+    parser.prog, parser.description, parser.epilog = "launch prepare", PREPARE_DESCRIPTION, None
+    configs = parse_configs(argv, parser)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    command = [sys.executable, "-m", "engine_core.prepare"]
+    return subprocess.run(command, input=msgspec.json.encode(configs), check=False).returncode
