@@ -41,12 +41,11 @@ def main() -> None:
         import transformers
 
         from engine_core.onnx_runtime import cached_graph
-        from engine_core.packed_graph import packed_graph
 
         transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         auto = getattr(transformers, args.auto_class)
         model = auto.from_pretrained(args.folder, dtype=torch.float32).eval()
-        graph = packed_graph(cached_graph(model, args.folder, args.cache_dir))
+        graph = cached_graph(model, args.folder, args.cache_dir)
     except Exception as exc:
         said = str(exc).strip().splitlines()
         print(said[0] if said else type(exc).__name__, file=sys.stderr)

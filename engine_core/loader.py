@@ -97,7 +97,6 @@ from engine_core.own_code import (
     untrusted_config,
 )
 from engine_core.packed_encoder import packable
-from engine_core.packed_graph import PACKED_NAME
 from engine_core.packed_linear import can_pack, pack_linears
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import F32, ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
@@ -719,7 +718,7 @@ def graph_cached(config: Config, folder: Path, model: torch.nn.Module) -> bool:
     now."""
     cache_dir = onnx_cache_dir(config)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    return graph_target(folder, type(model).__name__, cache_dir).with_name(PACKED_NAME).is_file()
+    return graph_target(folder, type(model).__name__, cache_dir).is_file()
 
 
 def graph_runner(

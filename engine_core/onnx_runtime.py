@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from engine_core.packed_graph import BLOCK_MASK, PACKED_NAME, pack_rows, packed_feed, unpacked
+from engine_core.packed_graph import BLOCK_MASK, PACKED_NAME, pack_rows, packed_feed, packed_graph, unpacked
 
 logger = logging.getLogger(__name__)
 
@@ -143,14 +143,16 @@ def optimize_graph(source: Path, target: Path, *, num_heads: int, hidden_size: i
 
 
 def graph_target(folder: Path, model_class: str, cache_dir: Path) -> Path:
-    """Where the optimised graph of `model_class` loaded from `folder` is cached (present or not)."""
-    return cache_dir / folder_key(folder, model_class) / "model.onnx"
+    """Where the packed graph of `model_class` loaded from `folder` is cached (present or not)."""
+    return cache_dir / folder_key(folder, model_class) / PACKED_NAME
 
 
 def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
-    """The optimised graph of `model` (loaded from `folder`), exported and optimised on the first start only. Written
-    to a temporary name and renamed, so that engines starting together never read half a file; one exports at a time
-    (a lock beside the graph), the others wait for its graph rather than export it again."""
+    """The packed graph of `model` (loaded from `folder`; engine_core/packed_graph.py), exported, optimised and packed
+    on the first start only. Made in a temporary folder beside it and renamed, so that engines starting together
+    never read half a file; one exports at a time (a lock beside the graph), the others wait for its graph rather
+    than export it again. Only the packed graph is kept: the optimised one it is made from would double the cache's
+    disk (87 MB for MiniLM, as many as the weights for any model)."""
     config: Any = model.config
     target = graph_target(folder, type(model).__name__, cache_dir)
     if target.is_file():
@@ -175,8 +177,9 @@ def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
             optimize_graph(
                 exported, optimized, num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size)
             )
-            os.replace(optimized, target)
-    logger.info("ONNX graph of %s exported and optimised to %s", type(model).__name__, target)
+            exported.unlink()  # the disk it takes at once: twice the weights, not three times
+            os.replace(packed_graph(optimized), target)
+    logger.info("ONNX graph of %s exported, optimised and packed to %s", type(model).__name__, target)
     return target
 
 
@@ -197,15 +200,15 @@ def exporting_elsewhere(target: Path) -> bool:
 def exported_graph(folder: Path, auto_class: str, model_class: str, cache_dir: Path, *, nice: int) -> Path:
     """The packed graph of the model `folder` holds (engine_core/packed_graph.py), from the cache, or exported,
     optimised and packed into it by a process of its own (engine_core/export_graph.py says why), at `nice`."""
-    packed = graph_target(folder, model_class, cache_dir).with_name(PACKED_NAME)
+    packed = graph_target(folder, model_class, cache_dir)
     if packed.is_file():
         logger.info("ONNX graph from the cache: %s", packed)
         return packed
     cache_dir.mkdir(parents=True, exist_ok=True)  # a cache that cannot be fails here, at once
     started = time.monotonic()
-    if exporting_elsewhere(packed.with_name("model.onnx")):
+    if exporting_elsewhere(packed):
         logger.info("ONNX graph of %s: another process exports it; waiting for its graph", model_class)
-        while exporting_elsewhere(packed.with_name("model.onnx")) and not packed.is_file():
+        while exporting_elsewhere(packed) and not packed.is_file():
             time.sleep(1.0)
         if packed.is_file():
             logger.info("ONNX graph of %s exported meanwhile by another process: %s", model_class, packed)

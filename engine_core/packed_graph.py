@@ -34,8 +34,9 @@ PACKED_NAME = "packed.onnx"
 
 
 def packed_graph(graph: Path) -> Path:
-    """`graph` (cached, optimised) with positions and a block mask as inputs, written beside it once; ValueError
-    where the graph's embeddings and attention were not fused as BERT's (nothing to give the positions and mask to)."""
+    """`graph` (optimised) with positions and a block mask as inputs, written beside it once (the export's temporary
+    folder, engine_core/onnx_runtime.py's cached_graph, which keeps only this one); ValueError where the graph's
+    embeddings and attention were not fused as BERT's (nothing to give the positions and mask to)."""
     import onnx
     from onnx import TensorProto, helper
 

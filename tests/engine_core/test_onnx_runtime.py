@@ -177,7 +177,7 @@ def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed
     encoder = later.current.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.small is not encoder.full
     assert "--runtime auto (ONNX Runtime for every pass): BertModel from" in caplog.text
-    assert len(list(cache.glob("*/model.onnx"))) == 1
+    assert [path.name for path in cache.glob("*/*.onnx")] == ["packed.onnx"]  # only the graph it serves is kept
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
@@ -190,13 +190,13 @@ def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed
 def test_a_graph_made_after_the_start_that_fails_leaves_torch_serving(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A graph the thread cannot make (here the cache holds a graph file that is no graph, which the export's process
-    cannot pack) leaves torch serving, with the warning a start would give."""
+    """A graph the thread cannot make (here a file stands where the graph's folder would be in the cache, which the
+    export's process cannot write into) leaves torch serving, with the warning a start would give."""
     folder = tiny_bert(tmp_path / "model", 8)
     cache = tmp_path / "c"
-    garbage = graph_target(folder, "BertModel", cache)
-    garbage.parent.mkdir(parents=True)
-    garbage.write_bytes(b"not a graph")
+    in_the_way = graph_target(folder, "BertModel", cache).parent
+    cache.mkdir()
+    in_the_way.write_bytes(b"not a folder")
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
         later = loaded.runner
@@ -271,7 +271,7 @@ def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
 
 
 def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
-    exported: Exported, two_threads: None
+    tmp_path: Path, exported: Exported, two_threads: None
 ) -> None:
     """The graph runs a batch laid end to end in rows (engine_core/packed_graph.py; inputs longer than a row widen
     it): the scheduler fills its batches as for torch's packing, and two passes at once share the one-thread session,
@@ -283,7 +283,9 @@ def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
     encoder = loaded.runner.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.path.name == "packed.onnx"
     assert encoder.small is not encoder.full  # a one-thread session for the passes on one thread
-    assert encoder.path.stat().st_mode & 0o777 == (encoder.path.parent / "model.onnx").stat().st_mode & 0o777
+    written = tmp_path / "written"  # readable as any file this process writes (a temporary file is not)
+    written.write_bytes(b"")
+    assert encoder.path.stat().st_mode & 0o777 == written.stat().st_mode & 0o777
     rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (5, 17, 40, 70, 100, 3)]
     batches = [rows, rows[::-1][:4], rows[2:3]]
     expected = [reference.run_texts(batch, None) for batch in batches]

@@ -45,7 +45,7 @@ def test_launch_prepare_caches_the_graph_that_the_next_start_serves_through_from
     # the loader's own lines say what it chose
     assert "ONNX graph of BertModel exported, optimised and packed in" in done.stderr
     assert "--runtime auto: the ONNX graph takes over from torch" in done.stderr
-    assert graph_target(folder, "BertModel", cache).with_name(PACKED_NAME).is_file()
+    assert graph_target(folder, "BertModel", cache).is_file()
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
     assert not isinstance(loaded.runner, LaterGraph)
@@ -66,9 +66,9 @@ def test_launch_prepare_fails_with_the_model_and_the_reason(tmp_path: Path) -> N
 def test_a_graph_that_fails_behind_torch_fails_the_prepare(tmp_path: Path) -> None:
     """Where a start would serve on through torch with a warning, prepare says the graph failed."""
     folder, cache = tiny_bert(tmp_path / "model", 12), tmp_path / "cache"
-    garbage = graph_target(folder, "BertModel", cache)  # what the export's packing then reads
-    garbage.parent.mkdir(parents=True)
-    garbage.write_bytes(b"not a graph")
+    in_the_way = graph_target(folder, "BertModel", cache).parent  # a file where the export would write the graph
+    cache.mkdir()
+    in_the_way.write_bytes(b"not a folder")
     with pytest.raises(RuntimeError, match=r"^the ONNX graph failed: "):
         prepare(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
 

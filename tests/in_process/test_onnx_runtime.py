@@ -45,7 +45,7 @@ def test_bundled_model_through_onnxruntime_equals_sentence_transformers(bundled_
     cosine = (got * reference).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() >= MIN_COSINE, f"lowest cosine {cosine.min()} at sentence {cosine.argmin()}"
     assert float(got_alone @ reference[3] / np.linalg.norm(got_alone) / np.linalg.norm(reference[3])) >= MIN_COSINE
-    assert len(list(onnx_cache.glob("*/model.onnx"))) == 1
+    assert len(list(onnx_cache.glob("*/packed.onnx"))) == 1
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
@@ -82,7 +82,7 @@ def test_bundled_model_through_hybrid_equals_sentence_transformers(
         assert (0.99 if products_saturate() else 0.995) <= batched.min() < 0.99999  # int8 indeed
     got_alone = np.asarray([one.json()["data"][0]["embedding"] for one in alone], dtype=np.float32)
     assert cosines(got_alone, reference[[0, 3]]).min() >= MIN_COSINE
-    assert len(list(onnx_cache.glob("*/model.onnx"))) == 1
+    assert len(list(onnx_cache.glob("*/packed.onnx"))) == 1
 
 
 def cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
