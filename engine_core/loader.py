@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import logging
 import time
@@ -312,10 +313,15 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
 
         arch, threads = type(model).__name__, torch.get_num_threads()
 
+        @functools.cache
+        def target() -> Path:
+            """Where the graph is cached: its key hashes the weights, once a start (~1 s a GB)."""
+            return graph_target(transformer.folder, arch, onnx_cache_dir(config))
+
         def build(reference: F32, nice: int) -> ModelRunner:
             return onnx_runner(
                 arch, build_padded, probe=probe, reference=reference, is_multi_vector=is_multi_vector, config=config,
-                transformer=transformer, choice=choice, device=device, threads=threads, nice=nice,
+                transformer=transformer, choice=choice, device=device, threads=threads, nice=nice, target=target(),
             )  # fmt: skip
 
         def later() -> ExportLater:
@@ -325,7 +331,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         return graph_runner(
             config, choice, lambda: build(runner.run_texts(probe, None), 0), arch=arch,
             own_code=bool(getattr(transformer.config, "auto_map", None)), is_multi_vector=is_multi_vector,
-            device=device, served=served, later=later, cached=lambda: graph_cached(config, transformer.folder, model),
+            device=device, served=served, later=later, cached=lambda: graph_cached(config, target()),
         )  # fmt: skip
 
     # int8 quantizes the model in place: its graph is exported first; any other precision's once it is chosen
@@ -713,12 +719,11 @@ def onnx_cache_dir(config: Config) -> Path:
     return Path(config.onnx_cache_dir) if config.onnx_cache_dir else default_cache_dir()
 
 
-def graph_cached(config: Config, folder: Path, model: torch.nn.Module) -> bool:
-    """Whether `model`'s packed graph is in the cache; the cache directory is made, so that one that cannot be fails
-    now."""
-    cache_dir = onnx_cache_dir(config)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    return graph_target(folder, type(model).__name__, cache_dir).is_file()
+def graph_cached(config: Config, target: Path) -> bool:
+    """Whether the packed graph `target` is in the cache; the cache directory is made, so that one that cannot be
+    fails now."""
+    onnx_cache_dir(config).mkdir(parents=True, exist_ok=True)
+    return target.is_file()
 
 
 def graph_runner(
@@ -788,12 +793,13 @@ def onnx_runner(
     device: torch.device,
     threads: int,
     nice: int = 0,
+    target: Path | None = None,
 ) -> ModelRunner:
     """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
     (engine_core/onnx_runtime.py), held to torch float32's vectors on the probe set (`reference`); what ONNX cannot
     take refused by name. It runs packed rows (engine_core/packed_graph.py); hybrid's (and auto's) is one session, and
     no session spins between passes. `threads`: the engine's; `nice`: the export's priority where it runs (below the
-    engine's when torch serves meanwhile)."""
+    engine's when torch serves meanwhile); `target`: where the graph is cached, where the caller has it."""
     kind = choice.kind
     every_pass = graph_runs_every_pass(config)
     flag = f"--runtime {config.runtime}"
@@ -809,7 +815,7 @@ def onnx_runner(
         raise LoadError(f"{flag} does not export a model's own code ({arch}); use --runtime torch.")
     cache_dir = onnx_cache_dir(config)
     try:
-        graph = exported_graph(transformer.folder, choice.auto, arch, cache_dir, nice=nice)
+        graph = exported_graph(transformer.folder, choice.auto, arch, cache_dir, nice=nice, target=target)
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
     # The graph for every pass (onnxruntime; auto serving float32): a session of one thread beside the full one, for a

@@ -197,10 +197,13 @@ def exporting_elsewhere(target: Path) -> bool:
     return False  # closing the file released it
 
 
-def exported_graph(folder: Path, auto_class: str, model_class: str, cache_dir: Path, *, nice: int) -> Path:
+def exported_graph(
+    folder: Path, auto_class: str, model_class: str, cache_dir: Path, *, nice: int, target: Path | None = None
+) -> Path:
     """The packed graph of the model `folder` holds (engine_core/packed_graph.py), from the cache, or exported,
-    optimised and packed into it by a process of its own (engine_core/export_graph.py says why), at `nice`."""
-    packed = graph_target(folder, model_class, cache_dir)
+    optimised and packed into it by a process of its own (engine_core/export_graph.py says why), at `nice`. `target`:
+    its graph_target where the caller has it (the key hashes the weights)."""
+    packed = target or graph_target(folder, model_class, cache_dir)
     if packed.is_file():
         logger.info("ONNX graph from the cache: %s", packed)
         return packed

@@ -77,6 +77,24 @@ def test_the_key_reads_the_config_and_the_weights_only(tmp_path: Path) -> None:
     assert folder_key(tmp_path, "BertModel") != key
 
 
+def test_a_start_on_a_cached_graph_hashes_the_weights_once(monkeypatch: pytest.MonkeyPatch, exported: Exported) -> None:
+    """The cache's key hashes the weights (~1 s a GB): a start reads it once, not once per step that needs it."""
+    import engine_core.onnx_runtime
+
+    hashed: list[str] = []
+    digest = engine_core.onnx_runtime.file_digest
+
+    def counted(path: Path) -> str:
+        hashed.append(path.name)
+        return digest(path)
+
+    monkeypatch.setattr(engine_core.onnx_runtime, "file_digest", counted)
+    config = Config(model=str(exported.folder), device="cpu", dtype="float32", onnx_cache_dir=str(exported.cache))
+    loaded = load_model(config)
+    assert isinstance(loaded.runner.model, OnnxEncoder)  # type: ignore[attr-defined]  # auto, on the cached graph
+    assert sorted(hashed) == ["config.json", "model.safetensors"]
+
+
 def test_a_cached_graph_that_strays_from_torch_is_refused(tmp_path: Path, exported: Exported) -> None:
     """A graph in the cache under this model's key that is not this model's (here another model's weights; a
     corrupted or hand-edited cache alike) is caught by the probe, not served."""
