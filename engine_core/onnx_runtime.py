@@ -152,7 +152,7 @@ def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
     on the first start only. Made in a temporary folder beside it and renamed, so that engines starting together
     never read half a file; one exports at a time (a lock beside the graph), the others wait for its graph rather
     than export it again. Only the packed graph is kept: the optimised one it is made from would double the cache's
-    disk (87 MB for MiniLM, as many as the weights for any model)."""
+    disk (about the float32 weights' size: 87 MB for MiniLM)."""
     config: Any = model.config
     target = graph_target(folder, type(model).__name__, cache_dir)
     if target.is_file():
