@@ -143,6 +143,9 @@ class LoadedModel:
     # Forward passes the engine may run at once (engine_core/engine.py): 2 for a torch model on a CPU with two or
     # more engine threads.
     passes_at_once: int = 1
+    # Two clients' requests run on the two lanes, one thread each, rather than held for one pass on every thread
+    # (engine.py's pair_on_lanes): ONNX Runtime's graph, whose pass of two sentences costs 1.7 of one.
+    pairs_on_lanes: bool = False
 
 
 def bundled_model_folder() -> Path:
@@ -385,9 +388,13 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     at_once = 2 if device.type == "cpu" and torch.get_num_threads() > 1 else 1
     if later_graph is not None:
         later_graph.start()
+    # the graph for every pass, now or once it takes over from torch
+    every_pass = config.runtime == "onnxruntime" or graph_only or later_graph is not None
+    on_lanes = at_once == 2 and graph_runs_every_pass(config) and every_pass
     return LoadedModel(
-        card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once
-    )
+        card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once,
+        pairs_on_lanes=on_lanes,
+    )  # fmt: skip
 
 
 def swapped_in(

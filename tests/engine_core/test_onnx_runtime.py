@@ -187,6 +187,7 @@ def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed
         assert "BertModel's ONNX graph is not cached yet; torch serves until a thread of the engine has" in caplog.text
         later = first.runner
         assert isinstance(later, LaterGraph) and first.packs_tokens and first.passes_at_once == 2
+        assert first.pairs_on_lanes  # two clients on the lanes, torch's passes included until the graph takes over
         answered: list[bool] = []
         while not later.switched.wait(0.05):  # passes while the graph is made, then swapped in
             answered.append(agrees(later.run_texts(rows, None), expected))
@@ -200,7 +201,7 @@ def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
     assert isinstance(loaded.runner.model, OnnxEncoder)  # type: ignore[attr-defined]  # the cached graph, at once
-    assert loaded.packs_tokens and loaded.passes_at_once == 2
+    assert loaded.packs_tokens and loaded.passes_at_once == 2 and loaded.pairs_on_lanes
     assert "not cached yet" not in caplog.text
     assert agrees(loaded.runner.run_texts(rows, None), expected)
 
@@ -237,6 +238,7 @@ def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_thr
             assert runner.switched.wait(120)
             runner = runner.current
     assert isinstance(runner, SmallPassRunner) and loaded.passes_at_once == 2
+    assert not loaded.pairs_on_lanes  # torch runs the larger passes: it pairs two clients in one
     assert "--runtime auto (hybrid): BertModel from" in caplog.text
 
 
@@ -264,7 +266,7 @@ def test_auto_serves_torch_where_the_graph_was_not_measured_to_win_and_says_why(
     cache = tmp_path / "cache"
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype=dtype, onnx_cache_dir=str(cache)))
-    assert not isinstance(loaded.runner, SmallPassRunner)
+    assert not isinstance(loaded.runner, SmallPassRunner) and not loaded.pairs_on_lanes
     assert not isinstance(getattr(loaded.runner, "model", None), OnnxEncoder)
     assert f"--runtime auto: torch runs every pass ({why})" in caplog.text
     assert not cache.exists()  # nothing exported

@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -26,7 +28,9 @@ from engine_core.engine import (
     beat_is_due,
     cohort_hold,
     hold_limit,
+    pair_on_lanes,
 )
+from engine_core.scheduler import WorkItem
 from poolserve.config import usable_cores
 from tests.in_process.stack_server import InProcessServer, served
 from tests.utils import FLOAT32_CPU
@@ -100,6 +104,19 @@ def test_a_lone_request_has_every_thread(watched: tuple[InProcessServer, list[Pa
     passes.clear()
     embed(server, ["one sentence, alone in the engine"])
     assert [(p.inputs, p.threads) for p in passes] == [(1, 2)]
+
+
+def test_a_lone_request_of_a_pair_runs_on_one_thread_where_the_runner_pairs_on_lanes() -> None:
+    """The rule tests/e2e/test_two_clients.py shows served (LoadedModel.pairs_on_lanes: ONNX Runtime's graph)."""
+
+    def batch(priority: int) -> list[WorkItem]:
+        return [cast(WorkItem, SimpleNamespace(request=SimpleNamespace(priority=priority)))]
+
+    assert pair_on_lanes(2, batch(0))
+    assert not pair_on_lanes(1, batch(0))  # one client: every thread
+    assert not pair_on_lanes(3, batch(0))  # three or four: held for one pass (engine.py's cohort hold)
+    assert not pair_on_lanes(2, batch(0) * 2)  # both there already: one pass
+    assert not pair_on_lanes(2, batch(-1))  # urgent: every thread
 
 
 def test_a_pass_that_never_returns_stops_the_beats_in_either_lane() -> None:
