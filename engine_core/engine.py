@@ -241,7 +241,7 @@ class EngineProcess:
         they run together on every thread (a second sentence costs 0.4-0.6 of the first). One client's cohort is one
         request: never held. A CPU engine that runs two lanes only; not while a pass runs (docs/benchmarks.md, "Two
         clients in step")."""
-        if self._lane is None or self._passes or (self._pairs_on_lanes and min(self._cohort, COHORT_MOST) == 2):
+        if self._lane is None or self._passes or (self._pairs_on_lanes and self._cohort == 2):
             return 0.0  # a pair on lanes needs no hold: each starts as it comes
         return cohort_hold(self._cohort, self.core.waiting, self._hold_until, time.monotonic())
 
@@ -313,7 +313,7 @@ def pair_on_lanes(cohort: int, batch: list[WorkItem]) -> bool:
     clients on a 2-core AVX2 host: 9-19 % more requests/s and a p99 ~20 % lower than one pass of both on every thread
     after the hold; torch, whose second sentence costs less, lost 9 % that way (docs/benchmarks.md). Urgent work keeps
     every thread."""
-    return min(cohort, COHORT_MOST) == 2 and len(batch) == 1 and batch[0].request.priority >= 0
+    return cohort == 2 and len(batch) == 1 and batch[0].request.priority >= 0
 
 
 def hold_limit(last_pass_s: float) -> float:

@@ -388,12 +388,11 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     at_once = 2 if device.type == "cpu" and torch.get_num_threads() > 1 else 1
     if later_graph is not None:
         later_graph.start()
-    # the graph for every pass, now or once it takes over from torch
-    every_pass = config.runtime == "onnxruntime" or graph_only or later_graph is not None
-    on_lanes = at_once == 2 and graph_runs_every_pass(config) and every_pass
+    # the graph runs every pass (onnxruntime's, or auto's now or once it takes over from torch): two clients on lanes
+    graph_every_pass = graph_runs_every_pass(config) and (config.runtime == "onnxruntime" or chosen is not None)
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once,
-        pairs_on_lanes=on_lanes,
+        pairs_on_lanes=at_once == 2 and graph_every_pass,
     )  # fmt: skip
 
 

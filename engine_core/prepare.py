@@ -17,7 +17,6 @@ with one line (`<model>: <why>`) at the first that cannot be.
 from __future__ import annotations
 
 import gc
-import logging
 import sys
 import time
 
@@ -25,8 +24,6 @@ import msgspec
 
 from poolserve.config import Config
 from poolserve.logs import configure_logging
-
-logger = logging.getLogger("poolserve.prepare")
 
 EXIT_FAILED = 1
 

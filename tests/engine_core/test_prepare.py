@@ -10,22 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import BertConfig, BertModel
 
-from bench.harness.models import TINY, save_with_tokenizer
 from engine_core.later_graph import LaterGraph
 from engine_core.load_model import load_model
 from engine_core.onnx_runtime import OnnxEncoder, graph_target
 from engine_core.packed_graph import PACKED_NAME
 from engine_core.prepare import prepare
 from poolserve.config import Config
-
-
-def tiny_bert(folder: Path, seed: int) -> Path:
-    torch.manual_seed(seed)
-    save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
-    return folder
+from tests.fidelity.layouts import tiny_bert
 
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:
