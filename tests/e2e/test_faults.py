@@ -27,6 +27,7 @@ from bench.harness.models import HANG_TOKEN, remote_code_env
 from bench.harness.prober import Prober
 from bench.harness.server_process import PoolserveProcess, child_pids, cmdline, role_of, wait_until
 from bench.harness.steady_load import SteadyLoad
+from tests.alone import wait_for_exports
 from tests.utils import (
     api_server_pids,
     is_alive,
@@ -221,7 +222,12 @@ def small_tmpfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallTmpfs
 @pytest.fixture(scope="module")
 def shared_small_queue(small_tmpfs: SmallTmpfs) -> Iterator[PoolserveProcess]:
     """Also the SIGTERM test's launch, which it ends (last of its tests): JSON logs with the access log on; and the
-    full-TMPDIR test's (first of its tests), with a TMPDIR of 2 MiB (the launch of each was a server of its own)."""
+    full-TMPDIR test's (first of its tests), with a TMPDIR of 2 MiB (the launch of each was a server of its own).
+    Started once no graph export runs on the host, since the SIGTERM test bounds the start and the overload test
+    /health's tail: in one clean-clone run of three its start took 13 s beyond the template's imports (3.5 s quiet)
+    and /health's p99 reached 52.8 ms while other workers ran the tests that export graphs (most likely the cause; not
+    shown)."""
+    wait_for_exports()
     with PoolserveProcess(
         "--api-server-count", "2", "--max-queued-inputs", "32", "--engine-wait-timeout", "0.5",
         "--log-format", "json", "--access-log", env={"TMPDIR": str(small_tmpfs.path)},
