@@ -2,14 +2,14 @@
 
     python -m bench.small_pass_trial [--rounds 40] [--sizes 1,2,4,16] [--onnx-cache-dir DIR]
 
-The bundled model's runners as the engine loads them: `--dtype float32` (torch, packed) on 1 and 2 threads,
-`--dtype int8` on 2, and the cached ONNX graph on sessions of 1 and 2 threads, spinning between passes (ONNX
-Runtime's default) and not (what `--runtime hybrid` makes); with `make bench-onnx-peer` done, also Infinity's own
-optimised fp32 and int8 graphs (bench/.models/onnx/) on 2 threads. Each candidate runs its rounds in a block (after 3
-warm-up passes), since alternating them lets one runtime's spinning threads slow the other's next pass; the second
-table alternates a torch pass with a graph pass, with and without the graph's spinning, to show exactly that.
-Batches are corpus sentences, length-sorted; figures are the median and lowest ms per batch. Compare within one run.
-docs/benchmarks.md, "Small passes through ONNX Runtime", holds the figures.
+The bundled model's runners as the engine loads them: `--dtype float32` (torch, packed) on 1 and 2 threads, `--dtype
+int8` on 2, and the cached ONNX graph on sessions of 1 and 2 threads, spinning between passes (ONNX Runtime's default)
+and not ("no spin": spinning within a pass only, what the engine makes; bench.graph_spin); with `make bench-onnx-peer`
+done, also Infinity's own optimised fp32 and int8 graphs (bench/.models/onnx/) on 2 threads. Each candidate runs its
+rounds in a block (after 3 warm-up passes), since alternating them lets one runtime's spinning threads slow the
+other's next pass; the second table alternates a torch pass with a graph pass, with and without the graph's spinning,
+to show exactly that. Batches are corpus sentences, length-sorted; figures are the median and lowest ms per batch.
+Compare within one run. docs/benchmarks.md, "Small passes through ONNX Runtime", holds the figures.
 """
 
 from __future__ import annotations

@@ -246,8 +246,10 @@ class OnnxEncoder(torch.nn.Module):
     for each of two passes at once, which then run side by side on the one session; all of them for a large one or a
     lone request; ONNX Runtime fixes a session's threads when it is made). Without it, one session of every thread,
     which holds the graph's weights once (`--runtime hybrid`, whose one-thread passes run through torch). `spin`:
-    whether a session's threads spin-wait for the next pass (ONNX Runtime's default), which costs the next pass its
-    cores when torch runs it, and the API servers theirs (the engine's do not)."""
+    whether a session's threads go on spin-waiting once a pass is done (ONNX Runtime's default), which costs the next
+    pass its cores when torch runs it, and the API servers theirs (the engine's do not). Within a pass they spin either
+    way: a sleeping thread's wake-up between one operator's parallel work and the next cost a lone sentence 8-17 % of
+    its pass (docs/benchmarks.md, "Spinning within a pass")."""
 
     def __init__(self, path: Path, threads: int, *, small_session: bool = True, spin: bool = True):
         super().__init__()
@@ -278,8 +280,8 @@ def new_session(path: Path, threads: int, *, spin: bool = True) -> Any:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spin:  # the threads stop spinning as the last run on the session returns (they spin again with the next)
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL

@@ -9,8 +9,8 @@ a lone client's, or two to four clients' paired by the engine's cohort hold) run
 through torch. Both answer
 float32 vectors held to torch float32's on the probe set at start-up; with `--dtype int8` the small passes are
 float32, where int8's own row thresholds (engine_core/int8_linear.py) run most of such a pass's layers unquantized
-anyway. The graph's one session does not spin-wait after a pass (onnx_runtime.py): its spinning threads would take
-the cores of the torch pass that follows (twice its time, measured).
+anyway. The graph's one session stops spin-waiting as a pass returns (onnx_runtime.py): its spinning threads would
+take the cores of the torch pass that follows (twice its time, measured).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +152,7 @@ def test_hybrid_runs_small_batches_through_the_graph_and_large_ones_through_torc
     encoder = runner.small.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder)
     assert encoder.small is encoder.full  # the graph's weights once
-    assert encoder.full.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert config_entry(encoder.full, "session.force_spinning_stop") == "1"
     small = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (10, 30, 60)]  # 3 x 60 = 180 padded tokens
     assert runner.runner_for(small[:2]) is runner.small  # 2 x 30 = 60
     assert runner.runner_for(small) is runner.large
@@ -288,6 +289,32 @@ def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
         load_model(
             Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid", onnx_cache_dir=str(cache))
         )
+
+
+def config_entry(session: object, key: str) -> str | None:
+    """A session's config entry, None where it was not set (ONNX Runtime raises for one it does not hold)."""
+    try:
+        return session.get_session_options().get_session_config_entry(key)  # type: ignore[attr-defined,no-any-return]
+    except RuntimeError:
+        return None
+
+
+def test_the_graph_spins_within_a_pass_and_stops_once_it_is_done(exported: Exported, two_threads: None) -> None:
+    """The graph's sessions spin-wait within a pass, between one operator's parallel work and the next (a sleeping
+    thread's wake-up cost a lone sentence 8-17 % of its pass), and stop as the pass returns, leaving the cores to the
+    API servers and to torch's next pass (ONNX Runtime's default spins on: ~65 ms of a core after each MiniLM pass)."""
+    loaded = load_model(onnx_config(exported.folder, exported.cache))
+    encoder = loaded.runner.model  # type: ignore[attr-defined]
+    assert isinstance(encoder, OnnxEncoder)
+    for session in (encoder.full, encoder.small):
+        assert config_entry(session, "session.intra_op.allow_spinning") in (None, "1")  # spins within a pass
+        assert config_entry(session, "session.force_spinning_stop") == "1"
+    rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (100, 90, 80, 70, 60, 50, 40, 30)]
+    for _ in range(3):  # on both threads: the pool's second thread works, then waits
+        loaded.runner.run_texts(rows, None)
+    started = time.process_time()
+    time.sleep(0.5)
+    assert time.process_time() - started < 0.02  # the process's CPU, every thread's: none spins after the pass
 
 
 def test_onnxruntime_runs_packed_rows_fills_batches_and_runs_two_passes_at_once(
