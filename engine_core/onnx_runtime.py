@@ -29,12 +29,20 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from engine_core.packed_graph import BLOCK_MASK, PACKED_NAME, pack_rows, packed_feed, packed_graph, unpacked
+from engine_core.packed_graph import (
+    BLOCK_MASK,
+    PACKED_NAME,
+    WEIGHTS_NAME,
+    pack_rows,
+    packed_feed,
+    packed_graph,
+    unpacked,
+)
 
 logger = logging.getLogger(__name__)
 
 # Bump when the export or the optimisation changes, so that graphs cached by an older poolserve are not reused.
-GRAPH_FORMAT = 1
+GRAPH_FORMAT = 2
 OPSET = 17
 # The files whose bytes decide the graph: the architecture and the weights (not the tokenizer's).
 GRAPH_FILES = ("config.json", "*.safetensors", "*.bin")
@@ -178,7 +186,9 @@ def cached_graph(model: torch.nn.Module, folder: Path, cache_dir: Path) -> Path:
                 exported, optimized, num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size)
             )
             exported.unlink()  # the disk it takes at once: twice the weights, not three times
-            os.replace(packed_graph(optimized), target)
+            packed = packed_graph(optimized)
+            os.replace(packed.with_name(WEIGHTS_NAME), target.with_name(WEIGHTS_NAME))
+            os.replace(packed, target)  # last: the graph's presence says both are whole
     logger.info("ONNX graph of %s exported, optimised and packed to %s", type(model).__name__, target)
     return target
 

@@ -20,6 +20,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,19 +32,28 @@ POSITIONS = "position_ids"
 BLOCK_MASK = "block_mask"
 # The packed graph's name, beside the cached graph it is made from.
 PACKED_NAME = "packed.onnx"
+# Its weights, in a file beside it, each at an offset a multiple of a page: ONNX Runtime maps such a tensor from the
+# file instead of copying it into memory, so the graph's two sessions share the pages of the weights they do not
+# repack (the word embeddings, read only where a token's row is) and the engine holds ~100 MB less for MiniLM
+# (docs/benchmarks.md, "The graph's weights mapped from a file").
+WEIGHTS_NAME = PACKED_NAME + ".data"
+PAGE = 4096
+# A tensor smaller than this stays in the graph itself.
+SMALLEST_APART = PAGE
 
 
 def packed_graph(graph: Path) -> Path:
-    """`graph` (optimised) with positions and a block mask as inputs, written beside it once (the export's temporary
-    folder, engine_core/onnx_runtime.py's cached_graph, which keeps only this one); ValueError where the graph's
-    embeddings and attention were not fused as BERT's (nothing to give the positions and mask to)."""
+    """`graph` (optimised) with positions and a block mask as inputs, written beside it once with its weights in
+    WEIGHTS_NAME beside that (the export's temporary folder, engine_core/onnx_runtime.py's cached_graph, which keeps
+    only these two); ValueError where the graph's embeddings and attention were not fused as BERT's (nothing to give
+    the positions and mask to)."""
     import onnx
     from onnx import TensorProto, helper
 
     target = graph.with_name(PACKED_NAME)
     if target.is_file():
         return target
-    model = onnx.load(str(graph), load_external_data=False)
+    model = onnx.load(str(graph))  # its weights read in, wherever the optimiser stored them
     nodes = model.graph.node
     embeddings = [node for node in nodes if node.op_type == "EmbedLayerNormalization"]
     attention = [node for node in nodes if node.op_type == "Attention"]
@@ -60,15 +70,37 @@ def packed_graph(graph: Path) -> Path:
         node.input[3] = BLOCK_MASK  # a raw mask, rows x width x width
     model.graph.input.append(helper.make_tensor_value_info(POSITIONS, TensorProto.INT32, ["rows", "width"]))
     model.graph.input.append(helper.make_tensor_value_info(BLOCK_MASK, TensorProto.INT32, ["rows", "width", "width"]))
+    weights = target.with_name(WEIGHTS_NAME)
+    store_apart(model, weights)
     with tempfile.NamedTemporaryFile(dir=graph.parent, suffix=".onnx", delete=False) as file:
         written = Path(file.name)
     try:
-        onnx.save(model, str(written))  # weights stored as in `graph` (inline, or the same external files)
-        written.chmod(graph.stat().st_mode & 0o777)  # readable as the graph is (a temporary file is its owner's only)
+        onnx.save(model, str(written))
+        mode = graph.stat().st_mode & 0o777  # readable as the graph is (a temporary file is its owner's only)
+        written.chmod(mode)
+        weights.chmod(mode)
         os.replace(written, target)
     finally:
         written.unlink(missing_ok=True)
     return target
+
+
+def store_apart(model: Any, path: Path) -> None:
+    """Every tensor of `model` of at least SMALLEST_APART bytes written to `path`, each from a multiple of PAGE, and
+    referred to there (ONNX's external data, named relative to the graph beside it)."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import set_external_data
+
+    with path.open("wb") as file:
+        for tensor in model.graph.initializer:
+            if len(tensor.raw_data) < SMALLEST_APART:
+                continue
+            file.write(bytes(-file.tell() % PAGE))
+            offset = file.tell()
+            file.write(tensor.raw_data)
+            set_external_data(tensor, path.name, offset, len(tensor.raw_data))
+            tensor.ClearField("raw_data")
+            tensor.data_location = TensorProto.EXTERNAL
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
@@ -23,6 +24,7 @@ from engine_core.later_graph import LaterGraph
 from engine_core.load_model import load_model
 from engine_core.loader import LoadError
 from engine_core.onnx_runtime import OnnxEncoder, cache_key, folder_key, graph_files, graph_target
+from engine_core.packed_graph import WEIGHTS_NAME
 from engine_core.small_passes import SmallPassRunner
 from poolserve.config import Config, ConfigError, DType
 
@@ -197,7 +199,8 @@ def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed
     encoder = later.current.model  # type: ignore[attr-defined]
     assert isinstance(encoder, OnnxEncoder) and encoder.packed and encoder.small is not encoder.full
     assert "--runtime auto (ONNX Runtime for every pass): BertModel from" in caplog.text
-    assert [path.name for path in cache.glob("*/*.onnx")] == ["packed.onnx"]  # only the graph it serves is kept
+    # only the graph it serves is kept, and its weights
+    assert sorted(path.name for path in cache.glob("*/*.onnx*")) == ["packed.onnx", "packed.onnx.data"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
@@ -289,6 +292,28 @@ def test_auto_serves_torch_when_the_graph_cannot_be_had_where_hybrid_refuses(
         load_model(
             Config(model=str(folder), device="cpu", dtype="float32", runtime="hybrid", onnx_cache_dir=str(cache))
         )
+
+
+def test_the_graph_weights_lie_in_a_file_beside_it_that_its_sessions_map(exported: Exported) -> None:
+    """The cached graph's weights lie in packed.onnx.data beside it, each from a multiple of a page, so that ONNX
+    Runtime maps them from the file (its sessions then share the pages of those it does not repack) instead of
+    copying them into each session's memory."""
+    loaded = load_model(onnx_config(exported.folder, exported.cache))
+    encoder = loaded.runner.model  # type: ignore[attr-defined]
+    assert isinstance(encoder, OnnxEncoder) and encoder.small is not encoder.full
+    weights = encoder.path.with_name(WEIGHTS_NAME)
+    graph = onnx.load(str(encoder.path), load_external_data=False)
+    apart = {
+        tensor.name: {entry.key: entry.value for entry in tensor.external_data}
+        for tensor in graph.graph.initializer
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert apart and all(entry["location"] == WEIGHTS_NAME for entry in apart.values())
+    assert all(int(entry["offset"]) % 4096 == 0 for entry in apart.values())
+    assert sum(int(entry["length"]) for entry in apart.values()) > 0.9 * weights.stat().st_size
+    embeddings = next(name for name in apart if "word_embeddings" in name)
+    assert int(apart[embeddings]["length"]) == 30522 * TINY["hidden_size"] * 4
+    assert str(weights.resolve()) in Path("/proc/self/maps").read_text()  # mapped, not read into memory
 
 
 def config_entry(session: object, key: str) -> str | None:
