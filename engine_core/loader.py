@@ -355,7 +355,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     if graph_only and small_passes is not None:
         runner = small_passes
     elif small_passes is not None:
-        runner = SmallPassRunner(runner, small_passes, torch.get_num_threads())
+        runner = SmallPassRunner(runner, small_passes)
     later_graph = None
     if make_later is not None:
         runner = later_graph = LaterGraph(runner, swapped_in(make_later, runner, graph_runs_every_pass(config)))
@@ -388,11 +388,12 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     at_once = 2 if device.type == "cpu" and torch.get_num_threads() > 1 else 1
     if later_graph is not None:
         later_graph.start()
-    # the graph runs every pass (onnxruntime's, or auto's now or once it takes over from torch): two clients on lanes
-    graph_every_pass = graph_runs_every_pass(config) and (config.runtime == "onnxruntime" or chosen is not None)
+    # the graph runs a lone sentence's pass (every pass, or hybrid's small ones; now, or once it takes over from
+    # torch): two clients on lanes, each one-thread pass through its one-thread session
+    graph_chosen = config.runtime == "onnxruntime" or chosen is not None
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once,
-        pairs_on_lanes=at_once == 2 and graph_every_pass,
+        pairs_on_lanes=at_once == 2 and graph_chosen,
     )  # fmt: skip
 
 
@@ -401,11 +402,10 @@ def swapped_in(
 ) -> Callable[[], ModelRunner]:
     """What replaces torch's runner once the graph `make` gives is made: the graph for every pass (auto serving
     float32), or hybrid's small passes beside torch's int8."""
-    threads = torch.get_num_threads()
 
     def swapped() -> ModelRunner:
         graph = make()
-        return graph if every_pass else SmallPassRunner(torch_runner, graph, threads)
+        return graph if every_pass else SmallPassRunner(torch_runner, graph)
 
     return swapped
 
@@ -803,8 +803,8 @@ def onnx_runner(
 ) -> ModelRunner:
     """`--runtime onnxruntime` (and hybrid's small passes): the runner over the model's cached ONNX graph
     (engine_core/onnx_runtime.py), held to torch float32's vectors on the probe set (`reference`); what ONNX cannot
-    take refused by name. It runs packed rows (engine_core/packed_graph.py); hybrid's (and auto's) is one session, and
-    no session spins between passes. `threads`: the engine's; `nice`: the export's priority where it runs (below the
+    take refused by name. It runs packed rows (engine_core/packed_graph.py) on two sessions (one thread, every thread),
+    neither spinning between passes. `threads`: the engine's; `nice`: the export's priority where it runs (below the
     engine's when torch serves meanwhile); `target`: where the graph is cached, where the caller has it."""
     kind = choice.kind
     every_pass = graph_runs_every_pass(config)
@@ -824,11 +824,12 @@ def onnx_runner(
         graph = exported_graph(transformer.folder, choice.auto, arch, cache_dir, nice=nice, target=target)
     except Exception as exc:
         raise LoadError(f"{flag} cannot export {arch}: {first_line(exc)}") from exc
-    # The graph for every pass (onnxruntime; auto serving float32): a session of one thread beside the full one, for a
-    # small batch with work queued behind it and for each of two passes at once (one session for both cost a fifth of
-    # 8 x 16's throughput: docs/benchmarks.md); for hybrid's small passes the full one only, since torch runs such
-    # passes. None spins between passes: spinning threads take the cores of the API servers and of a torch pass.
-    encoder = OnnxEncoder(graph, threads, small_session=every_pass, spin=False)
+    # A session of one thread beside the full one, for a small batch with work queued behind it, for each of two
+    # passes at once and for each of two clients' lone sentences on the lanes (one session for both cost a fifth of
+    # 8 x 16's throughput: docs/benchmarks.md); it repacks its own products' weights (~41 MB for MiniLM) and maps the
+    # rest from the cached file. None spins between passes: spinning threads take the cores of the API servers and of
+    # a torch pass.
+    encoder = OnnxEncoder(graph, threads, spin=False)
     onnx = build_runner(encoder, torch.float32)
     measured = measure_agreement(reference, onnx.run_texts(probe, None))
     if measured.min_cosine < ONNX_MIN_COSINE:
@@ -836,11 +837,7 @@ def onnx_runner(
             f"{flag}: {arch}'s ONNX graph strays from torch float32 on the probe set (min cosine "
             f"{measured.min_cosine:.6f}, needs >= {ONNX_MIN_COSINE}); use --runtime torch."
         )
-    where = (
-        ""
-        if every_pass
-        else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens on every thread (torch runs the rest)"
-    )
+    where = "" if every_pass else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens (torch runs the rest)"
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
                 flag, arch, graph, threads, where, measured.min_cosine)  # fmt: skip
     return onnx

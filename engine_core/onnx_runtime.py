@@ -252,10 +252,11 @@ class OnnxEncoder(torch.nn.Module):
     in rows and its answer is laid back on the padded batch's places; any other graph, the padded batch itself.
 
     Two sessions over one graph when the engine has several threads (`small_session`): a pass runs on the one of as
-    many threads as engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, and
-    for each of two passes at once, which then run side by side on the one session; all of them for a large one or a
-    lone request; ONNX Runtime fixes a session's threads when it is made). Without it, one session of every thread,
-    which holds the graph's weights once (`--runtime hybrid`, whose one-thread passes run through torch). `spin`:
+    many threads as engine_core/threads.py gives torch for it (one for a small batch with work queued behind it, for
+    each of two passes at once, which then run side by side on the one session, and for each of two clients' lone
+    sentences on the lanes; all of them for a large one or a lone request; ONNX Runtime fixes a session's threads when
+    it is made). Each repacks the weights of its products; the rest it maps from the cached graph's weights file
+    (engine_core/packed_graph.py), shared. Without it, one session of every thread (the benches' trials). `spin`:
     whether a session's threads go on spin-waiting once a pass is done (ONNX Runtime's default), which costs the next
     pass its cores when torch runs it, and the API servers theirs (the engine's do not). Within a pass they spin either
     way: a sleeping thread's wake-up between one operator's parallel work and the next cost a lone sentence 8-17 % of

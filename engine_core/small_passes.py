@@ -4,13 +4,13 @@ ones.
 Why (docs/benchmarks.md, "Small passes through ONNX Runtime"): on an AVX2 CPU ONNX Runtime's fused graph answers one
 or two sentences in about half the time of torch's packed float32 modules (5-9 ms against 12-20 for a lone MiniLM
 sentence), where a full batch runs faster through torch's packed layers, which skip the padding ONNX Runtime
-computes. So a pass of at most SMALL_BATCH_TOKENS padded tokens on every engine thread (one to four short sentences:
-a lone client's, or two to four clients' paired by the engine's cohort hold) runs through the graph, any other pass
-through torch. Both answer
-float32 vectors held to torch float32's on the probe set at start-up; with `--dtype int8` the small passes are
-float32, where int8's own row thresholds (engine_core/int8_linear.py) run most of such a pass's layers unquantized
-anyway. The graph's one session stops spin-waiting as a pass returns (onnx_runtime.py): its spinning threads would
-take the cores of the torch pass that follows (twice its time, measured).
+computes. So a pass of at most SMALL_BATCH_TOKENS padded tokens (one to four short sentences: a lone client's, two
+clients' each on a lane of its own, or a small batch with work queued behind it) runs through the graph, on its
+session of as many threads as the pass has, any other pass through torch. Both answer float32 vectors held to torch
+float32's on the probe set at start-up; with `--dtype int8` the small passes are float32, where int8's own row
+thresholds (engine_core/int8_linear.py) run most of such a pass's layers unquantized anyway. The graph's sessions stop
+spin-waiting as a pass returns (onnx_runtime.py): their spinning threads would take the cores of the torch pass that
+follows (twice its time, measured).
 """
 
 from __future__ import annotations
@@ -19,29 +19,24 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from engine_core.runner import F32, ModelRunner, Rows
 from engine_core.threads import SMALL_BATCH_TOKENS
 
 
 class SmallPassRunner:
-    """`small` (ONNX Runtime, one session of the engine's `threads`) for a batch of at most `most_tokens` padded tokens
-    that runs on every engine thread (engine_core/threads.py: a request alone in the engine, or a cohort paired by the
-    hold); `large` (torch) for the rest, and for a pass on fewer threads (two passes at once, or a small batch with
-    work queued behind it), which a second session of one thread would cost the graph's weights again to run."""
+    """`small` (ONNX Runtime's graph, engine_core/onnx_runtime.py's OnnxEncoder, whose sessions of one thread and of
+    every engine thread take the pass as torch's thread count for it says: engine_core/threads.py) for a batch of at
+    most `most_tokens` padded tokens; `large` (torch) for the rest."""
 
-    def __init__(self, large: ModelRunner, small: ModelRunner, threads: int, most_tokens: int = SMALL_BATCH_TOKENS):
+    def __init__(self, large: ModelRunner, small: ModelRunner, most_tokens: int = SMALL_BATCH_TOKENS):
         self.large = large
         self.small = small
-        self.threads = threads
         self.most_tokens = most_tokens
 
     def runner_for(self, rows: Rows) -> ModelRunner:
         padded = len(rows) * max((len(row) for row in rows), default=0)
-        if padded <= self.most_tokens and torch.get_num_threads() >= self.threads:
-            return self.small
-        return self.large
+        return self.small if padded <= self.most_tokens else self.large
 
     def run_texts(self, rows: Rows, type_rows: Rows | None) -> F32:
         return self.runner_for(rows).run_texts(rows, type_rows)

@@ -623,17 +623,16 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "What runs the transformer's forward pass. torch: the model's own modules. onnxruntime (CPU, float32, "
             "single-vector embedding models; opt-in): the model exported to ONNX once from the loaded weights, "
             "optimised by ONNX Runtime's BERT fusions and cached in --onnx-cache-dir, run on packed rows (a batch's "
-            "inputs end to end, each attending to its own tokens), pooling and heads as with torch; "
-            "refused at start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999). "
-            "hybrid (CPU, --dtype float32 or int8, single-vector embedding models): that ONNX Runtime graph "
-            "for a pass of at most 128 padded tokens on every engine thread (a lone request, a few clients' paired; "
-            "a lone sentence in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch "
-            "float32 the same way; the engine then holds the weights twice. auto: for a BERT embedding model on a "
+            "inputs end to end, each attending to its own tokens), pooling and heads as with torch; refused at "
+            "start-up unless its vectors match torch float32's on the probe set (cosine >= 0.99999). hybrid (CPU, "
+            "--dtype float32 or int8, single-vector embedding models): that ONNX Runtime graph for a pass of at most "
+            "128 padded tokens (a lone request, two clients' on a thread each, a few clients' paired; a lone sentence "
+            "in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch float32 the same "
+            "way; the engine then holds the graph's weights beside torch's. auto: for a BERT embedding model on a "
             "CPU, onnxruntime where float32 is served and hybrid with --dtype int8 (where --dtype auto serves "
             "bfloat16, and on CUDA, torch); torch if its graph cannot be exported or strays; on a first start, with "
             "no graph cached, torch serves at once while a process of its own exports the graph, which then takes "
-            "over; the start log says which and why "
-            "(docs/operations.md, 'ONNX Runtime').",
+            "over; the start log says which and why (docs/operations.md, 'ONNX Runtime').",
             per_model=True,
         ),
     ] = "auto"
