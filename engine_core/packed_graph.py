@@ -34,7 +34,7 @@ BLOCK_MASK = "block_mask"
 PACKED_NAME = "packed.onnx"
 # Its weights, in a file beside it, each at an offset a multiple of a page: ONNX Runtime maps such a tensor from the
 # file instead of copying it into memory, so the graph's two sessions share the pages of the weights they do not
-# repack (the word embeddings, read only where a token's row is) and the engine holds ~100 MB less for MiniLM
+# repack (the word embeddings, read only where a token's row is) and the engine holds ~80 MB less for MiniLM
 # (docs/benchmarks.md, "The graph's weights mapped from a file").
 WEIGHTS_NAME = PACKED_NAME + ".data"
 PAGE = 4096
