@@ -526,13 +526,15 @@ def test_sigterm_under_load_completes_every_accepted_request_refuses_new_connect
     # template's imports of torch and transformers (8-9 s of one core on this 2-core host, twice that while the suite's
     # other workers share it; the supervisor logs how long they took): the supervisor's own start, the engine's fork
     # and load, the API servers' connections. A start gone wrong (stop 51's export of the ONNX graph before ready,
-    # +12 s) shows here and in the log; the imports' own cost is bench/'s (bench target 7).
+    # +12 s) shows in the log; the bound holds a start that stalls: 3.5 s quiet, 10.0 and 13.0 s in two clean-clone
+    # runs of the suite on this 2-core host while its other workers loaded models and exported graphs, so 15 s. The
+    # imports' own cost is bench/'s (bench target 7).
     messages = " ".join(r["message"] for r in records)
     imported = re.search(r"engine-template \(pid \d+\) is ready \(imported in ([\d.]+)s\)", messages)
     assert imported is not None, records[:20]
     assert "exported, optimised and packed" not in messages  # the suite's controller cached the bundled graph
     beyond = server.ready_after - float(imported.group(1))
-    assert beyond < 10, f"ready after {server.ready_after:.1f}s, {beyond:.1f}s of it beyond the template's imports"
+    assert beyond < 15, f"ready after {server.ready_after:.1f}s, {beyond:.1f}s of it beyond the template's imports"
 
 
 def test_a_client_that_disconnects_leaves_no_work_in_the_engine(two_api_servers: PoolserveProcess) -> None:
