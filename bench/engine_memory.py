@@ -24,18 +24,14 @@ from pathlib import Path
 import httpx
 
 from bench.harness.corpus import make_sentence
-from bench.harness.server_process import REPO, PoolserveProcess, cmdline, process_tree, role_of
+from bench.harness.server_process import REPO, PoolserveProcess, cmdline, memory_mb, process_tree, role_of
 
 SMAPS = {"Pss": "pss_mb", "Private_Clean": "private_clean_mb", "Private_Dirty": "private_dirty_mb",
          "Shared_Clean": "shared_clean_mb", "Anonymous": "anonymous_mb"}  # fmt: skip
 
 
 def engine_memory(pid: int) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values["rss_mb" if key == "VmRSS" else "peak_rss_mb"] = round(int(rest.split()[0]) / 1024, 1)
+    values = {key: round(value, 1) for key, value in memory_mb(pid).items()}  # VmRSS and VmHWM
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         key, _, rest = line.partition(":")
         if key in SMAPS:
