@@ -341,7 +341,7 @@ def test_the_graph_spins_within_a_pass_and_stops_once_it_is_done(exported: Expor
         assert config_entry(session, "session.force_spinning_stop") == "1"
     # The graph's sessions as the engine makes them, alone in a process (this worker's other threads cost CPU too):
     # three passes on both threads (the pool's second thread works, then waits), then the process's CPU, every
-    # thread's, over half a second. ONNX Runtime's default spent 55 ms there.
+    # thread's, over half a second. ONNX Runtime's default spent 64 ms there.
     after_passes = f"""
 import time, torch
 from engine_core.onnx_runtime import OnnxEncoder
