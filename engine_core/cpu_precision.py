@@ -87,6 +87,17 @@ def has_native_bf16() -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
+# oneDNN's caps below AVX512_CORE: held there, its products run AVX2's kernels or older ones.
+CAPS_BELOW_AVX512 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"})
+
+
+def has_avx512() -> bool:
+    """Whether torch's packed float32 layers run AVX-512 here: torch's own kernels dispatch to it (its
+    ATEN_CPU_CAPABILITY, where set, holds them lower) and oneDNN, which runs the products, is not held below it."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and cap.strip().upper() not in CAPS_BELOW_AVX512
+
+
 def unit_rows(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
     wide = rows.astype(np.float64)
     unit: npt.NDArray[np.float64] = wide / np.maximum(np.linalg.norm(wide, axis=1, keepdims=True), 1e-12)

@@ -42,6 +42,7 @@ from engine_core.cpu_precision import (
     TOP_K,
     Agreement,
     choose_auto_dtype,
+    has_avx512,
     has_native_bf16,
     measure_agreement,
 )
@@ -348,7 +349,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     # a graph not cached yet: torch runs every pass until a thread of the engine has made it (later_graph.py)
     small_passes, make_later = (None, chosen.make) if isinstance(chosen, ExportLater) else (chosen, None)
     # --runtime auto serving float32: the graph on packed rows runs every pass, torch none (docs/benchmarks.md)
-    graph_only = small_passes is not None and graph_runs_every_pass(config)
+    every_pass = graph_runs_every_pass(config, avx512=has_avx512())
+    graph_only = small_passes is not None and every_pass
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
     if runs_torch and not graph_only:  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
@@ -358,7 +360,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
         runner = SmallPassRunner(runner, small_passes)
     later_graph = None
     if make_later is not None:
-        runner = later_graph = LaterGraph(runner, swapped_in(make_later, runner, graph_runs_every_pass(config)))
+        runner = later_graph = LaterGraph(runner, swapped_in(make_later, runner, every_pass))
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -700,11 +702,13 @@ def pack_weights(
         )
 
 
-def graph_runs_every_pass(config: Config) -> bool:
+def graph_runs_every_pass(config: Config, *, avx512: bool) -> bool:
     """Whether the ONNX graph, where it is loaded, runs every pass rather than hybrid's small ones: with --runtime
-    onnxruntime, and --runtime auto serving float32 (with --dtype int8, torch's int8 layers run the larger passes,
-    faster there than the float32 graph)."""
-    return config.runtime == "onnxruntime" or (config.runtime == "auto" and config.dtype != "int8")
+    onnxruntime, and --runtime auto serving float32 on a CPU without AVX-512 (`avx512`: engine_core/cpu_precision.py's
+    has_avx512). Torch runs the larger passes where it was measured faster there than the float32 graph: its int8
+    layers (--dtype int8), and its packed float32 layers on an AVX-512 CPU (docs/benchmarks.md, "The race on an
+    AVX-512 CPU")."""
+    return config.runtime == "onnxruntime" or (config.runtime == "auto" and config.dtype != "int8" and not avx512)
 
 
 # The architectures whose graph has been raced against torch's packed modules, served (docs/benchmarks.md, "Small
@@ -781,7 +785,7 @@ def graph_runner(
     logger.info(
         "--runtime auto (%s): %s's ONNX graph is not cached yet; torch serves until a thread of the engine has "
         "exported and optimised it (once: it is cached)",
-        "ONNX Runtime for every pass" if graph_runs_every_pass(config) else "hybrid", arch,
+        "ONNX Runtime for every pass" if graph_runs_every_pass(config, avx512=has_avx512()) else "hybrid", arch,
     )  # fmt: skip
     return deferred
 
@@ -807,7 +811,7 @@ def onnx_runner(
     neither spinning between passes. `threads`: the engine's; `nice`: the export's priority where it runs (below the
     engine's when torch serves meanwhile); `target`: where the graph is cached, where the caller has it."""
     kind = choice.kind
-    every_pass = graph_runs_every_pass(config)
+    every_pass = graph_runs_every_pass(config, avx512=has_avx512())
     flag = f"--runtime {config.runtime}"
     if config.runtime == "auto":
         flag += " (ONNX Runtime for every pass)" if every_pass else " (hybrid)"
@@ -837,7 +841,10 @@ def onnx_runner(
             f"{flag}: {arch}'s ONNX graph strays from torch float32 on the probe set (min cosine "
             f"{measured.min_cosine:.6f}, needs >= {ONNX_MIN_COSINE}); use --runtime torch."
         )
-    where = "" if every_pass else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens (torch runs the rest)"
+    rest = "torch runs the rest"
+    if config.runtime == "auto" and config.dtype != "int8":  # float32 served on an AVX-512 CPU
+        rest += ": its packed float32 layers run them faster on this AVX-512 CPU"
+    where = "" if every_pass else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens ({rest})"
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
                 flag, arch, graph, threads, where, measured.min_cosine)  # fmt: skip
     return onnx

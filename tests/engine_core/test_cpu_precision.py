@@ -14,6 +14,7 @@ from engine_core.cpu_precision import (
     PROBE_TEXTS,
     Agreement,
     choose_auto_dtype,
+    has_avx512,
     has_native_bf16,
     measure_agreement,
 )
@@ -125,3 +126,18 @@ def test_no_native_bf16_where_onednn_is_held_below_it(monkeypatch: pytest.Monkey
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # oneDNN's older name for it
     assert not has_native_bf16()
+
+
+def test_avx512_where_torch_dispatches_to_it_and_onednn_is_not_held_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # or ATEN_CPU_CAPABILITY=avx2
+    assert not has_avx512()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert has_avx512()
+    for cap in ("AVX2", "avx2_vnni", "SSE41"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert not has_avx512(), cap
+    for cap in ("ALL", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_AMX"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert has_avx512(), cap

@@ -21,6 +21,7 @@ import torch
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
 
 from bench.harness.models import TINY, save_with_tokenizer
+from engine_core import loader
 from engine_core.later_graph import LaterGraph
 from engine_core.load_model import load_model
 from engine_core.loader import LoadError
@@ -94,6 +95,7 @@ def test_a_start_on_a_cached_graph_hashes_the_weights_once(monkeypatch: pytest.M
         return digest(path)
 
     monkeypatch.setattr(engine_core.onnx_runtime, "file_digest", counted)
+    monkeypatch.setattr(loader, "has_avx512", lambda: False)  # the graph for every pass, whichever this host is
     config = Config(model=str(exported.folder), device="cpu", dtype="float32", onnx_cache_dir=str(exported.cache))
     loaded = load_model(config)
     assert isinstance(loaded.runner.model, OnnxEncoder)  # type: ignore[attr-defined]  # auto, on the cached graph
@@ -178,12 +180,14 @@ def agrees(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def test_auto_runs_a_bert_embedder_served_in_float32_through_the_graph_on_packed_rows(
-    tmp_path: Path, two_threads: None, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, two_threads: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--runtime auto (the default) runs every pass of a BERT embedding model served in float32 on a CPU through the
-    graph on packed rows, batches filled and two passes at once (on the one-thread session) as torch's, and says so.
-    On a first start (the graph not cached) torch serves at once while a thread exports the graph, which then takes
-    over; passes running meanwhile are answered throughout, each torch float32's vectors. The next start loads it."""
+    """--runtime auto (the default) runs every pass of a BERT embedding model served in float32 on a CPU without
+    AVX-512 through the graph on packed rows, batches filled and two passes at once (on the one-thread session) as
+    torch's, and says so. On a first start (the graph not cached) torch serves at once while a thread exports the
+    graph, which then takes over; passes running meanwhile are answered throughout, each torch float32's vectors. The
+    next start loads it."""
+    monkeypatch.setattr(loader, "has_avx512", lambda: False)  # an AVX2 CPU, whichever this host is
     folder = tiny_bert(tmp_path / "model", 4)
     cache = tmp_path / "c"
     assert Config().runtime == "auto"
@@ -249,6 +253,30 @@ def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_thr
     assert isinstance(runner, SmallPassRunner) and loaded.passes_at_once == 2
     assert loaded.pairs_on_lanes  # two clients' lone sentences on the lanes, through the graph's one-thread session
     assert "--runtime auto (hybrid): BertModel from" in caplog.text
+
+
+def test_auto_on_an_avx512_cpu_runs_float32_as_hybrid(
+    exported: Exported, two_threads: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an AVX-512 CPU torch's packed float32 layers run a full batch faster than the graph (docs/benchmarks.md,
+    "The race on an AVX-512 CPU"): auto serving float32 there is hybrid, the graph for the small passes (a lone
+    sentence, two clients' on the lanes) and torch for the rest, and the log says why."""
+    monkeypatch.setattr(loader, "has_avx512", lambda: True)
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        loaded = load_model(Config(model=str(exported.folder), device="cpu", dtype="float32",
+                                   onnx_cache_dir=str(exported.cache)))  # fmt: skip
+    runner = loaded.runner
+    assert isinstance(runner, SmallPassRunner) and loaded.packs_tokens and loaded.pairs_on_lanes
+    assert isinstance(runner.small.model, OnnxEncoder)  # type: ignore[attr-defined]
+    assert not isinstance(runner.large.model, OnnxEncoder)  # type: ignore[attr-defined]
+    assert (
+        "--runtime auto (hybrid): BertModel from" in caplog.text
+        and "(torch runs the rest: its packed float32 layers run them faster on this AVX-512 CPU)" in caplog.text
+    )
+    rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (10, 30, 60)]
+    reference = load_model(Config(model=str(exported.folder), device="cpu", dtype="float32", runtime="torch"))
+    for batch in (rows[:1], rows):  # the graph's pass, then torch's
+        assert agrees(runner.run_texts(batch, None), reference.runner.run_texts(batch, None))
 
 
 NOT_MEASURED: dict[str, tuple[DType, str]] = {

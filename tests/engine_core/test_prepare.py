@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_core import loader
 from engine_core.later_graph import LaterGraph
 from engine_core.load_model import load_model
 from engine_core.onnx_runtime import OnnxEncoder, graph_target
@@ -27,7 +28,7 @@ def launch(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_launch_prepare_caches_the_graph_that_the_next_start_serves_through_from_its_first_pass(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder, cache = tiny_bert(tmp_path / "model", 11), tmp_path / "cache"
     done = launch("prepare", "--model", str(folder), "--dtype", "float32", "--onnx-cache-dir", str(cache))
@@ -38,6 +39,7 @@ def test_launch_prepare_caches_the_graph_that_the_next_start_serves_through_from
     assert "ONNX graph of BertModel exported, optimised and packed in" in done.stderr
     assert "--runtime auto: the ONNX graph takes over from torch" in done.stderr
     assert graph_target(folder, "BertModel", cache).is_file()
+    monkeypatch.setattr(loader, "has_avx512", lambda: False)  # the graph for every pass, whichever this host is
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(folder), device="cpu", dtype="float32", onnx_cache_dir=str(cache)))
     assert not isinstance(loaded.runner, LaterGraph)
