@@ -24,17 +24,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.harness.server_process import REPO, PoolserveProcess
+from bench.harness.server_process import REPO, PoolserveProcess, memory_mb
 
 TOOK_OVER = re.compile(r"ONNX graph of \w+ exported, optimised and packed in ([\d.]+) s")
+# the graph for every pass (a CPU without AVX-512), or hybrid's small passes (one with it)
+GRAPH_SERVING = re.compile(r"--runtime auto \((ONNX Runtime for every pass|hybrid)\): BertModel from")
 WINDOWS = ((0, 10), (10, 20), (20, 40), (40, 60), (60, 120), (120, 600))
-
-
-def resident_mb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
 
 
 def start(cache: Path, seconds: float, checkout: Path = REPO) -> dict[str, object]:
@@ -61,8 +56,8 @@ def start(cache: Path, seconds: float, checkout: Path = REPO) -> dict[str, objec
         return {
             "ready_after_s": round(server.ready_after, 1),
             "export_s": float(took.group(1)) if took else None,
-            "graph_serving": "--runtime auto (ONNX Runtime for every pass): BertModel from" in log,
-            "engine_rss_mb": resident_mb(engine),
+            "graph_serving": bool(GRAPH_SERVING.search(log)),
+            "engine_rss_mb": round(memory_mb(engine).get("rss_mb", 0.0)),
             "windows": windows,
         }
 

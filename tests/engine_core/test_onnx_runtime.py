@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+from transformers import RobertaConfig, RobertaModel
 
 from bench.harness.models import TINY, save_with_tokenizer
 from engine_core import loader
@@ -29,6 +29,7 @@ from engine_core.onnx_runtime import OnnxEncoder, cache_key, folder_key, graph_f
 from engine_core.packed_graph import WEIGHTS_NAME
 from engine_core.small_passes import SmallPassRunner
 from poolserve.config import Config, ConfigError, DType
+from tests.fidelity.layouts import tiny_bert
 
 LIBRARIES = {"torch": "2.13.0", "transformers": "5.24.0", "onnx": "1.23.2", "onnxruntime": "1.32.0"}
 FILES = [("config.json", "c0"), ("model.safetensors", "w0")]
@@ -37,12 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def onnx_config(folder: Path, cache: Path) -> Config:
     return Config(model=str(folder), device="cpu", dtype="float32", runtime="onnxruntime", onnx_cache_dir=str(cache))
-
-
-def tiny_bert(folder: Path, seed: int) -> Path:
-    torch.manual_seed(seed)
-    save_with_tokenizer(BertModel(BertConfig(vocab_size=30522, max_position_embeddings=128, **TINY)).eval(), folder)
-    return folder
 
 
 @dataclass(frozen=True)
