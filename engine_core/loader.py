@@ -357,10 +357,12 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     if graph_only and small_passes is not None:
         runner = small_passes
     elif small_passes is not None:
-        runner = SmallPassRunner(runner, small_passes)
+        runner = SmallPassRunner(runner, small_passes, most_inputs=graph_inputs(config, avx512=has_avx512()))
     later_graph = None
     if make_later is not None:
-        runner = later_graph = LaterGraph(runner, swapped_in(make_later, runner, every_pass))
+        runner = later_graph = LaterGraph(
+            runner, swapped_in(make_later, runner, every_pass, graph_inputs(config, avx512=has_avx512()))
+        )
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -400,14 +402,14 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
 
 
 def swapped_in(
-    make: Callable[[], ModelRunner], torch_runner: ModelRunner, every_pass: bool
+    make: Callable[[], ModelRunner], torch_runner: ModelRunner, every_pass: bool, most_inputs: int | None
 ) -> Callable[[], ModelRunner]:
     """What replaces torch's runner once the graph `make` gives is made: the graph for every pass (auto serving
-    float32), or hybrid's small passes beside torch's int8."""
+    float32 without AVX-512), or hybrid's small passes (of at most `most_inputs` inputs) beside torch's."""
 
     def swapped() -> ModelRunner:
         graph = make()
-        return graph if every_pass else SmallPassRunner(torch_runner, graph)
+        return graph if every_pass else SmallPassRunner(torch_runner, graph, most_inputs=most_inputs)
 
     return swapped
 
@@ -711,6 +713,14 @@ def graph_runs_every_pass(config: Config, *, avx512: bool) -> bool:
     return config.runtime == "onnxruntime" or (config.runtime == "auto" and config.dtype != "int8" and not avx512)
 
 
+def graph_inputs(config: Config, *, avx512: bool) -> int | None:
+    """The most inputs of a pass hybrid gives the graph (None: as many as its padded tokens allow), as --runtime auto
+    chooses it: on an AVX-512 CPU a lone sentence's pass only, where torch's packed float32 layers run two to four
+    sentences faster than the graph (in-process, 1.1-2.3 x its inputs a second on both threads: docs/benchmarks.md,
+    "The race on an AVX-512 CPU"); `--runtime hybrid` asked for by name keeps its documented rule."""
+    return 1 if avx512 and config.runtime == "auto" else None
+
+
 # The architectures whose graph has been raced against torch's packed modules, served (docs/benchmarks.md, "Small
 # passes through ONNX Runtime" and after): --runtime auto runs the graph for these only.
 RACED_GRAPHS = frozenset({"BertModel"})
@@ -770,6 +780,8 @@ def graph_runner(
         if own_code
         else f"{arch}'s graph has not been measured against torch (BertModel's has)"
         if arch not in RACED_GRAPHS
+        else "--dtype int8 runs a lone sentence's layers in bfloat16 on this CPU, as fast as the graph or faster"
+        if config.dtype == "int8" and has_native_bf16()
         else ""
     )
     if why_not:
@@ -844,7 +856,8 @@ def onnx_runner(
     rest = "torch runs the rest"
     if config.runtime == "auto" and config.dtype != "int8":  # float32 served on an AVX-512 CPU
         rest += ": its packed float32 layers run them faster on this AVX-512 CPU"
-    where = "" if every_pass else f", for passes of at most {SMALL_BATCH_TOKENS} padded tokens ({rest})"
+    inputs = "" if graph_inputs(config, avx512=has_avx512()) is None else "of one input "
+    where = "" if every_pass else f", for passes {inputs}of at most {SMALL_BATCH_TOKENS} padded tokens ({rest})"
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
                 flag, arch, graph, threads, where, measured.min_cosine)  # fmt: skip
     return onnx

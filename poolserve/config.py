@@ -629,10 +629,12 @@ class Config(msgspec.Struct, kw_only=True, frozen=True):
             "128 padded tokens (a lone request, two clients' on a thread each, a few clients' paired; a lone sentence "
             "in about half torch's time on an AVX2 CPU), torch for every other pass, held to torch float32 the same "
             "way; the engine then holds the graph's weights beside torch's. auto: for a BERT embedding model on a "
-            "CPU, onnxruntime where float32 is served, hybrid with --dtype int8 or on an AVX-512 CPU (where --dtype "
-            "auto serves bfloat16, and on CUDA, torch); torch if its graph cannot be exported or strays; on a first "
-            "start, with no graph cached, torch serves at once while a process of its own exports the graph, which "
-            "then takes over; the start log says which and why (docs/operations.md, 'ONNX Runtime').",
+            "CPU, onnxruntime where float32 is served, hybrid with --dtype int8 or on an AVX-512 CPU (there with "
+            "only a lone sentence's pass through the graph; where --dtype auto serves bfloat16, with --dtype int8 "
+            "where the CPU has native bfloat16, and on CUDA, torch); torch if its graph cannot be exported or "
+            "strays; on a first start, with no graph cached, torch serves at once while a process of its own exports "
+            "the graph, which then takes over; the start log says which and why (docs/operations.md, 'ONNX "
+            "Runtime').",
             per_model=True,
         ),
     ] = "auto"

@@ -236,9 +236,12 @@ def test_a_graph_made_after_the_start_that_fails_leaves_torch_serving(
 
 
 def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_through_int8(
-    two_threads: None, caplog: pytest.LogCaptureFixture
+    two_threads: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With --dtype int8 torch's int8 layers run the larger passes (faster there than the float32 graph)."""
+    """With --dtype int8 on a CPU without native bfloat16 torch's int8 layers run the larger passes (faster there than
+    the float32 graph), the graph the small ones."""
+    monkeypatch.setattr(loader, "has_native_bf16", lambda: False)  # an AVX2 CPU, whichever this host is
+    monkeypatch.setattr(loader, "has_avx512", lambda: False)
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(device="cpu", dtype="int8"))  # the bundled model; the graph in the default cache
         runner = loaded.runner
@@ -253,9 +256,9 @@ def test_auto_with_int8_runs_the_small_passes_through_the_graph_and_the_rest_thr
 def test_auto_on_an_avx512_cpu_runs_float32_as_hybrid(
     exported: Exported, two_threads: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On an AVX-512 CPU torch's packed float32 layers run a full batch faster than the graph (docs/benchmarks.md,
-    "The race on an AVX-512 CPU"): auto serving float32 there is hybrid, the graph for the small passes (a lone
-    sentence, two clients' on the lanes) and torch for the rest, and the log says why."""
+    """On an AVX-512 CPU torch's packed float32 layers run any pass but a lone sentence's faster than the graph
+    (docs/benchmarks.md, "The race on an AVX-512 CPU"): auto serving float32 there is hybrid, the graph for a lone
+    sentence (a client's, or two clients' each on a lane) and torch for the rest, and the log says why."""
     monkeypatch.setattr(loader, "has_avx512", lambda: True)
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(exported.folder), device="cpu", dtype="float32",
@@ -264,11 +267,13 @@ def test_auto_on_an_avx512_cpu_runs_float32_as_hybrid(
     assert isinstance(runner, SmallPassRunner) and loaded.packs_tokens and loaded.pairs_on_lanes
     assert isinstance(runner.small.model, OnnxEncoder)  # type: ignore[attr-defined]
     assert not isinstance(runner.large.model, OnnxEncoder)  # type: ignore[attr-defined]
+    assert "--runtime auto (hybrid): BertModel from" in caplog.text
     assert (
-        "--runtime auto (hybrid): BertModel from" in caplog.text
-        and "(torch runs the rest: its packed float32 layers run them faster on this AVX-512 CPU)" in caplog.text
+        "for passes of one input of at most 128 padded tokens (torch runs the rest: its packed float32" in caplog.text
     )
     rows = [np.arange(1000, 1000 + n, dtype=np.int32) for n in (10, 30, 60)]
+    # a lone sentence through the graph; two short ones (60 padded tokens) through torch, faster there on AVX-512
+    assert runner.runner_for(rows[:1]) is runner.small and runner.runner_for(rows[:2]) is runner.large
     reference = load_model(Config(model=str(exported.folder), device="cpu", dtype="float32", runtime="torch"))
     for batch in (rows[:1], rows):  # the graph's pass, then torch's
         assert agrees(runner.run_texts(batch, None), reference.runner.run_texts(batch, None))
@@ -278,14 +283,24 @@ NOT_MEASURED: dict[str, tuple[DType, str]] = {
     "bert": ("bfloat16", "bfloat16 is served, the graph is float32"),
     "classifier": ("float32", "a classifier model"),
     "roberta": ("float32", "RobertaModel's graph has not been measured against torch (BertModel's has)"),
+    "int8, native bf16": (
+        "int8",
+        "--dtype int8 runs a lone sentence's layers in bfloat16 on this CPU, as fast as the graph or faster",
+    ),
 }
 
 
 @pytest.mark.parametrize("model", NOT_MEASURED)
 def test_auto_serves_torch_where_the_graph_was_not_measured_to_win_and_says_why(
-    tmp_path: Path, classifier_model: Path, caplog: pytest.LogCaptureFixture, model: str
+    tmp_path: Path,
+    classifier_model: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
 ) -> None:
     dtype, why = NOT_MEASURED[model]
+    if model == "int8, native bf16":  # its lone sentence in bfloat16 (on an AVX-512 host as fast as the graph or more)
+        monkeypatch.setattr(loader, "has_native_bf16", lambda: True)
     if model == "classifier":
         folder = classifier_model
     elif model == "roberta":
