@@ -145,7 +145,8 @@ class LoadedModel:
     # more engine threads.
     passes_at_once: int = 1
     # Two clients' requests run on the two lanes, one thread each, rather than held for one pass on every thread
-    # (engine.py's pair_on_lanes): ONNX Runtime's graph, whose pass of two sentences costs 1.7 of one.
+    # (engine.py's pair_on_lanes): ONNX Runtime's graph, whose pass of two sentences costs 1.7 of one (where it runs
+    # such a pass: not on an AVX-512 CPU, where torch runs it).
     pairs_on_lanes: bool = False
 
 
@@ -393,11 +394,14 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     if later_graph is not None:
         later_graph.start()
     # the graph runs a lone sentence's pass (every pass, or hybrid's small ones; now, or once it takes over from
-    # torch): two clients on lanes, each one-thread pass through its one-thread session
+    # torch): two clients on lanes, each one-thread pass through its one-thread session. Not where the graph takes a
+    # lone sentence only (an AVX-512 CPU): there a pair held into one pass runs through torch's packed layers on every
+    # thread, served 8-30 % faster than on the lanes (docs/benchmarks.md, "The race on an AVX-512 CPU")
     graph_chosen = config.runtime == "onnxruntime" or chosen is not None
+    lanes = at_once == 2 and graph_chosen and graph_inputs(config, avx512=has_avx512()) is None
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once,
-        pairs_on_lanes=at_once == 2 and graph_chosen,
+        pairs_on_lanes=lanes,
     )  # fmt: skip
 
 

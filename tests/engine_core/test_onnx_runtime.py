@@ -258,13 +258,15 @@ def test_auto_on_an_avx512_cpu_runs_float32_as_hybrid(
 ) -> None:
     """On an AVX-512 CPU torch's packed float32 layers run any pass but a lone sentence's faster than the graph
     (docs/benchmarks.md, "The race on an AVX-512 CPU"): auto serving float32 there is hybrid, the graph for a lone
-    sentence (a client's, or two clients' each on a lane) and torch for the rest, and the log says why."""
+    sentence and torch for the rest (two clients' sentences held into one pass, not on the lanes), and the log says
+    why."""
     monkeypatch.setattr(loader, "has_avx512", lambda: True)
     with caplog.at_level(logging.INFO, logger="poolserve.engine"):
         loaded = load_model(Config(model=str(exported.folder), device="cpu", dtype="float32",
                                    onnx_cache_dir=str(exported.cache)))  # fmt: skip
     runner = loaded.runner
-    assert isinstance(runner, SmallPassRunner) and loaded.packs_tokens and loaded.pairs_on_lanes
+    assert isinstance(runner, SmallPassRunner) and loaded.packs_tokens
+    assert not loaded.pairs_on_lanes  # two clients' sentences held into one pass, which torch runs on every thread
     assert isinstance(runner.small.model, OnnxEncoder)  # type: ignore[attr-defined]
     assert not isinstance(runner.large.model, OnnxEncoder)  # type: ignore[attr-defined]
     assert "--runtime auto (hybrid): BertModel from" in caplog.text
