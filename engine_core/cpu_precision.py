@@ -77,11 +77,15 @@ class Agreement:
 CAPS_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"})
 
 
+def onednn_cap() -> str:
+    """oneDNN's instruction-set cap as its environment variable sets it (upper case), or "" where none is set."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+
+
 def has_native_bf16() -> bool:
     """AVX512_BF16 or AMX: the processor multiplies bf16 itself instead of torch emulating it; not where oneDNN is held
     below them by its own environment variable."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    if cap.strip().upper() in CAPS_WITHOUT_BF16:
+    if onednn_cap() in CAPS_WITHOUT_BF16:
         return False
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
@@ -94,8 +98,7 @@ CAPS_BELOW_AVX512 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2
 def has_avx512() -> bool:
     """Whether torch's packed float32 layers run AVX-512 here: torch's own kernels dispatch to it (its
     ATEN_CPU_CAPABILITY, where set, holds them lower) and oneDNN, which runs the products, is not held below it."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    return torch.backends.cpu.get_cpu_capability() == "AVX512" and cap.strip().upper() not in CAPS_BELOW_AVX512
+    return torch.backends.cpu.get_cpu_capability() == "AVX512" and onednn_cap() not in CAPS_BELOW_AVX512
 
 
 def unit_rows(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:

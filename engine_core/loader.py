@@ -350,7 +350,9 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     # a graph not cached yet: torch runs every pass until a thread of the engine has made it (later_graph.py)
     small_passes, make_later = (None, chosen.make) if isinstance(chosen, ExportLater) else (chosen, None)
     # --runtime auto serving float32: the graph on packed rows runs every pass, torch none (docs/benchmarks.md)
-    every_pass = graph_runs_every_pass(config, avx512=has_avx512())
+    avx512 = has_avx512()
+    every_pass = graph_runs_every_pass(config, avx512=avx512)
+    most_inputs = graph_inputs(config, avx512=avx512)  # of a pass hybrid gives the graph
     graph_only = small_passes is not None and every_pass
     warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
     if runs_torch and not graph_only:  # ONNX Runtime's graph holds weights of its own
@@ -358,12 +360,10 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     if graph_only and small_passes is not None:
         runner = small_passes
     elif small_passes is not None:
-        runner = SmallPassRunner(runner, small_passes, most_inputs=graph_inputs(config, avx512=has_avx512()))
+        runner = SmallPassRunner(runner, small_passes, most_inputs=most_inputs)
     later_graph = None
     if make_later is not None:
-        runner = later_graph = LaterGraph(
-            runner, swapped_in(make_later, runner, every_pass, graph_inputs(config, avx512=has_avx512()))
-        )
+        runner = later_graph = LaterGraph(runner, swapped_in(make_later, runner, every_pass, most_inputs))
     output_size = int(runner.run_texts([warm_up], None).shape[1])
     if image is not None:
         runner.run_images(np.zeros((1, *image.output_size, 3), dtype=np.uint8))
@@ -398,7 +398,7 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     # lone sentence only (an AVX-512 CPU): there a pair held into one pass runs through torch's packed layers on every
     # thread, served 8-30 % faster than on the lanes (docs/benchmarks.md, "The race on an AVX-512 CPU")
     graph_chosen = config.runtime == "onnxruntime" or chosen is not None
-    lanes = at_once == 2 and graph_chosen and graph_inputs(config, avx512=has_avx512()) is None
+    lanes = at_once == 2 and graph_chosen and most_inputs is None
     return LoadedModel(
         card=card, runner=runner, batch_overhead_tokens=overhead, packs_tokens=fills_batches, passes_at_once=at_once,
         pairs_on_lanes=lanes,
@@ -827,7 +827,8 @@ def onnx_runner(
     neither spinning between passes. `threads`: the engine's; `nice`: the export's priority where it runs (below the
     engine's when torch serves meanwhile); `target`: where the graph is cached, where the caller has it."""
     kind = choice.kind
-    every_pass = graph_runs_every_pass(config, avx512=has_avx512())
+    avx512 = has_avx512()
+    every_pass = graph_runs_every_pass(config, avx512=avx512)
     flag = f"--runtime {config.runtime}"
     if config.runtime == "auto":
         flag += " (ONNX Runtime for every pass)" if every_pass else " (hybrid)"
@@ -860,7 +861,7 @@ def onnx_runner(
     rest = "torch runs the rest"
     if config.runtime == "auto" and config.dtype != "int8":  # float32 served on an AVX-512 CPU
         rest += ": its packed float32 layers run them faster on this AVX-512 CPU"
-    inputs = "" if graph_inputs(config, avx512=has_avx512()) is None else "of one input "
+    inputs = "" if graph_inputs(config, avx512=avx512) is None else "of one input "
     where = "" if every_pass else f", for passes {inputs}of at most {SMALL_BATCH_TOKENS} padded tokens ({rest})"
     logger.info("%s: %s from %s, %d threads%s; probe min cosine %.7f against torch float32",
                 flag, arch, graph, threads, where, measured.min_cosine)  # fmt: skip
