@@ -98,8 +98,8 @@ from engine_core.own_code import (
     restore_computed_buffers,
     untrusted_config,
 )
-from engine_core.packed_encoder import packable
-from engine_core.packed_linear import can_pack, pack_linears
+from engine_core.packed_encoder import join_projections, packable, unjoin_projections
+from engine_core.packed_linear import can_pack, pack_linears, release_file_pages, why_moved
 from engine_core.pair_scoring import PairScoring, choose_pair_scoring, is_llm_reranker
 from engine_core.runner import F32, ClassifierRunner, ClipRunner, EmbeddingRunner, LogitScoreRunner, ModelRunner
 from engine_core.small_passes import SmallPassRunner
@@ -304,6 +304,9 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     runner = build_runner(model, choice.dtype)
     first = np.asarray(text.backend.encode("first pass").ids, dtype=np.int32)
     check_first_pass(model_config, choice.auto, lambda: runner.run_texts([first], None))
+    warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
+    if packed:  # before int8 or bfloat16 takes the layers over
+        join_attention_projections(model, device, choice, runner, rows=[first, warm_up])
 
     def small_passes_of(served: torch.dtype) -> ModelRunner | ExportLater | None:
         """hybrid's graph, or auto's where it applies (for every pass where float32 is served), exported from the
@@ -354,7 +357,6 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     every_pass = graph_runs_every_pass(config, avx512=avx512)
     most_inputs = graph_inputs(config, avx512=avx512)  # of a pass hybrid gives the graph
     graph_only = small_passes is not None and every_pass
-    warm_up = np.asarray(text.backend.encode("warm up").ids, dtype=np.int32)
     if runs_torch and not graph_only:  # ONNX Runtime's graph holds weights of its own
         pack_weights(model, device, choice, runner, rows=[first, warm_up], image=image)
     if graph_only and small_passes is not None:
@@ -673,6 +675,34 @@ def choose_precision(
         logger.warning("--dtype bfloat16 on a CPU without native bfloat16 (AVX512_BF16 or AMX): torch emulates it, "
                        "several times slower than float32")  # fmt: skip
     return model, dtype, runner
+
+
+def join_attention_projections(
+    model: torch.nn.Module,
+    device: torch.device,
+    choice: KindChoice,
+    runner: ModelRunner,
+    *,
+    rows: list[npt.NDArray[np.int32]],
+) -> None:
+    """Between steps 7 and 8: on a CPU, an encoder whose tokens the runner packs computes each layer's query, key
+    and value in one product (engine_core/packed_encoder.py's join_projections): fewer, larger products and one copy
+    onto attention's grid (the bundled model in-process, float32 and bfloat16: 1.04-1.13 x the sentences a second at
+    one or two a pass, level at 32: docs/benchmarks.md, "Query, key and value in one product"). Held to the separate
+    layers' answers on a few sentences. Not for a sparse model or bge-m3, as pack_weights."""
+    if not can_pack(device) or choice.kind == SPARSE or choice.m3:
+        return
+    before = runner.run_texts(rows, None)
+    replaced = join_projections(model)
+    if not replaced:
+        return
+    reason = why_moved(lambda: runner.run_texts(rows, None), before, "an attention layer's joined product")
+    if reason is not None:
+        unjoin_projections(replaced)
+        logger.warning("attention layers' query, key and value left apart: %s", reason)
+        return
+    release_file_pages([linear.weight for _, _, linears in replaced for linear in linears])
+    logger.info("%d attention layers' query, key and value computed in one product each", len(replaced))
 
 
 def pack_weights(

@@ -53,6 +53,10 @@ BERT_LAYERED: dict[type[torch.nn.Module], str] = {
 }
 ROBERTA_CLASSIFIERS = (RobertaForSequenceClassification, XLMRobertaForSequenceClassification)
 MODERNBERT_LAYERS = {"full_attention", "sliding_attention"}
+# A layer's query, key and value states: three products, or one product's side by side ([tokens, 3 x hidden]).
+Projections = torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# Where join_projections puts the one linear layer that replaces an attention module's three.
+JOINED = "joined_projections"
 
 
 def packable(model: torch.nn.Module) -> bool:
@@ -131,22 +135,36 @@ class Grid:
         )
         return self.take(context.transpose(1, 2)).reshape(len(self.where), self.hidden)
 
-    def attend_own(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
-        """`attend` with no mask but each input's own tokens, on grids of inputs of like lengths (`length_groups`):
-        attention's work grows with the square of the grid's width, and on one grid every input pays the longest's."""
+    def attend_projections(self, projections: Projections, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """`attend` of a layer's packed query, key and value states: three tensors, or one product's side by side,
+        [tokens, 3 x hidden] (`join_projections`), put on the grid by one copy for the three instead of one each."""
+        if isinstance(projections, tuple):
+            return self.attend(*projections, mask, scale)
+        grid = self.on_grid(projections.view(len(projections), 3, self.heads, -1))
+        query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each [inputs, heads, longest, head size]
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        return self.take(context.transpose(1, 2)).reshape(len(self.where), self.hidden)
+
+    def attend_own(self, projections: Projections, scale: float) -> torch.Tensor:
+        """`attend_projections` with no mask but each input's own tokens, on grids of inputs of like lengths
+        (`length_groups`): attention's work grows with the square of the grid's width, and on one grid every input
+        pays the longest's."""
         if self._groups is None:
             groups = length_groups(self)
             # One run is this grid itself: kept as none rather than as a reference to itself, a cycle that would
             # leave each pass's grid and its tensors to the cyclic collector.
             self._groups = groups if len(groups) > 1 else []
         if not self._groups:
-            return self.attend(query, key, value, self.keys, scale)
-        out = query.new_empty(query.shape)
+            return self.attend_projections(projections, self.keys, scale)
+        first = projections[0] if isinstance(projections, tuple) else projections
+        out = first.new_empty(len(first), self.hidden)
         for rows, grid in self._groups:
-            context = grid.attend(
-                query.index_select(0, rows), key.index_select(0, rows), value.index_select(0, rows), grid.keys, scale
-            )
-            out.index_copy_(0, rows, context)
+            if isinstance(projections, tuple):
+                query, key, value = (states.index_select(0, rows) for states in projections)
+                part: Projections = (query, key, value)
+            else:
+                part = projections.index_select(0, rows)
+            out.index_copy_(0, rows, grid.attend_projections(part, grid.keys, scale))
         return out
 
 
@@ -204,6 +222,77 @@ def packed_last_hidden_state(
     return grid.on_grid(run_bert(model, grid, input_ids, grid.take(positions), token_type_ids))
 
 
+def projections_of(attention: torch.nn.Module, x: torch.Tensor, names: tuple[str, str, str]) -> Projections:
+    """An attention module's query, key and value states of `x`: from its joined layer (`join_projections`), else
+    from its layers of those `names`."""
+    one = getattr(attention, JOINED, None)
+    if one is not None:
+        return one(x)  # type: ignore[no-any-return]
+    query, key, value = (getattr(attention, name)(x) for name in names)
+    return query, key, value
+
+
+def attention_projections(model: torch.nn.Module) -> list[tuple[torch.nn.Module, tuple[str, str, str]]]:
+    """The attention modules whose query, key and value run_bert and run_mpnet read, with those layers' names:
+    every layer's of each packable BERT-layered or MPNet encoder in `model` (itself, or a classifier's)."""
+    found: list[tuple[torch.nn.Module, tuple[str, str, str]]] = []
+    for module in model.modules():
+        encoder: Any = module  # read by its class's attribute names
+        if type(module) in BERT_LAYERED and packable(module):
+            found += [(layer.attention.self, ("query", "key", "value")) for layer in encoder.encoder.layer]
+        elif type(module) is MPNetModel and packable(module):
+            found += [(layer.attention.attn, ("q", "k", "v")) for layer in encoder.encoder.layer]
+    return found
+
+
+# An attention module join_projections changed: the module, its three layers' names and the layers.
+Joined = tuple[torch.nn.Module, tuple[str, str, str], list[torch.nn.Linear]]
+
+
+def join_projections(model: torch.nn.Module) -> list[Joined]:
+    """In place, each attention module's query, key and value layers (plain linear layers of one shape, dtype and
+    device, all with a bias or none) replaced by one linear layer of their weights side by side (JOINED), which
+    the packed encoder runs instead: one product a layer instead of three, and one copy onto attention's grid. The
+    separate layers leave the module: only the packed encoder runs it after this (its own forward cannot). What was
+    replaced, for `unjoin_projections`."""
+    replaced = []
+    for attention, names in attention_projections(model):
+        layers = [getattr(attention, name, None) for name in names]
+        if not all(type(layer) is torch.nn.Linear for layer in layers):
+            continue
+        linears: list[torch.nn.Linear] = layers  # type: ignore[assignment]
+        first = linears[0]
+        weight, bias = first.weight, first.bias
+        if any(
+            layer.weight.shape != weight.shape
+            or layer.weight.dtype != weight.dtype
+            or layer.weight.device != weight.device
+            or (layer.bias is None) != (bias is None)
+            for layer in linears
+        ):
+            continue
+        one = torch.nn.Linear(
+            first.in_features, sum(layer.out_features for layer in linears), bias=bias is not None,
+            device="meta",
+        )  # fmt: skip
+        one.weight = torch.nn.Parameter(torch.cat([layer.weight.detach() for layer in linears]), requires_grad=False)
+        if bias is not None:
+            one.bias = torch.nn.Parameter(torch.cat([layer.bias.detach() for layer in linears]), requires_grad=False)
+        for name in names:
+            delattr(attention, name)
+        setattr(attention, JOINED, one)
+        replaced.append((attention, names, linears))
+    return replaced
+
+
+def unjoin_projections(replaced: list[Joined]) -> None:
+    """Undo `join_projections`: each module's own three layers back, its joined one gone."""
+    for attention, names, linears in replaced:
+        delattr(attention, JOINED)
+        for name, linear in zip(names, linears, strict=True):
+            setattr(attention, name, linear)
+
+
 def run_bert(
     model: Any, grid: Grid, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None
 ) -> torch.Tensor:
@@ -215,7 +304,7 @@ def run_bert(
     x = embeddings.LayerNorm(x + embeddings.position_embeddings(positions))
     for layer in model.encoder.layer:
         attention = layer.attention.self
-        context = grid.attend_own(attention.query(x), attention.key(x), attention.value(x), attention.scaling)
+        context = grid.attend_own(projections_of(attention, x, ("query", "key", "value")), attention.scaling)
         # the modules' own forwards (LayerNorm of dense + input; dropout is nothing in eval), which
         # engine_core/fused_layers.py may have fused
         x = layer.attention.output(context, x)
@@ -237,7 +326,7 @@ def run_mpnet(model: Any, grid: Grid, input_ids: torch.Tensor) -> torch.Tensor:
     for layer in model.encoder.layer:
         attention = layer.attention.attn
         scale = attention.attention_head_size**-0.5
-        context = grid.attend(attention.q(x), attention.k(x), attention.v(x), mask, scale)
+        context = grid.attend_projections(projections_of(attention, x, ("q", "k", "v")), mask, scale)
         x = layer.attention.LayerNorm(attention.o(context) + x)
         x = layer.output(layer.intermediate(x), x)
     return x

@@ -31,7 +31,17 @@ from transformers import (
 
 from bench.harness.models import TINY, save_with_tokenizer
 from engine_core.load_model import load_model
-from engine_core.packed_encoder import Grid, length_groups, packable, packed_last_hidden_state, packed_logits
+from engine_core.packed_encoder import (
+    JOINED,
+    Grid,
+    attention_projections,
+    join_projections,
+    length_groups,
+    packable,
+    packed_last_hidden_state,
+    packed_logits,
+    unjoin_projections,
+)
 from engine_core.runner import ClassifierRunner, EmbeddingRunner, TextBatch
 from engine_core.scheduler import Scheduler, WorkItem
 from poolserve.config import Config
@@ -195,6 +205,53 @@ def test_each_architecture_s_cross_encoder_packed_gives_its_logits(architecture:
     np.testing.assert_allclose(packed, padded, atol=1e-5, rtol=0)
 
 
+JOINABLE = {
+    "bert": (lambda: tiny_bert(type_vocab_size=2), 0),
+    **{name: ENCODERS[name] for name in ("xlm-roberta", "roberta", "mpnet")},
+    "bert-cross-encoder": (
+        lambda: BertForSequenceClassification(BertConfig(vocab_size=30522, num_labels=2, **TINY)),
+        0,
+    ),
+    **{f"{name}-cross-encoder": CLASSIFIERS[name] for name in ("xlm-roberta", "mpnet")},
+}
+
+
+@pytest.mark.parametrize("architecture", list(JOINABLE))
+def test_query_key_and_value_joined_in_one_product_give_the_padded_forward_s_answers(architecture: str) -> None:
+    build, pad = JOINABLE[architecture]
+    torch.manual_seed(10)
+    model = build().eval()
+    rows = rows_of([*LENGTHS, 100, 2], seed=7)
+    classifier = "cross-encoder" in architecture
+    runner_type = ClassifierRunner if classifier else EmbeddingRunner
+    options = {} if classifier else {"pooling": ("mean",)}
+    padded = runner_type(model, pad_token_id=pad, device=CPU, **options)  # type: ignore[operator]
+    packed = runner_type(model, pad_token_id=pad, device=CPU, packed=True, **options)  # type: ignore[operator]
+    batches = (rows, rows[:1], rows_of([17, 17, 17], seed=6))  # on grids of like lengths, one grid, no padding
+    expected = [padded.run_texts(batch, None) for batch in batches]
+    modules = attention_projections(model)
+    assert len(modules) == model.config.num_hidden_layers
+    replaced = join_projections(model)
+    assert len(replaced) == len(modules)
+    for attention, names in modules:
+        assert isinstance(getattr(attention, JOINED), torch.nn.Linear)
+        assert not any(hasattr(attention, name) for name in names), "the separate layers leave the module"
+    for batch, answers in zip(batches, expected, strict=True):
+        np.testing.assert_allclose(packed.run_texts(batch, None), answers, atol=1e-5, rtol=0)
+    unjoin_projections(replaced)
+    assert not any(hasattr(attention, JOINED) for attention, _ in modules)
+    np.testing.assert_array_equal(padded.run_texts(rows, None), expected[0])  # its own forward runs again
+
+
+def test_only_query_key_and_value_of_one_shape_and_kind_are_joined() -> None:
+    model = tiny_bert()
+    first = model.encoder.layer[0].attention.self
+    first.value = torch.nn.Linear(first.value.in_features, first.value.out_features, bias=False)
+    replaced = join_projections(model)
+    assert len(replaced) == model.config.num_hidden_layers - 1
+    assert not hasattr(first, JOINED) and hasattr(first, "query")
+
+
 def test_only_the_encoders_it_reproduces_are_packable() -> None:
     assert packable(tiny_bert())
     assert not packable(tiny_bert(is_decoder=True))
@@ -209,10 +266,15 @@ def test_only_the_encoders_it_reproduces_are_packable() -> None:
 
 
 def test_the_loader_packs_on_the_cpu_unless_told_not_to(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    auto = load_model(Config(device="cpu", dtype="float32", runtime="torch"))
+    with caplog.at_level(logging.INFO, logger="poolserve.engine"):
+        auto = load_model(Config(device="cpu", dtype="float32", runtime="torch"))
     assert auto.packs_tokens and auto.runner.packed  # type: ignore[attr-defined]
+    # packed, each layer's query, key and value are one product; run padded, the model's own forward needs all three
+    assert "6 attention layers' query, key and value computed in one product each" in caplog.text
+    assert all(hasattr(attention, JOINED) for attention, _ in attention_projections(auto.runner.model))  # type: ignore[attr-defined]
     off = load_model(Config(device="cpu", dtype="float32", token_packing="off", runtime="torch"))
     assert not off.packs_tokens and not off.runner.packed  # type: ignore[attr-defined]
+    assert not any(hasattr(attention, JOINED) for attention, _ in attention_projections(off.runner.model))  # type: ignore[attr-defined]
     torch.manual_seed(7)
     folder = tmp_path / "xlm-roberta"
     save_with_tokenizer(XLMRobertaModel(XLMRobertaConfig(**{**ROBERTA_SIZES, "pad_token_id": 0})).eval(), folder)
