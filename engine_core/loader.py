@@ -350,6 +350,8 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
     )  # fmt: skip
     if config.dtype != "int8":
         chosen = small_passes_of(dtype)
+    if packed:  # a model reloaded in float32 (where bfloat16 strays) is joined anew
+        join_attention_projections(model, device, choice, runner, rows=[first, warm_up])
     # a graph not cached yet: torch runs every pass until a thread of the engine has made it (later_graph.py)
     small_passes, make_later = (None, chosen.make) if isinstance(chosen, ExportLater) else (chosen, None)
     # --runtime auto serving float32: the graph on packed rows runs every pass, torch none (docs/benchmarks.md)
@@ -687,9 +689,11 @@ def join_attention_projections(
 ) -> None:
     """Between steps 7 and 8: on a CPU, an encoder whose tokens the runner packs computes each layer's query, key
     and value in one product (engine_core/packed_encoder.py's join_projections): fewer, larger products and one copy
-    onto attention's grid (the bundled model in-process, float32 and bfloat16: 1.04-1.13 x the sentences a second at
-    one or two a pass, level at 32: docs/benchmarks.md, "Query, key and value in one product"). Held to the separate
-    layers' answers on a few sentences. Not for a sparse model or bge-m3, as pack_weights."""
+    onto attention's grid (the bundled model in-process: 1.07-1.14 x the sentences a second at one or two a pass,
+    1.01-1.07 x at 16-32, float32, bfloat16 and int8 alike: docs/benchmarks.md, "Query, key and value in one
+    product"), and in float32 attention on them as batched products (1.06-1.07 x at 16-32 on two threads:
+    "Attention as products"). Held to the separate layers' answers on a few sentences. Not for a sparse model or
+    bge-m3, as pack_weights: which entries are non-zero is their answer, and float32's other rounding moves it."""
     if not can_pack(device) or choice.kind == SPARSE or choice.m3:
         return
     before = runner.run_texts(rows, None)

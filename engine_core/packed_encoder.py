@@ -24,6 +24,7 @@ over them; other architectures keep their own forward.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -137,12 +138,13 @@ class Grid:
 
     def attend_projections(self, projections: Projections, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
         """`attend` of a layer's packed query, key and value states: three tensors, or one product's side by side,
-        [tokens, 3 x hidden] (`join_projections`), put on the grid by one copy for the three instead of one each."""
+        [tokens, 3 x hidden] (`join_projections`'s layer), put on the grid by one copy for the three instead of one
+        each, and then attended by `attention` (as batched products in float32 on a CPU)."""
         if isinstance(projections, tuple):
             return self.attend(*projections, mask, scale)
         grid = self.on_grid(projections.view(len(projections), 3, self.heads, -1))
         query, key, value = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each [inputs, heads, longest, head size]
-        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        context = attention(query, key, value, mask, scale)
         return self.take(context.transpose(1, 2)).reshape(len(self.where), self.hidden)
 
     def attend_own(self, projections: Projections, scale: float) -> torch.Tensor:
@@ -166,6 +168,49 @@ class Grid:
                 part = projections.index_select(0, rows)
             out.index_copy_(0, rows, grid.attend_projections(part, grid.keys, scale))
         return out
+
+
+# How many (query, key) scores `attention` computes at once, over as many inputs' heads as fit: ~1 MB of float32,
+# within a core's L2 cache; past it a grid of MiniLM's heads, 16 inputs x 40 places, took 2.6 x as long. And the
+# widest grid it takes: at 256 places and more torch's kernel, which works through the keys in blocks, took a third of
+# the time (at 128 and less, 0.7-0.9 of the kernel's).
+SCORES_AT_ONCE = 1 << 18
+WIDEST_PRODUCTS = 128
+
+
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """softmax(query keyᵀ x scale + mask) value for each input and head, [inputs, heads, longest, head size]; `mask`
+    boolean (False: left out) or a float bias, broadcast over the scores. In float32 on a CPU as batched products of
+    a few inputs' heads at once: torch's fused kernel, once the engine has set its thread count (engine_core/
+    threads.py, whose torch.set_num_threads has MKL thread its products inside the kernel's own parallel loop), took
+    1.3-2.6 x as long on grids of MiniLM's heads, and a pass of 16-32 sentences on two threads ran 1.07-1.08 x the
+    sentences a second this way (level at one or two sentences, and on one thread; docs/benchmarks.md, "Attention as
+    products"). It rounds alike (within 1e-6). Elsewhere torch's kernel: in bfloat16 it was 8-11 % faster, and on
+    grids wider than WIDEST_PRODUCTS."""
+    count, heads, width, size = query.shape
+    if query.device.type != "cpu" or query.dtype != torch.float32 or width > WIDEST_PRODUCTS:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    bias = None  # [inputs or 1, heads or 1, longest or 1, longest]
+    if mask is not None:
+        bias = mask.float() if mask.dtype != torch.bool else torch.zeros(mask.shape).masked_fill_(~mask, -math.inf)
+        bias = bias.reshape(*(1,) * (4 - bias.dim()), *bias.shape)
+    out = query.new_empty(count, heads, width, size)
+    step = max(1, SCORES_AT_ONCE // (heads * width * width))
+    for start in range(0, count, step):
+        end = min(count, start + step)
+        rows = (end - start) * heads
+        scores = torch.baddbmm(
+            query.new_empty(rows, width, width), query[start:end].reshape(rows, width, size),
+            key[start:end].reshape(rows, width, size).transpose(1, 2), beta=0, alpha=scale,
+        )  # fmt: skip
+        if bias is not None:
+            scores.view(end - start, heads, width, width).add_(bias if len(bias) == 1 else bias[start:end])
+        torch.bmm(
+            scores.softmax(-1), value[start:end].reshape(rows, width, size), out=out[start:end].view(rows, width, size)
+        )
+    return out
 
 
 # A grid of its own costs a few more calls a layer (the gathers, the scatter back, attention's own set-up): about
@@ -252,9 +297,11 @@ Joined = tuple[torch.nn.Module, tuple[str, str, str], list[torch.nn.Linear]]
 def join_projections(model: torch.nn.Module) -> list[Joined]:
     """In place, each attention module's query, key and value layers (plain linear layers of one shape, dtype and
     device, all with a bias or none) replaced by one linear layer of their weights side by side (JOINED), which
-    the packed encoder runs instead: one product a layer instead of three, and one copy onto attention's grid. The
-    separate layers leave the module: only the packed encoder runs it after this (its own forward cannot). What was
-    replaced, for `unjoin_projections`."""
+    the packed encoder runs instead: one product a layer instead of three, one copy onto attention's grid, and
+    attention itself as batched products in float32 on a CPU (`attention`; each rounds within float32's last bits
+    of the separate layers and torch's kernel, which a sparse model's zeros are not held to: the loader joins
+    neither SPLADE nor bge-m3). The separate layers leave the module: only the packed encoder runs it after this (its
+    own forward cannot). What was replaced, for `unjoin_projections`."""
     replaced = []
     for attention, names in attention_projections(model):
         layers = [getattr(attention, name, None) for name in names]

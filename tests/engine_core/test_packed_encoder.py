@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import (
     AutoModel,
     BertConfig,
@@ -30,9 +31,11 @@ from transformers import (
 )
 
 from bench.harness.models import TINY, save_with_tokenizer
+from engine_core import packed_encoder
 from engine_core.load_model import load_model
 from engine_core.packed_encoder import (
     JOINED,
+    SCORES_AT_ONCE,
     Grid,
     attention_projections,
     join_projections,
@@ -250,6 +253,30 @@ def test_only_query_key_and_value_of_one_shape_and_kind_are_joined() -> None:
     replaced = join_projections(model)
     assert len(replaced) == model.config.num_hidden_layers - 1
     assert not hasattr(first, JOINED) and hasattr(first, "query")
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "keys", "bias", "window"])
+def test_attention_as_products_gives_torch_s_kernel_s_answers(mask_kind: str) -> None:
+    """Every mask the encoders hand it (none, each input's keys, MPNet's bias with -inf at the padding, ModernBERT's
+    window of places), on grids split into several runs of scores (SCORES_AT_ONCE) and wider than it takes."""
+    torch.manual_seed(11)
+    for count, width in ((1, 9), (3, 40), (SCORES_AT_ONCE // (4 * 30 * 30) + 5, 30), (2, 200)):
+        query, key, value = (torch.randn(count, 4, width, 8) for _ in range(3))
+        keys = torch.ones(count, 1, 1, width, dtype=torch.bool)
+        keys[0, ..., width // 2 :] = False
+        places = torch.arange(width)
+        masks = {
+            "none": None,
+            "keys": keys,
+            "bias": torch.randn(count, 4, width, width).masked_fill(~keys, float("-inf")),
+            "window": (places[None, :] - places[:, None]).abs() <= 4,
+        }
+        mask = masks[mask_kind]
+        expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3)
+        torch.testing.assert_close(packed_encoder.attention(query, key, value, mask, 0.3), expected, atol=2e-6, rtol=0)
+        half = packed_encoder.attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), mask, 0.3)
+        assert half.dtype == torch.bfloat16
+        torch.testing.assert_close(half.float(), expected, atol=0.05, rtol=0)
 
 
 def test_only_the_encoders_it_reproduces_are_packable() -> None:
