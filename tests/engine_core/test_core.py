@@ -44,8 +44,12 @@ def loaded() -> LoadedModel:
 
 @pytest.fixture
 def core(loaded: LoadedModel) -> Iterator[EngineCore]:
+    threads = torch.get_num_threads()
     core = EngineCore(loaded, AdmissionLimit(max_inputs=64, max_tokens=4096))
     yield core
+    # A step sets this thread's torch threads for its batch (engine_core/threads.py); the tests after it in this
+    # process (PYTEST_WORKERS=0) expect the count they started with.
+    torch.set_num_threads(threads)
     # Whatever a test did, every admitted input was released exactly once.
     assert (core.admission.inputs, core.admission.tokens, core.running, core.waiting) == (0, 0, 0, 0)
 
