@@ -344,13 +344,14 @@ def load_folder(config: Config, folder: Path, st: StFolder, device: torch.device
 
     # int8 quantizes the model in place: its graph is exported first; any other precision's once it is chosen
     chosen = small_passes_of(torch.float32) if config.dtype == "int8" else None
+    joined = model
     model, dtype, runner = choose_precision(
         config, device, transformer, choice, backend=text.backend, max_model_len=max_model_len, late=late,
         model=model, runner=runner, build_runner=build_runner,
     )  # fmt: skip
     if config.dtype != "int8":
         chosen = small_passes_of(dtype)
-    if packed:  # a model reloaded in float32 (where bfloat16 strays) is joined anew
+    if packed and model is not joined:  # reloaded in float32 where bfloat16 strays: joined anew
         join_attention_projections(model, device, choice, runner, rows=[first, warm_up])
     # a graph not cached yet: torch runs every pass until a thread of the engine has made it (later_graph.py)
     small_passes, make_later = (None, chosen.make) if isinstance(chosen, ExportLater) else (chosen, None)

@@ -185,10 +185,10 @@ def attention(
     boolean (False: left out) or a float bias, broadcast over the scores. In float32 on a CPU as batched products of
     a few inputs' heads at once: torch's fused kernel, once the engine has set its thread count (engine_core/
     threads.py, whose torch.set_num_threads has MKL thread its products inside the kernel's own parallel loop), took
-    1.3-2.6 x as long on grids of MiniLM's heads, and a pass of 16-32 sentences on two threads ran 1.07-1.08 x the
-    sentences a second this way (level at one or two sentences, and on one thread; docs/benchmarks.md, "Attention as
-    products"). It rounds alike (within 1e-6). Elsewhere torch's kernel: in bfloat16 it was 8-11 % faster, and on
-    grids wider than WIDEST_PRODUCTS."""
+    up to 2.6 x as long on grids of MiniLM's heads (4-32 inputs), and a pass of 16-32 sentences on two threads ran
+    1.06-1.07 x the sentences a second this way (level at one or two sentences, and on one thread;
+    docs/benchmarks.md, "Attention as products"). It rounds alike (within 1e-6). Elsewhere torch's kernel: in
+    bfloat16 it was 8-11 % faster, and on grids wider than WIDEST_PRODUCTS."""
     count, heads, width, size = query.shape
     if query.device.type != "cpu" or query.dtype != torch.float32 or width > WIDEST_PRODUCTS:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
